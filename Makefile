@@ -1,0 +1,44 @@
+# One-word verbs; `make check` runs what CI runs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup data demo test test-numpy lint check bench clean
+
+$(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch is pinned to the CPU build on local disk; an unpinned torch pulls CUDA.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed data  ## create the virtualenv, install everything, fetch the dataset
+
+data:  ## install Fashion-MNIST from Debian when missing (needs root)
+	@test -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
+	    else echo "install the Debian package dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist)"; exit 1; fi; }
+
+demo: setup  ## list the reference models and their legal cuts
+	$(VENV)/bin/qpart models --json
+
+test: setup  ## the test suite (the README's test command)
+	$(VENV)/bin/pytest
+
+test-numpy: setup  ## the test suite with the numpy reference kernels forced
+	QPART_KERNELS=numpy $(VENV)/bin/pytest -q -p no:cacheprovider tests/kernels
+
+lint: setup  ## ruff, mypy --strict, import-linter contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+check: lint test test-numpy  ## everything CI runs
+
+bench: setup  ## kernel benchmark (JSON in bench/results/)
+	$(PY) -m bench.kernels --json bench/results/kernels.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info kernels/*.so

@@ -1,0 +1,1 @@
+"""Benchmarks and baselines: they report numbers and never gate CI on time."""

@@ -1,0 +1,1 @@
+"""client package (see docs/architecture.md)."""

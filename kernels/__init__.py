@@ -1,0 +1,41 @@
+"""Quantize, dequantize, pack and unpack kernels and the wire formats built on them."""
+
+from kernels.errors import (
+    KernelError,
+    OversizeError,
+    QuantizationError,
+    TruncatedError,
+    WireFormatError,
+)
+from kernels.ops import (
+    Backend,
+    PackedTensor,
+    active_backend,
+    fake_quantize,
+    pack_codes,
+    quantize_pack,
+    unpack_codes,
+    unpack_dequantize,
+)
+from kernels.packing import packed_size
+from kernels.quantization import DEFAULT_ACTIVATION_GROUP, QuantScheme, weight_group_size
+
+__all__ = [
+    "DEFAULT_ACTIVATION_GROUP",
+    "Backend",
+    "KernelError",
+    "OversizeError",
+    "PackedTensor",
+    "QuantScheme",
+    "QuantizationError",
+    "TruncatedError",
+    "WireFormatError",
+    "active_backend",
+    "fake_quantize",
+    "pack_codes",
+    "packed_size",
+    "quantize_pack",
+    "unpack_codes",
+    "unpack_dequantize",
+    "weight_group_size",
+]

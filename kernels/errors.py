@@ -1,0 +1,34 @@
+"""Exception tree of the ``kernels`` package.
+
+::
+
+    KernelError
+    ├── QuantizationError      input the quantizer cannot represent (NaN, infinity, bad bits)
+    └── WireFormatError        bytes that are not a valid segment or activation packet
+        ├── TruncatedError     shorter than its header or its declared contents
+        └── OversizeError      a declared size beyond the configured limits
+
+Every one is a ``ValueError`` too, so callers that only know the standard library still catch it.
+"""
+
+from __future__ import annotations
+
+
+class KernelError(ValueError):
+    """Base class of every error raised by :mod:`kernels`."""
+
+
+class QuantizationError(KernelError):
+    """The tensor or the parameters cannot be quantized (non-finite values, bits out of 1..8)."""
+
+
+class WireFormatError(KernelError):
+    """Bytes that do not parse as the declared wire format, or are inconsistent with themselves."""
+
+
+class TruncatedError(WireFormatError):
+    """The input ends before its header or its declared contents do."""
+
+
+class OversizeError(WireFormatError):
+    """A declared size (elements, dimensions, header) exceeds the parser's limits."""

@@ -1,0 +1,1 @@
+"""Reference architectures, Fashion-MNIST splits, the model registry and head/tail partitioning."""

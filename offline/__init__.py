@@ -1,0 +1,1 @@
+"""offline package (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""The qpart command-line entry point."""

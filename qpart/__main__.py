@@ -1,0 +1,3 @@
+from qpart.cli import main
+
+main()

@@ -1,0 +1,134 @@
+"""Wire formats: round trips, and typed errors (never a crash) on hostile bytes."""
+
+import contextlib
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels import (
+    OversizeError,
+    QuantScheme,
+    TruncatedError,
+    WireFormatError,
+    quantize_pack,
+    unpack_dequantize,
+)
+from kernels.wire import (
+    SegmentHeader,
+    decode_activation,
+    decode_segment,
+    encode_activation,
+    encode_segment,
+)
+
+
+def _activation(shape=(2, 3, 5), bits=3, group=7):
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    return x, quantize_pack(x, QuantScheme(bits, group))
+
+
+def test_activation_packet_round_trips():
+    _x, packed = _activation()
+    back = decode_activation(encode_activation(packed))
+    assert back.shape == (2, 3, 5) and back.scheme == QuantScheme(3, 7)
+    np.testing.assert_array_equal(unpack_dequantize(back), unpack_dequantize(packed))
+
+
+def test_activation_header_is_little_endian_and_pinned():
+    _, packed = _activation(shape=(9,), bits=4, group=256)
+    raw = encode_activation(packed)
+    assert raw[:4] == b"QPA\x01" and raw[4] == 4 and raw[5] == 1
+    assert struct.unpack_from("<I", raw, 8)[0] == 256 and struct.unpack_from("<I", raw, 12)[0] == 9
+    assert len(raw) == 16 + 8 + 8
+
+
+def test_truncated_activation_is_a_typed_error():
+    _, packed = _activation()
+    raw = encode_activation(packed)
+    for cut in (0, 3, 11, 20, len(raw) - 1):
+        with pytest.raises(TruncatedError):
+            decode_activation(raw[:cut])
+
+
+def test_activation_with_huge_declared_shape_is_refused_before_allocating():
+    raw = struct.pack("<4sBBHI", b"QPA\x01", 8, 2, 0, 1) + struct.pack("<2I", 2**31, 2**31)
+    with pytest.raises(OversizeError):
+        decode_activation(raw)
+
+
+def test_activation_with_non_positive_scale_is_refused():
+    _, packed = _activation(shape=(4,), bits=2, group=4)
+    raw = bytearray(encode_activation(packed))
+    raw[16:20] = struct.pack("<f", 0.0)
+    with pytest.raises(WireFormatError, match="positive"):
+        decode_activation(bytes(raw))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=400))
+def test_fuzz_activation_parser_raises_only_typed_errors(data):
+    with contextlib.suppress(WireFormatError):
+        decode_activation(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.data())
+def test_fuzz_mutated_activation_packets(data):
+    _, packed = _activation()
+    raw = bytearray(encode_activation(packed))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    raw = raw[: data.draw(st.integers(0, len(raw) + 2))]
+    with contextlib.suppress(WireFormatError):
+        decode_activation(bytes(raw))
+
+
+def _segment():
+    w = np.random.default_rng(2).standard_normal((8, 3, 3, 3)).astype(np.float32)
+    quant = {"conv.weight": quantize_pack(w, QuantScheme(3, 27))}
+    floats = {"conv.bias": np.arange(8, dtype=np.float32)}
+    return encode_segment(SegmentHeader("m", "1", 2, "p-1"), quant, floats), quant
+
+
+def test_segment_round_trips_with_metadata():
+    raw, quant = _segment()
+    seg = decode_segment(raw)
+    assert seg.header == SegmentHeader("m", "1", 2, "p-1")
+    np.testing.assert_array_equal(seg.quantized["conv.weight"].data, quant["conv.weight"].data)
+    np.testing.assert_array_equal(seg.floats["conv.bias"], np.arange(8, dtype=np.float32))
+
+
+def test_segment_with_a_flipped_data_byte_fails_its_content_hash():
+    raw = bytearray(_segment()[0])
+    raw[-1] ^= 0x01
+    with pytest.raises(WireFormatError, match="content_sha256"):
+        decode_segment(bytes(raw))
+
+
+def test_segment_over_the_size_limit_is_refused():
+    raw, _ = _segment()
+    with pytest.raises(OversizeError):
+        decode_segment(raw, max_bytes=len(raw) - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fuzz_mutated_segments_raise_only_typed_errors(data):
+    raw = bytearray(_segment()[0])
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        raw[pos] = data.draw(st.integers(0, 255))
+    raw = raw[: data.draw(st.integers(0, len(raw)))]
+    with contextlib.suppress(WireFormatError):
+        decode_segment(bytes(raw))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes_as_segment(data):
+    with contextlib.suppress(WireFormatError):
+        decode_segment(data)

@@ -6,8 +6,9 @@ Lazy imports keep ``qpart device`` usable on a device that installed only the ``
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -94,6 +95,58 @@ def models_register(
     spec = register_model(name, factory, weights, shape, target)
     cuts = legal_cuts(spec.load(), shape)
     typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts")
+
+
+class _RichSink:
+    """Adapts the calibration job's progress reports to rich progress bars."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def start(self, label: str, total: int) -> Callable[[int], None]:
+        task = self.bar.add_task(label, total=total)
+        return lambda done: self.bar.update(task, completed=done)
+
+
+@app.command()
+def calibrate(
+    model: Annotated[str, typer.Option(help="Registered model name.")],
+    out: Annotated[Path, typer.Option(help="Output folder for artifact.json, validation.json, report.md.")],
+    weights: Annotated[Path | None, typer.Option(help="Override the registered weights.")] = None,
+    levels: Annotated[str, typer.Option(help="Accuracy levels as max top-1 drop fractions.")] = (
+        "0.001,0.0025,0.005,0.01,0.02"),
+    estimator: Annotated[str, typer.Option(help="Tables that drive allocation: fast or direct.")] = "fast",
+    fit_samples: Annotated[int, typer.Option(help="Calibration samples for tables and mapping.")] = 4000,
+    check_samples: Annotated[int, typer.Option(help="Calibration samples for validation bounds.")] = 6000,
+    noise_samples: Annotated[int, typer.Option(help="Fit samples used for the noise tables.")] = 2000,
+    mapping_points: Annotated[int, typer.Option(help="Mixed patterns measured for the mapping.")] = 40,
+    seed: Annotated[int, typer.Option(help="Seed of probes and mapping.")] = 0,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+) -> None:
+    """Measure noise tables, allocate and validate one bit pattern per (cut, level)."""
+    from dataclasses import replace
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from models.registry import get_model
+    from offline.job import calibrate as run_job
+    from offline.settings import CalibrationSettings, Estimator
+
+    spec = get_model(model)
+    if weights is not None:
+        spec = replace(spec, weights=weights)
+    settings = CalibrationSettings(
+        levels=tuple(float(v) for v in levels.split(",")), estimator=Estimator(estimator),
+        fit_samples=fit_samples, check_samples=check_samples, noise_samples=noise_samples,
+        mapping_points=mapping_points, seed=seed, threads=threads,
+    )
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn()) as bar:
+        artifact = run_job(spec, settings, out, _RichSink(bar))
+    graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
+    bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
+    typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split; "
+               f"wrote {out}/artifact.json, validation.json, report.md")
 
 
 def main() -> None:

@@ -1,0 +1,109 @@
+"""Bit allocation: minimize the bits sent subject to a logit-noise budget (DESIGN §4).
+
+Exact integer method: a multiple-choice knapsack over the budget discretised into ``M`` units,
+each noise rounded *up* to whole units so that every returned pattern is feasible for the real
+budget; ``O(items · choices · M)``.
+
+Continuous closed form (used by the QPART baseline and documented here): with
+``noise_l(b) = a_l · e^{-k b}``, ``k = ln 4``, and cost ``c_l · b`` bits, the KKT conditions with
+an active constraint give ``λ = Σ_j c_j / (k D)`` and
+
+    b_l* = (1/k) · ln(a_l · Σ_j c_j / (c_l · D)),
+
+which *depends on the budget D*. QPART's Eq. 40 cancels every accuracy term for the bit width at
+the cut; it is not used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from offline.errors import CalibrationConfigError
+from profiles.artifacts import FLOAT_BITS
+
+PARAM_BITS = 64
+"""Bits of per-group parameters: a float32 scale and a float32 min."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One tensor to allocate: ``noise[b]`` for each allowed bit width, and its size."""
+
+    name: str
+    numel: int
+    groups: int
+    noise: dict[int, float]
+
+    def cost_bits(self, bits: int) -> int:
+        """Bits on the wire at ``bits`` per element, with per-group scale and min."""
+        if bits >= FLOAT_BITS:
+            return FLOAT_BITS * self.numel
+        return bits * self.numel + PARAM_BITS * self.groups
+
+
+def allocate(items: Sequence[Item], budget: float, units: int) -> dict[str, int]:
+    """Exact (up to the discretisation) minimum-bit pattern with total noise ``<= budget``.
+
+    Every item also has the float choice (``FLOAT_BITS``, zero noise), so a solution always exists.
+    """
+    if budget <= 0 or not math.isfinite(budget):
+        return {it.name: FLOAT_BITS for it in items}
+    unit = budget / units
+    inf = np.iinfo(np.int64).max // 4
+    dp = np.full(units + 1, inf, dtype=np.int64)
+    dp[0] = 0
+    choice_tables = []
+    for it in items:
+        options = [(FLOAT_BITS, 0.0), *sorted(it.noise.items())]
+        new = np.full(units + 1, inf, dtype=np.int64)
+        pick = np.zeros(units + 1, dtype=np.int8)
+        for idx, (bits, noise) in enumerate(options):
+            u = math.ceil(noise / unit) if noise > 0 else 0
+            if u > units:
+                continue
+            cand = np.full(units + 1, inf, dtype=np.int64)
+            cand[u:] = dp[: units + 1 - u] + it.cost_bits(bits)
+            better = cand < new
+            new[better] = cand[better]
+            pick[better] = idx
+        choice_tables.append((options, pick))
+        dp = new
+    j = int(np.argmin(dp))
+    result: dict[str, int] = {}
+    for it, (options, pick) in zip(reversed(items), reversed(choice_tables), strict=True):
+        bits, noise = options[int(pick[j])]
+        result[it.name] = bits
+        j -= math.ceil(noise / unit) if noise > 0 else 0
+    return result
+
+
+def pattern_noise(items: Sequence[Item], bits: dict[str, int]) -> float:
+    """Predicted total noise of a pattern under additivity."""
+    return sum(0.0 if bits[it.name] >= FLOAT_BITS else it.noise[bits[it.name]] for it in items)
+
+
+def pattern_bits(items: Sequence[Item], bits: dict[str, int]) -> int:
+    """Total bits on the wire of a pattern."""
+    return sum(it.cost_bits(bits[it.name]) for it in items)
+
+
+def closed_form_bits(scales: Sequence[float], costs: Sequence[float], budget: float,
+                     k: float = math.log(4.0)) -> list[float]:
+    """Continuous KKT solution for ``noise_l = scales[l] · e^{-k b}`` (see module doc)."""
+    if budget <= 0:
+        raise CalibrationConfigError("the noise budget must be positive")
+    total = float(sum(costs))
+    return [math.log(max(a, 1e-300) * total / (c * budget)) / k for a, c in zip(scales, costs, strict=True)]
+
+
+def qpart_paper_bits(items: Sequence[Item], budget: float, fit_bits: int = 8,
+                     lo: int = 2, hi: int = 8) -> dict[str, int]:
+    """QPART as published: ``s·4^-b`` fitted at ``fit_bits``, closed form, rounded, clipped."""
+    scales = [it.noise[fit_bits] * 4.0**fit_bits for it in items]
+    costs = [float(it.numel) for it in items]
+    raw = closed_form_bits(scales, costs, budget)
+    return {it.name: int(min(hi, max(lo, round(b)))) for it, b in zip(items, raw, strict=True)}

@@ -1,0 +1,22 @@
+"""Exception tree of the ``offline`` package.
+
+::
+
+    CalibrationError
+    ├── CalibrationConfigError     settings that cannot work (levels out of range, too few samples)
+    └── InfeasibleLevelError       no pattern, not even the lossless one, meets a level
+"""
+
+from __future__ import annotations
+
+
+class CalibrationError(Exception):
+    """Base class of every error raised by :mod:`offline`."""
+
+
+class CalibrationConfigError(CalibrationError, ValueError):
+    """Calibration settings that cannot produce a valid artifact."""
+
+
+class InfeasibleLevelError(CalibrationError):
+    """A level that even the lossless pattern cannot meet under the validation bound."""

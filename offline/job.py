@@ -1,0 +1,374 @@
+"""The calibration job: tables → mapping → allocation → validation → one test measurement.
+
+Order matters for the guarantee: every choice (tables, mapping, budgets, tightening) is made on
+the calibration split; the test split is read once per final pattern, after all choices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from kernels import packed_size
+from models.data import Dataset, Split, describe_splits, load_split
+from models.registry import ModelSpec
+from offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
+from offline.errors import CalibrationConfigError
+from offline.noise import BITS, Tables, direct_tables, fast_tables, timed
+from offline.runner import ModelRunner
+from offline.settings import CalibrationSettings, Estimator
+from offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
+from profiles.artifacts import (
+    FLOAT_BITS,
+    AccuracyPoint,
+    CalibrationArtifact,
+    CutProfile,
+    Pattern,
+    WeightTensor,
+)
+
+
+class ProgressSink(Protocol):
+    """Where the job reports progress: ``start(label, total)`` returns an ``advance(done)``."""
+
+    def start(self, label: str, total: int) -> Callable[[int], None]: ...
+
+
+class _Silent:
+    def start(self, label: str, total: int) -> Callable[[int], None]:
+        return lambda done: None
+
+
+@dataclass
+class _Data:
+    fit: Dataset
+    check: Dataset
+    test: Dataset
+    fit_logits: torch.Tensor
+    check_correct: np.ndarray
+    test_correct: np.ndarray
+
+
+@dataclass
+class _State:
+    runner: ModelRunner
+    data: _Data
+    settings: CalibrationSettings
+    items: dict[int, list[Item]] = field(default_factory=dict)
+    check_cache: dict[str, PairedDrop] = field(default_factory=dict)
+    test_cache: dict[str, PairedDrop] = field(default_factory=dict)
+
+
+def _slice(ds: Dataset, start: int, stop: int) -> Dataset:
+    return Dataset(ds.images[start:stop], ds.labels[start:stop], ds.split, ds.indices_sha256)
+
+
+def _load_data(runner: ModelRunner, s: CalibrationSettings) -> _Data:
+    cal = load_split(Split.CALIBRATION)
+    if s.fit_samples + s.check_samples > len(cal):
+        raise CalibrationConfigError(
+            f"fit_samples + check_samples = {s.fit_samples + s.check_samples} exceeds the "
+            f"{len(cal)} calibration samples")
+    fit = _slice(cal, 0, s.fit_samples)
+    check = _slice(cal, s.fit_samples, s.fit_samples + s.check_samples)
+    test = load_split(Split.TEST, limit=s.test_samples)
+    full = len(runner.cuts) - 1
+
+    def correct(ds: Dataset) -> np.ndarray:
+        logits = runner.run_pattern(ds.images, full, {}, FLOAT_BITS)
+        return np.asarray(logits.argmax(1).numpy() == ds.labels)
+
+    fit_logits = runner.run_pattern(fit.images, full, {}, FLOAT_BITS)
+    return _Data(fit, check, test, fit_logits, correct(check), correct(test))
+
+
+def _items(runner: ModelRunner, tables: Tables, s: CalibrationSettings) -> dict[int, list[Item]]:
+    weight, activation = tables
+    allowed = range(s.min_bits, s.max_bits + 1)
+    out: dict[int, list[Item]] = {}
+    for cut in runner.cuts:
+        items = [Item(t.name, t.params, t.shape[0], {b: weight[t.name][b - 1] for b in allowed})
+                 for t in runner.head_tensors(cut.index)]
+        if str(cut.index) in activation:
+            groups = cut.numel // runner.groups[cut.index]
+            items.append(Item("@activation", cut.numel, groups,
+                              {b: activation[str(cut.index)][b - 1] for b in allowed}))
+        out[cut.index] = items
+    return out
+
+
+def _key(cut: int, bits: dict[str, int]) -> str:
+    return f"{cut}:" + ",".join(f"{k}={v}" for k, v in sorted(bits.items()))
+
+
+def _split_bits(bits: dict[str, int]) -> tuple[dict[str, int], int]:
+    weights = {k: v for k, v in bits.items() if k != "@activation"}
+    return weights, bits.get("@activation", FLOAT_BITS)
+
+
+def _evaluate(st: _State, cut: int, bits: dict[str, int], ds: Dataset, ref: np.ndarray,
+              cache: dict[str, PairedDrop]) -> PairedDrop:
+    key = _key(cut, bits)
+    if key not in cache:
+        weights, act = _split_bits(bits)
+        logits = st.runner.run_pattern(ds.images, cut, weights, act)
+        cache[key] = paired_drop(ref, np.asarray(logits.argmax(1).numpy() == ds.labels))
+    return cache[key]
+
+
+def _mapping(st: _State, progress: ProgressSink) -> list[AccuracyPoint]:
+    """Measure noise and drop of DP patterns over a log grid of budgets, on the fit samples."""
+    rng = np.random.default_rng(st.settings.seed)
+    all_noise = [v for items in st.items.values() for it in items for v in it.noise.values() if v > 0]
+    lo, hi = math.log(min(all_noise)), math.log(max(all_noise) * 4)
+    advance = progress.start("accuracy mapping", st.settings.mapping_points)
+    points = []
+    ref_pred = st.data.fit_logits.argmax(1).numpy() == st.data.fit.labels
+    for i in range(st.settings.mapping_points):
+        cut = int(rng.integers(0, len(st.runner.cuts)))
+        budget = math.exp(lo + (hi - lo) * (i + rng.random()) / st.settings.mapping_points)
+        bits = allocate(st.items[cut], budget, st.settings.budget_units)
+        weights, act = _split_bits(bits)
+        logits = st.runner.run_pattern(st.data.fit.images, cut, weights, act)
+        noise = float((logits - st.data.fit_logits).pow(2).sum(1).mean())
+        drop = paired_drop(ref_pred, logits.argmax(1).numpy() == st.data.fit.labels).drop
+        points.append(AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits),
+                                    drop=drop))
+        advance(i + 1)
+    return points
+
+
+def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
+    rel = [abs(p.predicted_noise - p.noise) / p.noise for p in points if p.noise > 0]
+    ratio = [p.predicted_noise / p.noise for p in points if p.noise > 0]
+    return {"median_abs_rel_error": float(np.median(rel)), "max_abs_rel_error": float(np.max(rel)),
+            "min_ratio_predicted_to_measured": float(np.min(ratio)),
+            "max_ratio_predicted_to_measured": float(np.max(ratio)), "points": float(len(rel))}
+
+
+def _validate(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, int]:
+    """Tighten the budget until the pattern's upper bound on the check samples meets ``level``.
+
+    Halves the budget on failure; after the first pass that followed a failure, two geometric
+    bisection steps recover part of what the last halving gave away. Falls back to lossless.
+    """
+    s = st.settings
+    items = st.items[cut]
+    check = st.data.check
+    passed: tuple[dict[str, int], PairedDrop, float] | None = None
+    failed_at: float | None = None
+    tightenings = 0
+    d = budget
+    for _ in range(s.max_tightenings):
+        bits = allocate(items, d, s.budget_units)
+        result = _evaluate(st, cut, bits, check, st.data.check_correct, st.check_cache)
+        if result.upper_bound(s.confidence) <= level:
+            passed = (bits, result, d)
+            break
+        failed_at, d = d, d / 2
+        tightenings += 1
+    if passed is None:
+        lossless = {it.name: FLOAT_BITS for it in items}
+        result = _evaluate(st, cut, lossless, check, st.data.check_correct, st.check_cache)
+        return lossless, result, tightenings
+    if failed_at is not None:
+        lo, hi = passed[2], failed_at
+        for _ in range(2):
+            mid = math.sqrt(lo * hi)
+            bits = allocate(items, mid, s.budget_units)
+            result = _evaluate(st, cut, bits, check, st.data.check_correct, st.check_cache)
+            if result.upper_bound(s.confidence) <= level:
+                passed, lo = (bits, result, mid), mid
+            else:
+                hi = mid
+    return passed[0], passed[1], tightenings
+
+
+def _sizes(st: _State, cut: int, bits: dict[str, int]) -> tuple[int, int, int]:
+    """(head segment payload bytes, fp32 head bytes, activation bytes per sample)."""
+    runner = st.runner
+    weight_bytes = 4 * runner.float_params(cut)
+    fp32 = weight_bytes
+    for t in runner.head_tensors(cut):
+        b = bits.get(t.name, FLOAT_BITS)
+        fp32 += 4 * t.params
+        weight_bytes += 4 * t.params if b >= FLOAT_BITS else packed_size(t.params, b) + 8 * t.shape[0]
+    c = runner.cuts[cut]
+    act_bits = bits.get("@activation", FLOAT_BITS)
+    if cut == len(runner.cuts) - 1:
+        act_bytes = 0
+    elif act_bits >= FLOAT_BITS:
+        act_bytes = 4 * c.numel
+    else:
+        act_bytes = packed_size(c.numel, act_bits) + 8 * (c.numel // runner.groups[cut])
+    return weight_bytes, fp32, act_bytes
+
+
+def _pattern(st: _State, cut: int, level: float, bits: dict[str, int], points: list[AccuracyPoint],
+             check: PairedDrop | None, tightenings: int) -> Pattern:
+    weights, act = _split_bits(bits)
+    noise = pattern_noise(st.items[cut], bits)
+    test = (_evaluate(st, cut, bits, st.data.test, st.data.test_correct, st.test_cache)
+            if st.settings.measure_test else None)
+    wb, fp32, ab = _sizes(st, cut, bits)
+    digest = hashlib.sha256(_key(cut, bits).encode()).hexdigest()[:16]
+    return Pattern(
+        pattern_id=f"c{cut}-{digest}", cut=cut, level=level, weight_bits=weights,
+        activation_bits=act, group_size=st.runner.groups[cut], predicted_noise=noise,
+        predicted_drop=predicted_drop(points, noise),
+        calib_drop=check.drop if check else None,
+        calib_drop_ub=check.upper_bound(st.settings.confidence) if check else None,
+        test_drop=test.drop if test else None, weight_bytes=wb, fp32_weight_bytes=fp32,
+        activation_bytes=ab, tightenings=tightenings,
+    )
+
+
+@torch.no_grad()
+def _latency(module: torch.nn.Module, x: torch.Tensor, warmup: int = 3, repeats: int = 15) -> float:
+    for _ in range(warmup):
+        module(x)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        module(x)
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def _cut_profiles(runner: ModelRunner, input_shape: tuple[int, ...]) -> list[CutProfile]:
+    """Per cut: sizes, FLOPs and head/tail latency on this (serving) machine, batch 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        total_flops = sum(runner.flops)
+        profiles = []
+        x = torch.zeros((1, *input_shape))
+        for cut in runner.cuts:
+            head, tail = runner.parts[cut.index]
+            act = head(x)
+            profiles.append(CutProfile(
+                index=cut.index, node=cut.node, activation_shape=list(cut.shape),
+                activation_numel=cut.numel,
+                head_tensors=[t.name for t in runner.head_tensors(cut.index)],
+                head_float_params=runner.float_params(cut.index),
+                head_flops=runner.head_flops(cut.index),
+                tail_flops=total_flops - runner.head_flops(cut.index),
+                server_head_s=_latency(head, x), server_tail_s=_latency(tail, act),
+            ))
+        return profiles
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _tables(runner: ModelRunner, data: _Data, s: CalibrationSettings,
+            progress: ProgressSink) -> tuple[Tables, dict[str, float], dict[str, object]]:
+    """Noise tables of the configured estimator (and the other one, to compare and time)."""
+    images = data.fit.images[: s.noise_samples]
+    todo = {s.estimator} | ({Estimator.FAST, Estimator.DIRECT} if s.measure_both else set())
+    tables: dict[Estimator, Tables] = {}
+    timing: dict[str, float] = {}
+    for est in sorted(todo):
+        steps = ((len(runner.tensors) + len(runner.cuts) - 1) * len(BITS) if est is Estimator.DIRECT
+                 else math.ceil(len(images) / runner.batch_size))
+        advance = progress.start(f"noise tables ({est.value})", steps)
+        if est is Estimator.DIRECT:
+            tables[est], timing[est.value] = timed(partial(direct_tables, runner, images, advance))
+        else:
+            tables[est], timing[est.value] = timed(
+                partial(fast_tables, runner, images, s.probes, s.seed, advance))
+    agreement: dict[str, object] = {}
+    if len(tables) == 2:
+        fast_w, fast_a = tables[Estimator.FAST]
+        dir_w, dir_a = tables[Estimator.DIRECT]
+        ratios = {name: _ratios(fast_w[name], dir_w[name]) for name in dir_w}
+        ratios.update({f"cut{k}": _ratios(fast_a[k], dir_a[k]) for k in dir_a})
+        agreement = {"fast_over_direct_by_bits": ratios, "bits": list(BITS),
+                     "direct_tables": {"weights": dir_w, "activations": dir_a},
+                     "fast_tables": {"weights": fast_w, "activations": fast_a}}
+    return tables[s.estimator], timing, agreement
+
+
+def _ratios(fast: list[float], direct: list[float]) -> list[float]:
+    return [f / d if d > 0 else float("nan") for f, d in zip(fast, direct, strict=True)]
+
+
+def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
+              progress: ProgressSink | None = None) -> CalibrationArtifact:
+    """Run the whole job for one model and write ``artifact.json``, ``validation.json``, the report."""
+    from offline.report import write_outputs  # noqa: PLC0415 (matplotlib only when writing)
+
+    sink = progress or _Silent()
+    started = time.perf_counter()
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    model = spec.load()
+    runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
+                         largest_group=settings.activation_group)
+    data = _load_data(runner, settings)
+    st = _State(runner, data, settings)
+    tables, timing, agreement = _tables(runner, data, settings, sink)
+    st.items = _items(runner, tables, settings)
+    points = _mapping(st, sink)
+    budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
+    cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
+    patterns, baseline = _all_patterns(st, cuts, budgets, points, sink)
+    timing["total_without_report"] = time.perf_counter() - started
+    artifact = CalibrationArtifact(
+        model=spec.name, version=_version(spec), factory=spec.factory,
+        input_shape=list(spec.input_shape), weights_sha256=_sha256(spec.weights),
+        fp32_test_accuracy=float(data.test_correct.mean()),
+        splits={**describe_splits(), "calibration_use": {
+            "fit": [0, settings.fit_samples], "check": [settings.fit_samples,
+                                                        settings.fit_samples + settings.check_samples],
+            "noise_tables": [0, settings.noise_samples]}},
+        settings=json.loads(settings.model_dump_json()),
+        tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
+                 for t in runner.tensors],
+        cuts=_cut_profiles(runner, spec.input_shape),
+        weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
+        accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
+        baseline_qpart_paper=baseline, timing_s=timing,
+    )
+    write_outputs(artifact, agreement, out_dir)
+    return artifact
+
+
+def _all_patterns(st: _State, cuts: list[int], budgets: dict[str, float], points: list[AccuracyPoint],
+                  sink: ProgressSink) -> tuple[list[Pattern], list[Pattern]]:
+    levels = st.settings.levels
+    advance = sink.start("validate + test patterns", len(cuts) * (len(levels) + 1))
+    patterns: list[Pattern] = []
+    baseline: list[Pattern] = []
+    done = 0
+    for cut in cuts:
+        lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
+        patterns.append(_pattern(st, cut, 0.0, lossless, points, None, 0))
+        for level in levels:
+            bits, check, tightenings = _validate(st, cut, level, budgets[str(level)])
+            patterns.append(_pattern(st, cut, level, bits, points, check, tightenings))
+            if st.items[cut] and budgets[str(level)] > 0:
+                paper = qpart_paper_bits(st.items[cut], budgets[str(level)])
+                baseline.append(_pattern(st, cut, level, paper, points, None, 0))
+            done += 1
+            advance(done)
+        done += 1
+        advance(done)
+    return patterns, baseline
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _version(spec: ModelSpec) -> str:
+    return _sha256(spec.weights)[:12]

@@ -1,0 +1,142 @@
+"""Logit-noise tables ``E||Δz||²`` per weight tensor and per cut activation, for b = 1..8.
+
+Two ways, measured on the calibration split's fit samples only:
+
+* :func:`direct_tables` quantizes one tensor (or one cut's activation) at a time and measures
+  the logit change (QPART / Zhou et al.). Activations at every cut are cached, so a weight's
+  measurement runs only the part of the model after the last cut before it.
+* :func:`fast_tables` is first order: ``E||Δz||² ≈ Σ_i (Δ_i² / 12) · E||∂z/∂θ_i||²`` with
+  ``Δ_i`` the quantization step of element ``i``'s channel (weights) or group (activations).
+  The squared Jacobian norms of every tensor and every cut come from the same few backward
+  passes: with an independent Gaussian probe ``v_x`` per sample, ``E[(Σ_x v_xᵀ J_x)_i²] =
+  Σ_x ||J_{x,i}||²`` (the cross terms vanish in expectation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import fx
+
+from offline.runner import ModelRunner
+
+BITS = tuple(range(1, 9))
+Tables = tuple[dict[str, list[float]], dict[str, list[float]]]
+Progress = Callable[[int], None]
+
+
+def _mean_sq(diff: torch.Tensor) -> float:
+    return float(diff.pow(2).sum(dim=1).mean())
+
+
+@torch.no_grad()
+def direct_tables(runner: ModelRunner, images: np.ndarray, progress: Progress | None = None) -> Tables:
+    """Measured noise tables: ``({tensor: [b=1..8]}, {cut index: [b=1..8]})``."""
+    acts = {c.index: runner.head_outputs(images, c.index) for c in runner.cuts[:-1]}
+    ref = runner.tail_outputs(acts[0], 0)
+    done = 0
+    weight: dict[str, list[float]] = {}
+    for t in runner.tensors:
+        start = runner.start_cut(t)
+        row = []
+        for b in BITS:
+            with runner.quantized_weights({t.name: b}):
+                row.append(_mean_sq(runner.tail_outputs(acts[start], start) - ref))
+            done += 1
+            if progress:
+                progress(done)
+        weight[t.name] = row
+    activation: dict[str, list[float]] = {}
+    for c in runner.cuts[:-1]:
+        row = []
+        for b in BITS:
+            row.append(_mean_sq(runner.tail_outputs(acts[c.index], c.index, b) - ref))
+            done += 1
+            if progress:
+                progress(done)
+        activation[str(c.index)] = row
+    return weight, activation
+
+
+def _probe_module(runner: ModelRunner) -> fx.GraphModule:
+    """The model with every interior cut's activation as an extra output."""
+    gm = runner.gm
+    by_name = {n.name: n for n in gm.graph.nodes}
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            extra = [env[by_name[c.node]] for c in runner.cuts[1:-1]]
+            graph.output((env[node.args[0]], *extra))
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return fx.GraphModule(gm, graph)
+
+
+def _group_stats(act: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample, per group: squared (max - min) ``[B, G]``, and a mask of the elements that
+    quantization perturbs ``[B, G, group]``: an element equal to its group's min is stored
+    exactly (code 0), which matters after a ReLU, where most groups hold many zeros."""
+    flat = act.detach().reshape(act.shape[0], -1, group)
+    low = flat.amin(dim=2, keepdim=True)
+    return (flat.amax(dim=2) - low.squeeze(2)).pow(2), flat != low
+
+
+def fast_tables(runner: ModelRunner, images: np.ndarray, probes: int, seed: int,
+                progress: Progress | None = None) -> Tables:
+    """First-order noise tables from ``probes`` random-probe backward passes per batch."""
+    module = _probe_module(runner)
+    gen = torch.Generator().manual_seed(seed)
+    params = [runner.gm.get_parameter(t.name) for t in runner.tensors]
+    interior = runner.cuts[:-1]
+    w_acc = [torch.zeros_like(p) for p in params]
+    a_acc = [0.0 for _ in interior]
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+    n = len(images)
+    batches = list(range(0, n, runner.batch_size))
+    try:
+        for k, start in enumerate(batches):
+            x = torch.from_numpy(images[start : start + runner.batch_size]).requires_grad_(True)
+            logits, *mids = module(x)
+            acts = [x, *mids]
+            stats = [_group_stats(a, runner.groups[c.index]) for a, c in zip(acts, interior, strict=True)]
+            a_sq = [torch.zeros_like(a) for a in acts]
+            for _ in range(probes):
+                v = torch.randn(logits.shape, generator=gen)
+                grads = torch.autograd.grad((logits * v).sum(), [*acts, *params], retain_graph=True)
+                for i in range(len(acts)):
+                    a_sq[i] += grads[i].pow(2)
+                for i, g in enumerate(grads[len(acts) :]):
+                    w_acc[i] += g.pow(2)
+            for i, (sq, (rng, moved), c) in enumerate(zip(a_sq, stats, interior, strict=True)):
+                grouped = sq.reshape(sq.shape[0], -1, runner.groups[c.index]) * moved
+                a_acc[i] += float((grouped.sum(dim=2) * rng).sum()) / probes
+            if progress:
+                progress(k + 1)
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
+    weight: dict[str, list[float]] = {}
+    for t, p, acc in zip(runner.tensors, params, w_acc, strict=True):
+        w = p.detach().reshape(p.shape[0], -1)
+        range_sq = (w.amax(dim=1) - w.amin(dim=1)).pow(2)
+        jac = acc.reshape(p.shape[0], -1).sum(dim=1) / (probes * n)
+        base = float((range_sq * jac).sum()) / 12.0
+        weight[t.name] = [base / float((1 << b) - 1) ** 2 for b in BITS]
+    activation = {
+        str(c.index): [a_acc[i] / n / 12.0 / float((1 << b) - 1) ** 2 for b in BITS]
+        for i, c in enumerate(interior)
+    }
+    return weight, activation
+
+
+def timed(fn: Callable[[], Tables]) -> tuple[Tables, float]:
+    """Run ``fn`` and return its result with the wall time in seconds."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start

@@ -1,0 +1,135 @@
+"""Runs a prepared model with a bit pattern applied for real (the kernels' quantize→dequantize).
+
+Weights are fake-quantized in place per output channel and restored afterwards; the activation
+at the cut is quantized per sample with the cut's group size, exactly as the device does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from kernels import QuantScheme, fake_quantize, weight_group_size
+from models.partition import Cut, cut_flops, cuts_of, prepare, split
+from profiles.artifacts import FLOAT_BITS
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A quantizable weight: its parameter name, shape and the op index that uses it."""
+
+    name: str
+    shape: tuple[int, ...]
+    op_index: int
+
+    @property
+    def params(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape))
+
+
+def activation_group(numel: int, largest: int) -> int:
+    """Largest divisor of a sample's activation size not above ``largest``.
+
+    Groups then never straddle two samples, so a batch quantizes exactly like single samples.
+    """
+    for g in range(min(largest, numel), 0, -1):
+        if numel % g == 0:
+            return g
+    return 1
+
+
+class ModelRunner:
+    """A traced model (batch norm folded) with its cuts, heads and tails."""
+
+    def __init__(self, model: nn.Module, input_shape: tuple[int, ...], *, batch_size: int = 500,
+                 largest_group: int = 256) -> None:
+        self.gm: fx.GraphModule = prepare(model, input_shape)
+        self.cuts: list[Cut] = cuts_of(self.gm)
+        self.parts = [split(self.gm, c) for c in self.cuts]
+        self.batch_size = batch_size
+        self.flops = cut_flops(self.gm)
+        self.groups = [activation_group(c.numel, largest_group) for c in self.cuts]
+        self.tensors = self._quantizable()
+
+    def _quantizable(self) -> list[TensorInfo]:
+        ops = [n for n in self.gm.graph.nodes if n.op.startswith("call")]
+        found = []
+        for k, node in enumerate(ops):
+            if node.op != "call_module":
+                continue
+            mod = self.gm.get_submodule(str(node.target))
+            if isinstance(mod, nn.Conv2d | nn.Linear):
+                found.append(TensorInfo(f"{node.target}.weight", tuple(mod.weight.shape), k))
+        return found
+
+    def head_tensors(self, cut: int) -> list[TensorInfo]:
+        """Quantizable tensors in the head of cut ``cut``."""
+        pos = self.cuts[cut].position
+        return [t for t in self.tensors if t.op_index <= pos]
+
+    def float_params(self, cut: int) -> int:
+        """Parameters of the head that are never quantized (biases)."""
+        head = self.parts[cut][0]
+        quant = {t.name for t in self.head_tensors(cut)}
+        return sum(int(p.numel()) for n, p in head.named_parameters() if n not in quant)
+
+    def start_cut(self, tensor: TensorInfo) -> int:
+        """The last cut before ``tensor``'s op: its cached activation can feed the rest."""
+        return max(c.index for c in self.cuts if c.position < tensor.op_index)
+
+    def head_flops(self, cut: int) -> int:
+        """FLOPs of the head of ``cut`` for one sample."""
+        return int(sum(self.flops[: self.cuts[cut].position + 1]))
+
+    @contextmanager
+    def quantized_weights(self, bits: Mapping[str, int]) -> Iterator[None]:
+        """Replace the named weights by their fake-quantized values; restore on exit."""
+        saved: dict[str, torch.Tensor] = {}
+        try:
+            for name, b in bits.items():
+                if b >= FLOAT_BITS:
+                    continue
+                param = self.gm.get_parameter(name)
+                saved[name] = param.detach().clone()
+                scheme = QuantScheme(b, weight_group_size(tuple(param.shape)))
+                param.data.copy_(torch.from_numpy(fake_quantize(param.detach().numpy(), scheme)))
+            yield
+        finally:
+            for name, value in saved.items():
+                self.gm.get_parameter(name).data.copy_(value)
+
+    def quantize_activation(self, act: torch.Tensor, cut: int, bits: int) -> torch.Tensor:
+        """Quantize→dequantize an activation batch at ``cut`` (per sample groups)."""
+        if bits >= FLOAT_BITS:
+            return act
+        scheme = QuantScheme(bits, self.groups[cut])
+        return torch.from_numpy(fake_quantize(act.detach().numpy(), scheme))
+
+    @torch.no_grad()
+    def head_outputs(self, images: np.ndarray, cut: int) -> torch.Tensor:
+        """Activation at ``cut`` for every image (float32, unquantized weights unless patched)."""
+        head = self.parts[cut][0]
+        outs = [head(torch.from_numpy(images[i : i + self.batch_size]))
+                for i in range(0, len(images), self.batch_size)]
+        return torch.cat(outs)
+
+    @torch.no_grad()
+    def tail_outputs(self, acts: torch.Tensor, cut: int, act_bits: int = FLOAT_BITS) -> torch.Tensor:
+        """Logits from activations at ``cut``, quantizing them with ``act_bits`` first."""
+        tail = self.parts[cut][1]
+        outs = [tail(self.quantize_activation(acts[i : i + self.batch_size], cut, act_bits))
+                for i in range(0, len(acts), self.batch_size)]
+        return torch.cat(outs)
+
+    def run_pattern(self, images: np.ndarray, cut: int, weight_bits: Mapping[str, int],
+                    act_bits: int) -> torch.Tensor:
+        """Logits of the split model with a pattern applied (what device + server compute)."""
+        with self.quantized_weights(weight_bits):
+            acts = self.head_outputs(images, cut)
+            return self.tail_outputs(acts, cut, act_bits)

@@ -1,0 +1,53 @@
+"""Settings of the calibration job (``QPART_CALIB_*`` environment variables or CLI options)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
+
+
+class Estimator(StrEnum):
+    """Which noise tables drive the allocation."""
+
+    FAST = "fast"
+    """First-order estimate from random-probe backward passes (all tensors at once)."""
+    DIRECT = "direct"
+    """Quantize one tensor at a time and measure the logit noise (QPART / Zhou et al.)."""
+
+
+class CalibrationSettings(BaseSettings):
+    """How the calibration job samples, measures, allocates and validates."""
+
+    model_config = SettingsConfigDict(env_prefix="QPART_CALIB_", frozen=True)
+
+    levels: tuple[float, ...] = Field(DEFAULT_LEVELS, description="Accuracy levels (max top-1 drop).")
+    fit_samples: int = Field(4000, ge=100, description="Calibration samples for tables and mapping.")
+    check_samples: int = Field(6000, ge=100, description="Calibration samples for validation bounds.")
+    noise_samples: int = Field(2000, ge=50, description="Fit samples used for the noise tables.")
+    probes: int = Field(2, ge=1, le=64, description="Random probes per sample for the fast estimator.")
+    estimator: Estimator = Field(Estimator.FAST, description="Tables that drive the allocation.")
+    measure_both: bool = Field(True, description="Also build the other estimator's tables and compare.")
+    min_bits: int = Field(2, ge=1, le=8)
+    max_bits: int = Field(8, ge=1, le=8)
+    activation_group: int = Field(256, ge=1, description="Largest activation group size.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of the bound.")
+    budget_units: int = Field(2000, ge=50, le=100_000, description="DP discretisation of the budget.")
+    mapping_points: int = Field(40, ge=4, description="Mixed patterns measured for the mapping.")
+    max_tightenings: int = Field(14, ge=1)
+    seed: int = 0
+    threads: int = Field(2, ge=1)
+    batch_size: int = Field(500, ge=1)
+    cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
+    measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
+    test_samples: int | None = Field(None, ge=100, description="Limit the test split (default: all).")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels_in_range(cls, levels: tuple[float, ...]) -> tuple[float, ...]:
+        if not levels or any(not 0 < a < 1 for a in levels):
+            raise ValueError("levels must be fractions in (0, 1), e.g. 0.01 for 1%")
+        return tuple(sorted(set(levels)))

@@ -1,0 +1,76 @@
+"""Accuracy statistics: paired drops, their one-sided upper bound, and the noise↔drop mapping.
+
+The bound is on the *net* drop ``δ = P(lost) − P(gained)`` of a pattern against the float model
+on the same samples, where "lost" means correct→wrong and "gained" wrong→correct. With ``n10``
+lost and ``n01`` gained out of ``n``, a Clopper–Pearson upper bound on ``P(lost)`` and a lower
+bound on ``P(gained)``, each at ``1 − α/2``, give ``δ ≤ UB10 − LB01`` with probability at least
+``1 − α`` (Bonferroni). Counting gains keeps the bound far tighter than a bound on losses alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import beta
+
+from profiles.artifacts import AccuracyPoint
+
+
+@dataclass(frozen=True)
+class PairedDrop:
+    """Paired comparison of a pattern with the float model on the same samples."""
+
+    n: int
+    lost: int
+    gained: int
+
+    @property
+    def drop(self) -> float:
+        """Measured net top-1 drop (fraction)."""
+        return (self.lost - self.gained) / self.n
+
+    def upper_bound(self, confidence: float) -> float:
+        """One-sided upper confidence bound of the net drop."""
+        half = (1.0 - confidence) / 2.0
+        ub_lost = 1.0 if self.lost >= self.n else float(beta.ppf(1 - half, self.lost + 1, self.n - self.lost))
+        lb_gained = 0.0 if self.gained == 0 else float(beta.ppf(half, self.gained, self.n - self.gained + 1))
+        return ub_lost - lb_gained
+
+
+def paired_drop(reference_correct: np.ndarray, correct: np.ndarray) -> PairedDrop:
+    """Count lost and gained samples between two boolean correctness vectors."""
+    return PairedDrop(
+        n=int(reference_correct.size),
+        lost=int(np.sum(reference_correct & ~correct)),
+        gained=int(np.sum(~reference_correct & correct)),
+    )
+
+
+def budget_for_level(points: list[AccuracyPoint], level: float) -> float:
+    """Noise budget ``D(a)``: the largest measured noise below which no point dropped more than ``a``.
+
+    The measured points give a monotone upper envelope of drop against noise; ``D(a)`` is the
+    noise of the last point before the envelope first exceeds ``a``. Below the smallest point the
+    budget is that point's noise scaled down in proportion to the level.
+    """
+    ordered = sorted(points, key=lambda p: p.noise)
+    budget = 0.0
+    for p in ordered:
+        if p.drop > level:
+            break
+        budget = p.noise
+    if budget == 0.0 and ordered:
+        first = ordered[0]
+        budget = first.noise * level / max(first.drop, level) * 0.5
+    return budget
+
+
+def predicted_drop(points: list[AccuracyPoint], noise: float) -> float:
+    """Drop predicted for a total noise by the monotone envelope of the measured points."""
+    ordered = sorted(points, key=lambda p: p.noise)
+    envelope = np.maximum.accumulate([max(p.drop, 0.0) for p in ordered])
+    xs = [p.noise for p in ordered]
+    if not xs or noise <= 0:
+        return 0.0
+    return float(np.interp(noise, [0.0, *xs], [0.0, *envelope]))

@@ -1,0 +1,146 @@
+"""The calibration artifact: the versioned contract between the calibration job and the server.
+
+One artifact describes one (model, version): its cuts with sizes, FLOPs and serving-machine
+latencies, the measured noise tables, the accuracy-to-noise mapping, and one validated bit pattern
+per (cut, accuracy level). ``offline`` writes it, ``server`` reads it; nothing else is shared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
+
+ARTIFACT_SCHEMA_VERSION = 1
+ARTIFACT_FILE = "artifact.json"
+FLOAT_BITS = 32
+"""Bit width that means "not quantized, sent as float32"."""
+
+Bits = Annotated[int, Field(ge=1, le=32)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightTensor(_Frozen):
+    """A quantizable weight tensor (per-output-channel scales)."""
+
+    name: str
+    shape: list[int]
+    params: int = Field(ge=1)
+    channels: int = Field(ge=1)
+
+
+class CutProfile(_Frozen):
+    """One legal cut of the model."""
+
+    index: int = Field(ge=0)
+    node: str
+    activation_shape: list[int]
+    activation_numel: int = Field(ge=1)
+    head_tensors: list[str] = Field(description="Quantizable weight tensors of the head.")
+    head_float_params: int = Field(ge=0, description="Head parameters always sent as float32 (biases).")
+    head_flops: int = Field(ge=0)
+    tail_flops: int = Field(ge=0)
+    server_head_s: float = Field(ge=0, description="Head time on the serving machine, batch 1.")
+    server_tail_s: float = Field(ge=0, description="Tail time on the serving machine, batch 1.")
+
+
+class Pattern(_Frozen):
+    """Bits for every head weight tensor and for the activation at the cut, for one accuracy level."""
+
+    pattern_id: str
+    cut: int = Field(ge=0)
+    level: float = Field(ge=0, le=1, description="Promised max top-1 drop (fraction); 0 = lossless.")
+    weight_bits: dict[str, Bits]
+    activation_bits: Bits
+    group_size: int = Field(ge=1)
+    predicted_noise: float = Field(ge=0)
+    predicted_drop: float
+    calib_drop: float | None = Field(description="Measured drop on the calibration check samples.")
+    calib_drop_ub: float | None = Field(
+        description="One-sided upper confidence bound of the drop on the check samples."
+    )
+    test_drop: float | None = Field(description="Measured once on the test split.")
+    weight_bytes: int = Field(ge=0, description="Head segment payload: codes + scales + float params.")
+    fp32_weight_bytes: int = Field(ge=0)
+    activation_bytes: int = Field(ge=0, description="Uploaded activation payload per sample.")
+    tightenings: int = Field(ge=0, description="How often the budget was tightened to pass validation.")
+
+
+class AccuracyPoint(_Frozen):
+    """One mixed pattern measured on the fit samples: total logit noise and top-1 drop."""
+
+    noise: float
+    predicted_noise: float
+    drop: float
+
+
+class CalibrationArtifact(_Frozen):
+    """Everything the server needs to plan requests for one model version."""
+
+    schema_version: Literal[1] = 1
+    kind: Literal["qpart-calibration"] = "qpart-calibration"
+    model: str
+    version: str
+    factory: str
+    input_shape: list[int]
+    weights_sha256: str
+    fp32_test_accuracy: float
+    splits: dict[str, object]
+    settings: dict[str, object]
+    tensors: list[WeightTensor]
+    cuts: list[CutProfile]
+    weight_noise: dict[str, list[float]] = Field(description="E||dz||^2 per tensor for b = 1..8.")
+    activation_noise: dict[str, list[float]] = Field(description="Per cut index, for b = 1..8.")
+    noise_budgets: dict[str, float] = Field(description="Noise budget D(a) per level (str).")
+    accuracy_points: list[AccuracyPoint]
+    additivity_error: dict[str, float]
+    patterns: list[Pattern]
+    baseline_qpart_paper: list[Pattern]
+    timing_s: dict[str, float]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CalibrationArtifact:
+        names = {t.name for t in self.tensors}
+        cut_ids = {c.index for c in self.cuts}
+        for p in self.patterns:
+            if p.cut not in cut_ids:
+                raise ValueError(f"pattern {p.pattern_id} names unknown cut {p.cut}")
+            if not set(p.weight_bits) <= names:
+                raise ValueError(f"pattern {p.pattern_id} names unknown tensors")
+        return self
+
+    def pattern(self, pattern_id: str) -> Pattern | None:
+        """The pattern with this id, if any."""
+        return next((p for p in self.patterns if p.pattern_id == pattern_id), None)
+
+
+def load_artifact(path: Path) -> CalibrationArtifact:
+    """Read and validate an artifact (``DIR/artifact.json`` or the file itself)."""
+    file = path / ARTIFACT_FILE if path.is_dir() else path
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError as exc:
+        raise ProfileNotFoundError(f"no calibration artifact at {file}") from exc
+    try:
+        return CalibrationArtifact.model_validate_json(raw)
+    except ValidationError as exc:
+        if any(e["loc"][:1] == ("schema_version",) for e in exc.errors()):
+            raise SchemaVersionError(f"{file}: schema_version is not {ARTIFACT_SCHEMA_VERSION}; "
+                                     "re-run qpart calibrate with this build") from exc
+        raise ProfileFormatError(f"{file} is not a valid calibration artifact: {exc}") from exc
+
+
+def save_artifact(artifact: CalibrationArtifact, directory: Path) -> Path:
+    """Write ``DIR/artifact.json`` atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    file = directory / ARTIFACT_FILE
+    tmp = file.with_suffix(".json.tmp")
+    tmp.write_text(artifact.model_dump_json(indent=1) + "\n")
+    tmp.replace(file)
+    return file

@@ -1,0 +1,101 @@
+"""Device profiles: what the planner needs to know of a device's compute, energy and radio.
+
+Shipped presets live in ``profiles/devices/*.json``; a request may also carry a profile inline.
+A profile measured by ``qpart device profile`` adds per-cut head times, which the planner uses
+instead of the FLOP estimate.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from profiles.errors import ProfileFormatError, ProfileNotFoundError
+
+DEVICES_DIR = Path(__file__).resolve().parent / "devices"
+DEVICE_SCHEMA_VERSION = 1
+
+
+class EnergyModel(StrEnum):
+    """How compute energy on the device is estimated."""
+
+    POWER = "power"
+    """``E = P_compute * T_local`` (measured or datasheet power while computing)."""
+    CYCLES = "cycles"
+    """``E = kappa * f^2 * cycles`` with ``cycles = gamma * FLOPs`` (QPART Eq. 6)."""
+
+
+class MeasuredHeads(BaseModel):
+    """Head times of one model measured on the device by the timing profiler."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: str = Field(description="Model version the times were measured for.")
+    head_s: list[Annotated[float, Field(ge=0)]] = Field(
+        description="Seconds to run the head of each cut (index = cut index), batch 1."
+    )
+    warmup: int = Field(ge=0, description="Warm-up iterations before timing.")
+    repeats: int = Field(ge=1, description="Timed iterations; head_s holds their median.")
+
+
+class DeviceProfile(BaseModel):
+    """Compute, energy and radio figures of one device class."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    description: str = Field(default="", max_length=500)
+    sources: list[str] = Field(default_factory=list, max_length=20,
+                               description="Where the figures come from.")
+    flops_per_s: float = Field(gt=0, le=1e15, description="Sustained FLOP/s for CNN inference, batch 1.")
+    power_compute_w: float = Field(gt=0, le=1e3, description="Power drawn while computing (W).")
+    power_tx_w: float = Field(gt=0, le=1e3, description="Radio power while transferring (W).")
+    energy_model: EnergyModel = EnergyModel.POWER
+    cpu_hz: float = Field(default=1.5e9, gt=0, le=1e11, description="Clock for the cycles model.")
+    kappa: float = Field(default=3e-27, ge=0, le=1e-20, description="Switched capacitance (J/Hz^2/cycle).")
+    cycles_per_flop: float = Field(default=5.0, gt=0, le=1e4, description="gamma_local of QPART.")
+    rtt_s: float = Field(default=0.01, ge=0, le=10, description="Round-trip time to the server (s).")
+    measured: dict[str, MeasuredHeads] = Field(
+        default_factory=dict, max_length=64, description="Per model: head times measured on the device."
+    )
+
+    def compute_energy_j(self, seconds: float, flops: float) -> float:
+        """Energy (J) of computing ``flops`` in ``seconds`` on this device."""
+        if self.energy_model is EnergyModel.CYCLES:
+            return self.kappa * self.cpu_hz**2 * self.cycles_per_flop * flops
+        return self.power_compute_w * seconds
+
+
+def load_device_profile(path: Path) -> DeviceProfile:
+    """Read and validate a device profile JSON file."""
+    try:
+        return DeviceProfile.model_validate_json(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise ProfileNotFoundError(f"no device profile at {path}") from exc
+    except ValidationError as exc:
+        raise ProfileFormatError(f"{path} is not a valid device profile: {exc}") from exc
+
+
+def builtin_devices() -> dict[str, DeviceProfile]:
+    """The shipped presets, by name."""
+    return {p.name: p for p in (load_device_profile(f) for f in sorted(DEVICES_DIR.glob("*.json")))}
+
+
+def get_device(name: str) -> DeviceProfile:
+    """A shipped preset by name, or :class:`ProfileNotFoundError` listing the known ones."""
+    presets = builtin_devices()
+    if name not in presets:
+        raise ProfileNotFoundError(f"unknown device profile '{name}'; known: {', '.join(sorted(presets))}")
+    return presets[name]
+
+
+def save_device_profile(profile: DeviceProfile, path: Path) -> None:
+    """Write a profile atomically (temporary file, then rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(profile.model_dump(mode="json"), indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,59 @@
+"""The calibration job end to end on a small budget of samples (real model, real data)."""
+
+import json
+
+import pytest
+
+from models.registry import get_model
+from offline.job import calibrate
+from offline.settings import CalibrationSettings
+from profiles.artifacts import FLOAT_BITS, load_artifact
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib")
+    settings = CalibrationSettings(
+        levels=(0.02,), fit_samples=300, check_samples=600, noise_samples=100, mapping_points=5,
+        cuts=(0, 4, 8), test_samples=1000, batch_size=300,
+    )
+    artifact = calibrate(get_model("fmnist-cnn"), settings, out)
+    return artifact, out
+
+
+def test_every_pattern_passed_its_bound_on_calibration_data(small_run):
+    artifact, _ = small_run
+    for p in artifact.patterns:
+        quantized = any(b < FLOAT_BITS for b in [*p.weight_bits.values(), p.activation_bits])
+        if p.level > 0 and quantized:  # a lossless fallback needs no bound
+            assert p.calib_drop_ub is not None
+            assert p.calib_drop_ub <= p.level
+
+
+def test_artifact_round_trips_and_lists_lossless_patterns(small_run):
+    artifact, out = small_run
+    loaded = load_artifact(out)
+    assert loaded == artifact
+    lossless = [p for p in loaded.patterns if p.level == 0]
+    assert {p.cut for p in lossless} == {0, 4, 8}
+    assert all(p.test_drop == 0 for p in lossless)
+
+
+def test_validation_json_has_the_documented_fields(small_run):
+    _, out = small_run
+    doc = json.loads((out / "validation.json").read_text())
+    assert {"model", "levels", "patterns", "baseline_qpart_paper", "timing_s"} <= set(doc)
+    assert {"direct", "fast"} <= set(doc["timing_s"])
+    row = doc["patterns"][0]
+    assert {"cut", "level", "predicted_drop", "test_drop", "weight_bytes", "fp32_weight_bytes",
+            "activation_bits"} <= set(row)
+    for name in ("drops.png", "payload.png", "bits.png", "report.md"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_head_payload_shrinks_below_fp32(small_run):
+    artifact, _ = small_run
+    full = [p for p in artifact.patterns if p.cut == 8 and p.level == 0.02][0]
+    assert full.weight_bytes < 0.5 * full.fp32_weight_bytes

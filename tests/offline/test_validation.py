@@ -1,0 +1,66 @@
+"""Paired drop statistics and the noise↔drop mapping."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from offline.runner import activation_group
+from offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
+from profiles.artifacts import AccuracyPoint
+
+
+def test_paired_drop_counts_lost_and_gained():
+    ref = np.array([True, True, False, False, True])
+    new = np.array([False, True, True, False, True])
+    d = paired_drop(ref, new)
+    assert (d.n, d.lost, d.gained, d.drop) == (5, 1, 1, 0.0)
+
+
+def test_bound_without_any_flip_is_about_3_over_n():
+    # One-sided 95%: with Bonferroni halves the lost side is bounded at 97.5%: ~ 3.69 / n.
+    ub = PairedDrop(n=6000, lost=0, gained=0).upper_bound(0.95)
+    assert 3.0 / 6000 < ub < 4.0 / 6000
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(50, 20000), data=st.data())
+def test_bound_is_above_the_point_estimate(n, data):
+    lost = data.draw(st.integers(0, n))
+    gained = data.draw(st.integers(0, n - lost))
+    d = PairedDrop(n, lost, gained)
+    assert d.upper_bound(0.95) >= d.drop
+
+
+def test_bound_has_the_promised_coverage():
+    # Simulate a pattern whose true net drop is 0.5% and check that the 95% bound covers it.
+    rng = np.random.default_rng(0)
+    p_lost, p_gained, n, trials = 0.012, 0.007, 3000, 2000
+    covered = 0
+    for _ in range(trials):
+        u = rng.random(n)
+        d = PairedDrop(n, int(np.sum(u < p_lost)), int(np.sum(u > 1 - p_gained)))
+        covered += d.upper_bound(0.95) >= p_lost - p_gained
+    assert covered / trials >= 0.95
+
+
+def test_budget_stops_before_the_first_point_above_the_level():
+    pts = [AccuracyPoint(noise=n, predicted_noise=n, drop=d)
+           for n, d in [(1.0, 0.0), (2.0, 0.004), (3.0, 0.02), (4.0, 0.003)]]
+    assert budget_for_level(pts, 0.005) == 2.0
+    assert budget_for_level(pts, 0.05) == 4.0
+    assert budget_for_level(pts, 0.0001) == 1.0
+    assert 0 < budget_for_level(pts[1:], 0.0001) < 2.0  # below every point: scaled down
+
+
+def test_predicted_drop_is_monotone_in_noise():
+    pts = [AccuracyPoint(noise=n, predicted_noise=n, drop=d)
+           for n, d in [(1.0, 0.001), (2.0, 0.0005), (3.0, 0.02)]]
+    values = [predicted_drop(pts, x) for x in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 10.0)]
+    assert values == sorted(values)
+
+
+def test_activation_groups_divide_the_sample():
+    for numel in (10, 64, 784, 3136, 6272, 12544, 25088):
+        g = activation_group(numel, 256)
+        assert numel % g == 0 and g <= 256
+    assert activation_group(12544, 256) == 256

@@ -55,5 +55,5 @@ def test_validation_json_has_the_documented_fields(small_run):
 
 def test_head_payload_shrinks_below_fp32(small_run):
     artifact, _ = small_run
-    full = [p for p in artifact.patterns if p.cut == 8 and p.level == 0.02][0]
+    full = next(p for p in artifact.patterns if p.cut == 8 and p.level == 0.02)
     assert full.weight_bytes < 0.5 * full.fp32_weight_bytes

@@ -13,7 +13,9 @@ Activation packet, format 1 (all integers little-endian, no alignment padding)::
     ..      4*G       mins, float32      finite
     ..      bits*ceil(n/8)  packed codes (layout: kernels.packing)
 
-The packet's length must equal the sum exactly. Head segment: a safetensors file (ADR 0002)
+The packet's length must equal the sum exactly. ``bits = 32`` marks an unquantized packet:
+``group_size`` is 0 and the dims are followed by ``4*n`` bytes of float32 (no scales or mins).
+Head segment: a safetensors file (ADR 0002)
 whose ``__metadata__`` carries the format, model, version, cut, pattern id, a JSON list of tensor
 descriptors and ``content_sha256``; a quantized tensor ``W`` travels as ``W.codes`` (U8),
 ``W.scales`` and ``W.mins`` (F32), a float tensor as itself (F32 or F16).
@@ -33,7 +35,7 @@ import safetensors
 import safetensors.numpy
 
 from kernels.errors import OversizeError, TruncatedError, WireFormatError
-from kernels.ops import PackedTensor
+from kernels.ops import PackedTensor, unpack_dequantize
 from kernels.packing import packed_size
 from kernels.quantization import QuantScheme
 
@@ -61,6 +63,43 @@ def encode_activation(packed: PackedTensor) -> bytes:
         packed.scales.astype("<f4").tobytes(), packed.mins.astype("<f4").tobytes(),
         packed.data.tobytes(),
     ])
+
+
+FLOAT_BITS = 32
+
+
+def encode_float_activation(x: npt.NDArray[np.floating]) -> bytes:
+    """Serialize an unquantized float32 activation (``bits = 32``)."""
+    arr = np.ascontiguousarray(x, dtype="<f4")
+    if not 1 <= arr.ndim <= MAX_NDIM:
+        raise WireFormatError(f"an activation needs 1..{MAX_NDIM} dimensions, got {arr.ndim}")
+    head = _HEAD.pack(ACTIVATION_MAGIC, FLOAT_BITS, arr.ndim, 0, 0)
+    return head + struct.pack(f"<{arr.ndim}I", *arr.shape) + arr.tobytes()
+
+
+def decode_activation_array(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[
+        npt.NDArray[np.float32], int, int]:
+    """Decode either packet kind to float32; returns ``(array, bits, group_size)``."""
+    if len(data) >= _HEAD.size and data[:4] == ACTIVATION_MAGIC and data[4] == FLOAT_BITS:
+        _, _, ndim, flags, group = _HEAD.unpack_from(data, 0)
+        if not 1 <= ndim <= MAX_NDIM or flags != 0 or group != 0:
+            raise WireFormatError(f"bad float packet header: ndim={ndim}, flags={flags}, group={group}")
+        offset = _HEAD.size + 4 * ndim
+        if len(data) < offset:
+            raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
+        shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
+        numel = int(np.prod(shape, dtype=np.int64))
+        if min(shape) < 1 or numel > max_elements:
+            raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
+        if len(data) != offset + 4 * numel:
+            cls = TruncatedError if len(data) < offset + 4 * numel else WireFormatError
+            raise cls(f"float packet is {len(data)} bytes; shape {shape} needs {offset + 4 * numel}")
+        arr = np.frombuffer(data, dtype="<f4", count=numel, offset=offset).astype(np.float32)
+        if not np.isfinite(arr).all():
+            raise WireFormatError("float activation holds NaN or infinity")
+        return arr.reshape(shape), FLOAT_BITS, 0
+    packed = decode_activation(data, max_elements=max_elements)
+    return unpack_dequantize(packed), packed.scheme.bits, packed.scheme.group_size
 
 
 def decode_activation(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> PackedTensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -340,6 +341,8 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         baseline_qpart_paper=baseline, timing_s=timing,
     )
     write_outputs(artifact, agreement, out_dir)
+    # The artifact folder is self-contained: the server loads these exact weights (sha256-checked).
+    shutil.copyfile(spec.weights, out_dir / "weights.safetensors")
     return artifact
 
 

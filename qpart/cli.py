@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
+from client.cli import device_app
+
 app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
     no_args_is_help=True,
@@ -19,6 +21,7 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="List registered models (default) or register your own.")
 app.add_typer(models_app, name="models")
+app.add_typer(device_app, name="device")
 
 
 @app.command()
@@ -147,6 +150,25 @@ def calibrate(
     bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
     typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split; "
                f"wrote {out}/artifact.json, validation.json, report.md")
+
+
+@app.command()
+def serve(
+    artifacts: Annotated[Path, typer.Option(help="Folder of calibration artifacts ($QPART_ARTIFACTS).")] = (
+        Path("artifacts")),
+    host: Annotated[str | None, typer.Option(help="Bind address ($QPART_HOST, default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Bind port ($QPART_PORT, default 8000).")] = None,
+) -> None:
+    """Serve plans, head segments and tail inference over HTTP (uvicorn). Other settings: QPART_*."""
+    from server.main import serve as run_server
+    from server.settings import ServerSettings
+
+    overrides: dict[str, object] = {"artifacts": artifacts}
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    run_server(ServerSettings(**overrides))  # type: ignore[arg-type]
 
 
 def main() -> None:

@@ -19,8 +19,10 @@ from kernels import (
 from kernels.wire import (
     SegmentHeader,
     decode_activation,
+    decode_activation_array,
     decode_segment,
     encode_activation,
+    encode_float_activation,
     encode_segment,
 )
 
@@ -132,3 +134,23 @@ def test_fuzz_mutated_segments_raise_only_typed_errors(data):
 def test_fuzz_random_bytes_as_segment(data):
     with contextlib.suppress(WireFormatError):
         decode_segment(data)
+
+
+def test_float_activation_packet_round_trips():
+    x = np.random.default_rng(3).standard_normal((2, 5)).astype(np.float32)
+    arr, bits, group = decode_activation_array(encode_float_activation(x))
+    assert bits == 32 and group == 0
+    np.testing.assert_array_equal(arr, x)
+
+
+def test_quantized_packet_decodes_to_floats_too():
+    x, packed = _activation()
+    arr, bits, group = decode_activation_array(encode_activation(packed))
+    assert (bits, group) == (3, 7) and arr.shape == x.shape
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_float_packet_parser(data):
+    with contextlib.suppress(WireFormatError):
+        decode_activation_array(b"QPA\x01\x20" + data)

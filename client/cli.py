@@ -1,0 +1,160 @@
+"""``qpart device …``: the device CLI (infer, profile, cache). Heavy imports stay inside commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+device_app = typer.Typer(help="Run inference as an edge device, profile it, manage its segment cache.",
+                         no_args_is_help=True)
+cache_app = typer.Typer(help="List and prune the segment cache.", no_args_is_help=True)
+device_app.add_typer(cache_app, name="cache")
+
+ServerOpt = Annotated[str, typer.Option(envvar="QPART_DEVICE_SERVER", help="Server base URL.")]
+CacheOpt = Annotated[Path | None, typer.Option(help="Segment cache folder ($QPART_DEVICE_CACHE_DIR).")]
+
+
+def _settings(server: str, cache_dir: Path | None, token: str | None = None) -> Any:
+    from client.settings import DeviceSettings
+
+    kwargs: dict[str, Any] = {"server": server}
+    if cache_dir is not None:
+        kwargs["cache_dir"] = cache_dir
+    if token is not None:
+        kwargs["token"] = token
+    return DeviceSettings(**kwargs)
+
+
+def _load_inputs(images: list[Path], idx: Path | None, labels: Path | None,
+                 limit: int | None) -> tuple[Any, Any]:
+    from client.inputs import read_idx_images, read_idx_labels, read_image_files
+
+    if idx is not None:
+        x = read_idx_images(idx, limit)
+        y = read_idx_labels(labels, limit) if labels is not None else None
+        return x, y
+    if not images:
+        raise typer.BadParameter("give image files or --idx FILE")
+    return read_image_files(images[:limit] if limit else images), None
+
+
+@device_app.command()
+def infer(
+    images: Annotated[list[Path] | None, typer.Argument(help="Image files (PNG, PGM, …).")] = None,
+    model: Annotated[str, typer.Option(help="Model to run.")] = "fmnist-cnn",
+    demand: Annotated[float, typer.Option(help="Max accepted top-1 drop, e.g. 0.01 for 1%.")] = 0.01,
+    idx: Annotated[Path | None, typer.Option(help="IDX images file (.gz or raw) instead of images.")] = None,
+    labels: Annotated[Path | None, typer.Option(help="IDX labels file: also report accuracy.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Use only the first N inputs.")] = None,
+    rate_mbps: Annotated[float | None, typer.Option(help="Fix the channel rate (default: measured).")] = None,
+    device: Annotated[str | None, typer.Option(help="Shipped device profile name.")] = None,
+    device_profile: Annotated[Path | None, typer.Option(help="Device profile JSON file.")] = None,
+    preset: Annotated[str | None, typer.Option(help="latency-first, energy-first or qpart-paper.")] = None,
+    deadline_s: Annotated[float | None, typer.Option(help="End-to-end deadline in seconds.")] = None,
+    server: ServerOpt = "http://127.0.0.1:8000",
+    cache_dir: CacheOpt = None,
+    token: Annotated[str | None, typer.Option(envvar="QPART_DEVICE_TOKEN", help="Bearer token.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """Plan, fetch the head segment, run the head, upload the quantized activation, print results."""
+    import numpy as np
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from client.errors import DeviceError
+    from client.runtime import DeviceRuntime
+    from profiles.devices import load_device_profile
+
+    x, y = _load_inputs(images or [], idx, labels, limit)
+    profile = load_device_profile(device_profile) if device_profile else None
+    runtime = DeviceRuntime(_settings(server, cache_dir, token), device=device, device_profile=profile)
+    try:
+        with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
+                      disable=as_json) as bar:
+            task = bar.add_task("segment", total=None)
+            run = runtime.infer(x, model, demand, rate_bps=rate_mbps * 1e6 if rate_mbps else None,
+                                preset=preset, deadline_s=deadline_s,
+                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except DeviceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    finally:
+        runtime.close()
+    accuracy = float(np.mean(np.array(run.predictions) == y)) if y is not None else None
+    predicted = run.plan["predicted"]["time_s"]
+    doc = {"plan": run.plan, "results": run.results, "accuracy": accuracy, "timings_s": run.timings_s,
+           "predicted_s": predicted, "downloaded_bytes": run.downloaded_bytes,
+           "uploaded_bytes": run.uploaded_bytes}
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    p = run.plan
+    typer.echo(f"plan: cut {p['cut']}/{p['cuts'] - 1} level {p['level']} activation "
+               f"{p['activation_bits']} bits; downloaded {run.downloaded_bytes} B, "
+               f"uploaded {run.uploaded_bytes} B")
+    typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted['total']:.3f} s")
+    if accuracy is not None:
+        typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")
+    else:
+        typer.echo(f"predictions: {run.predictions[:20]}{' …' if len(run.predictions) > 20 else ''}")
+
+
+@device_app.command()
+def profile(
+    model: Annotated[str, typer.Option(help="Model whose heads to time.")],
+    out: Annotated[Path, typer.Option(help="Device profile JSON to write.")],
+    version: Annotated[str | None, typer.Option(help="Artifact version (default: ask the server).")] = None,
+    base: Annotated[str, typer.Option(help="Shipped profile to start from.")] = "raspberry-pi-4",
+    name: Annotated[str | None, typer.Option(help="Name of the written profile.")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed runs per cut (after 2 warm-ups).")] = 5,
+    server: ServerOpt = "http://127.0.0.1:8000",
+) -> None:
+    """Time every cut's head on this device and write a profile the server's planner accepts."""
+    import httpx
+
+    from client.profiler import profile_device
+    from profiles.devices import get_device, save_device_profile
+
+    if version is None:
+        try:
+            version = httpx.get(f"{server}/v2/models/{model}", timeout=10).json()["versions"][-1]
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise typer.BadParameter(f"cannot ask {server} for the version of {model}; "
+                                     f"pass --version ({exc})") from exc
+    result = profile_device(get_device(base), model, str(version), name=name, repeats=repeats)
+    save_device_profile(result, out)
+    times = result.measured[model].head_s
+    typer.echo(f"wrote {out}: {len(times)} cuts, head times {', '.join(f'{t * 1e3:.2f}' for t in times)} ms")
+
+
+@cache_app.command("list")
+def cache_list(cache_dir: CacheOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Segments in the cache, least recently used first."""
+    from client.segment_cache import SegmentCache
+    from client.transport import Transport
+
+    settings = _settings("http://127.0.0.1", cache_dir)
+    entries = SegmentCache(settings.cache_dir, settings.cache_max_bytes, Transport(settings)).entries()
+    if as_json:
+        typer.echo(json.dumps([e.__dict__ for e in entries]))
+        return
+    for e in entries:
+        typer.echo(f"{e.segment_id}  {e.size_bytes:>10} B")
+    typer.echo(f"{len(entries)} segments, {sum(e.size_bytes for e in entries)} bytes in {settings.cache_dir}")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    max_bytes: Annotated[int, typer.Option(help="Keep at most this many bytes (0 empties the cache).")],
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Delete least recently used segments until the cache fits ``--max-bytes``."""
+    from client.segment_cache import SegmentCache
+    from client.transport import Transport
+
+    settings = _settings("http://127.0.0.1", cache_dir)
+    removed = SegmentCache(settings.cache_dir, settings.cache_max_bytes, Transport(settings)).prune(
+        max_bytes=max_bytes)
+    typer.echo(f"removed {len(removed)} segments")

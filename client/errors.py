@@ -1,0 +1,36 @@
+"""Exception tree of the ``client`` package (the device runtime).
+
+::
+
+    DeviceError
+    ├── ServerRejectedError      the server answered 4xx: the request must change (message from server)
+    ├── ServerUnavailableError   5xx, 429 or connection failures that outlived the retries
+    ├── SegmentError             a segment that fails its sha256, is truncated or does not fit the head
+    └── DeviceInputError         an input file that cannot be read as an image or IDX file
+"""
+
+from __future__ import annotations
+
+
+class DeviceError(Exception):
+    """Base class of every error raised by :mod:`client`."""
+
+
+class ServerRejectedError(DeviceError):
+    """The server refused the request (4xx); its message says what to change."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"server refused the request ({status}): {message}")
+        self.status = status
+
+
+class ServerUnavailableError(DeviceError):
+    """The server could not be reached or stayed overloaded through every retry."""
+
+
+class SegmentError(DeviceError):
+    """A downloaded or cached segment is corrupt or does not match the model's head."""
+
+
+class DeviceInputError(DeviceError):
+    """An input that cannot be read."""

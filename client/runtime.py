@@ -1,0 +1,178 @@
+"""The device runtime: plan → segment → head → quantize the activation → upload → result.
+
+The head is built from the shared model code (ADR 0003): the registry's factory is traced and cut
+exactly as on the server, then every head tensor is loaded from the segment by name. A segment
+whose tensors do not cover the head exactly is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from client.errors import SegmentError, ServerRejectedError
+from client.segment_cache import SegmentCache
+from client.settings import DeviceSettings
+from client.transport import Transport
+from kernels import KernelError, QuantScheme, quantize_pack, unpack_dequantize
+from kernels.wire import decode_segment, encode_activation, encode_float_activation
+from models.partition import cuts_of, prepare, split
+from models.registry import get_model
+from profiles.devices import DeviceProfile
+
+FLOAT_BITS = 32
+DEFAULT_RATE_BPS = 10e6
+MAX_UPLOAD_BATCH = 64
+
+
+@dataclass
+class InferenceRun:
+    """What one ``infer`` call did and how long each phase took."""
+
+    plan: dict[str, Any]
+    predictions: list[int] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    downloaded_bytes: int = 0
+    uploaded_bytes: int = 0
+
+
+def load_head(plan: dict[str, Any], segment: bytes | None) -> fx.GraphModule:
+    """Build the plan's head from shared model code and load the segment's tensors into it."""
+    spec = get_model(plan["model"])
+    gm = prepare(spec.build(), spec.input_shape)
+    cuts = cuts_of(gm)
+    cut = plan["cut"]
+    if len(cuts) != plan["cuts"] or cuts[cut].node != plan["cut_node"]:
+        raise SegmentError(f"this device's code for '{plan['model']}' cuts differently from the server "
+                           "(update the model package on the device)")
+    head, _ = split(gm, cuts[cut])
+    expected = dict(head.named_parameters()) | dict(head.named_buffers())
+    if segment is None:
+        if expected:
+            raise SegmentError("the plan has no segment but the head has tensors")
+        return head.eval()
+    try:
+        seg = decode_segment(segment)
+    except KernelError as exc:
+        raise SegmentError(f"segment does not parse: {exc}") from exc
+    if (seg.header.model, seg.header.version, seg.header.cut) != (plan["model"], plan["version"], cut):
+        raise SegmentError(f"segment is for {seg.header.model}@{seg.header.version} cut {seg.header.cut}, "
+                           f"the plan for {plan['model']}@{plan['version']} cut {cut}")
+    provided = set(seg.quantized) | set(seg.floats)
+    if provided != set(expected):
+        raise SegmentError(f"segment tensors {sorted(provided ^ set(expected))} do not match the head")
+    with torch.no_grad():
+        for name, tensor in expected.items():
+            values = unpack_dequantize(seg.quantized[name]) if name in seg.quantized else seg.floats[name]
+            if tuple(values.shape) != tuple(tensor.shape):
+                raise SegmentError(f"tensor '{name}' is {values.shape} in the segment, "
+                                   f"{tuple(tensor.shape)} in the head")
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(values)))
+    return head.eval()
+
+
+def encode_for_plan(activation: np.ndarray, plan: dict[str, Any]) -> bytes:
+    """Quantize the activation with the plan's bits and group size (kernels) and pack it."""
+    bits = int(plan["activation_bits"])
+    if bits >= FLOAT_BITS:
+        return encode_float_activation(activation)
+    return encode_activation(quantize_pack(activation, QuantScheme(bits, int(plan["group_size"]))))
+
+
+class DeviceRuntime:
+    """One device talking to one server."""
+
+    def __init__(self, settings: DeviceSettings, *, device: str | None = None,
+                 device_profile: DeviceProfile | None = None, transport: Transport | None = None) -> None:
+        self.settings = settings
+        self.transport = transport or Transport(settings)
+        self.cache = SegmentCache(settings.cache_dir, settings.cache_max_bytes, self.transport)
+        self.device = device
+        self.device_profile = device_profile
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        self.transport.close()
+
+    def plan(self, model: str, demand: float, *, rate_bps: float | None = None, batch: int = 1,
+             preset: str | None = None, deadline_s: float | None = None) -> dict[str, Any]:
+        """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s."""
+        body: dict[str, Any] = {
+            "model": model, "accuracy_demand": demand, "batch": batch,
+            "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
+            "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
+        }
+        if self.device_profile is not None:
+            body["device_profile"] = self.device_profile.model_dump(mode="json")
+        elif self.device is not None:
+            body["device"] = self.device
+        if preset is not None:
+            body["preset"] = preset
+        if deadline_s is not None:
+            body["deadline_s"] = deadline_s
+        plan: dict[str, Any] = self.transport.request("POST", "/v1/plan", json=body).json()
+        return plan
+
+    def fetch_segment(
+        self, plan: dict[str, Any], progress: Callable[[int, int], None] | None = None
+    ) -> tuple[bytes | None, int]:
+        """The plan's segment (cache or download) and the bytes downloaded for it."""
+        seg = plan.get("segment")
+        if seg is None:
+            return None, 0
+        fetched = self.cache.get(seg["id"], seg["url"], progress=progress)
+        return fetched.data, fetched.downloaded_bytes
+
+    def upload(self, plan: dict[str, Any], packet: bytes) -> dict[str, Any]:
+        """POST the activation packet to the plan's tail and return the server's result."""
+        if plan["infer_url"] is None:
+            raise ServerRejectedError(400, "all-device plan: nothing to upload")
+        started = time.perf_counter()
+        response = self.transport.request("POST", plan["infer_url"], content=packet,
+                                          headers={"Content-Type": "application/octet-stream"})
+        self.transport.rate.add(len(packet), time.perf_counter() - started)
+        result: dict[str, Any] = response.json()
+        return result
+
+    def infer(self, images: np.ndarray, model: str, demand: float, *, rate_bps: float | None = None,
+              preset: str | None = None, deadline_s: float | None = None,
+              progress: Callable[[int, int], None] | None = None) -> InferenceRun:
+        """Classify ``images`` (float32 ``[N, *input_shape]``) with one plan and one segment."""
+        t0 = time.perf_counter()
+        plan = self.plan(model, demand, rate_bps=rate_bps, batch=len(images), preset=preset,
+                         deadline_s=deadline_s)
+        run = InferenceRun(plan)
+        t1 = time.perf_counter()
+        segment, run.downloaded_bytes = self.fetch_segment(plan, progress)
+        t2 = time.perf_counter()
+        head = load_head(plan, segment)
+        head_s = time.perf_counter() - t2
+        upload_s = 0.0
+        for start in range(0, len(images), MAX_UPLOAD_BATCH):
+            h0 = time.perf_counter()
+            with torch.inference_mode():
+                act = head(torch.from_numpy(np.ascontiguousarray(images[start : start + MAX_UPLOAD_BATCH])))
+            act_np = act.numpy()
+            h1 = time.perf_counter()
+            head_s += h1 - h0
+            if plan["infer_url"] is None:
+                logits = act_np
+                run.results.extend({"logits": row.tolist()} for row in logits)
+            else:
+                packet = encode_for_plan(act_np, plan)
+                run.uploaded_bytes += len(packet)
+                answer = self.upload(plan, packet)
+                upload_s += time.perf_counter() - h1
+                logits = np.array([r["logits"] for r in answer["results"]], dtype=np.float32)
+                run.results.extend(answer["results"])
+            run.predictions.extend(int(i) for i in logits.argmax(1))
+        run.timings_s = {"plan": t1 - t0, "download": t2 - t1, "head": head_s,
+                         "upload_and_tail": upload_s, "total": time.perf_counter() - t0}
+        return run

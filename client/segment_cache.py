@@ -1,0 +1,155 @@
+"""The device's on-disk segment cache: content-addressed, resumable, verified before first use.
+
+``<id>.seg`` files are complete and verified (their sha256 is their name); downloads go to
+``<id>.part`` and are renamed only when complete and verified, so a crash never leaves a file
+that looks usable. An interrupted download resumes with ``Range``; a cached file is revalidated
+with ``If-None-Match`` and re-hashed before use, and a corrupt one is deleted and fetched again.
+Pruning removes the least recently used files beyond the size limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from client.errors import SegmentError, ServerRejectedError, ServerUnavailableError
+from client.transport import Transport
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class CachedSegment:
+    """One complete segment file."""
+
+    segment_id: str
+    size_bytes: int
+    last_used: float
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A segment's bytes and what obtaining them cost."""
+
+    data: bytes
+    downloaded_bytes: int
+    from_cache: bool
+
+
+class SegmentCache:
+    """Segment files under ``root``, at most ``max_bytes`` in total."""
+
+    def __init__(self, root: Path, max_bytes: int, transport: Transport) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.transport = transport
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, segment_id: str) -> Path:
+        if len(segment_id) != 64 or any(c not in "0123456789abcdef" for c in segment_id):
+            raise SegmentError(f"'{segment_id}' is not a sha256 segment id")
+        return self.root / f"{segment_id}.seg"
+
+    def _verified(self, path: Path, segment_id: str) -> bytes | None:
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() == segment_id:
+            return data
+        path.unlink(missing_ok=True)  # corrupt or truncated: never load it, fetch again
+        return None
+
+    def get(self, segment_id: str, url: str, *, revalidate: bool = True,
+            progress: Progress | None = None) -> Fetched:
+        """The verified bytes of a segment, from disk or the server."""
+        path = self._file(segment_id)
+        if path.is_file():
+            data = self._verified(path, segment_id)
+            if data is not None and (not revalidate or self._still_valid(segment_id, url)):
+                os.utime(path)
+                return Fetched(data, 0, True)
+        downloaded = self._download(segment_id, url, progress)
+        data = self._verified(path, segment_id)
+        if data is None:
+            raise SegmentError(f"segment {segment_id[:12]} failed verification after download")
+        self.prune(keep=segment_id)
+        return Fetched(data, downloaded, False)
+
+    def _still_valid(self, segment_id: str, url: str) -> bool:
+        response = self.transport.request("GET", url, headers={"If-None-Match": f'"{segment_id}"'})
+        return response.status_code == 304
+
+    def _download(self, segment_id: str, url: str, progress: Progress | None) -> int:
+        part = self.root / f"{segment_id}.part"
+        settings = self.transport.settings
+        total_read = 0
+        last_error = ""
+        for attempt in range(settings.retries + 1):
+            try:
+                total_read += self._stream_once(part, url, progress)
+                break
+            except (httpx.TransportError, ServerUnavailableError) as exc:
+                last_error = str(exc)
+                time.sleep(min(settings.max_backoff_s, settings.backoff_s * 2**attempt))
+        else:
+            raise ServerUnavailableError(f"download of segment {segment_id[:12]} failed: {last_error}")
+        if hashlib.sha256(part.read_bytes()).hexdigest() != segment_id:
+            part.unlink(missing_ok=True)
+            raise SegmentError(f"downloaded segment {segment_id[:12]} does not match its sha256; "
+                               "the partial file was deleted, retry")
+        os.replace(part, self._file(segment_id))
+        return total_read
+
+    def _stream_once(self, part: Path, url: str, progress: Progress | None) -> int:
+        offset = part.stat().st_size if part.is_file() else 0
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        started = time.perf_counter()
+        read = 0
+        with self.transport.stream(url, headers) as response:
+            if response.status_code == 416:
+                part.unlink(missing_ok=True)
+                raise ServerUnavailableError("stale partial download; restarting from zero")
+            if response.status_code in (429, 502, 503, 504):
+                raise ServerUnavailableError(f"server answered {response.status_code}")
+            if response.status_code >= 400:
+                response.read()
+                raise ServerRejectedError(response.status_code, response.text[:300])
+            mode = "ab" if response.status_code == 206 else "wb"
+            done = offset if mode == "ab" else 0
+            total = done + int(response.headers.get("content-length", 0))
+            with part.open(mode) as handle:
+                for chunk in response.iter_bytes():
+                    handle.write(chunk)
+                    read += len(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+                handle.flush()
+                os.fsync(handle.fileno())
+        self.transport.rate.add(read, time.perf_counter() - started)
+        return read
+
+    def entries(self) -> list[CachedSegment]:
+        """Complete segment files, least recently used first."""
+        found = [CachedSegment(p.stem, p.stat().st_size, p.stat().st_mtime) for p in self.root.glob("*.seg")]
+        return sorted(found, key=lambda e: e.last_used)
+
+    def prune(self, keep: str | None = None, max_bytes: int | None = None) -> list[str]:
+        """Delete least recently used segments until the total fits; returns deleted ids."""
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        entries = self.entries()
+        total = sum(e.size_bytes for e in entries)
+        removed = []
+        for e in entries:
+            if total <= limit:
+                break
+            if e.segment_id == keep:
+                continue
+            (self.root / f"{e.segment_id}.seg").unlink(missing_ok=True)
+            total -= e.size_bytes
+            removed.append(e.segment_id)
+        return removed

@@ -1,0 +1,24 @@
+"""Settings of the device runtime (``QPART_DEVICE_*`` environment variables or CLI options)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DeviceSettings(BaseSettings):
+    """Where the server is and how hard the device tries."""
+
+    model_config = SettingsConfigDict(env_prefix="QPART_DEVICE_", frozen=True)
+
+    server: str = Field("http://127.0.0.1:8000", description="Base URL of the QPART server.")
+    token: SecretStr | None = Field(None, description="Bearer token for inference routes.")
+    cache_dir: Path = Field(Path.home() / ".cache" / "qpart" / "segments", description="Segment cache.")
+    cache_max_bytes: int = Field(256 << 20, ge=0, description="Segment cache size limit (LRU pruning).")
+    timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP request.")
+    retries: int = Field(5, ge=0, le=20, description="Retries on 503/429/connection errors.")
+    backoff_s: float = Field(0.2, gt=0, description="First backoff; doubles each retry, with jitter.")
+    max_backoff_s: float = Field(10.0, gt=0, description="Longest single wait between retries.")
+    rate_smoothing: float = Field(0.3, gt=0, le=1, description="Weight of the newest rate sample.")

@@ -1,0 +1,101 @@
+"""HTTP to the server: retries with exponential backoff and jitter, Retry-After, and rate estimates.
+
+Every transfer also feeds a moving average of the channel rate (bits per second), which the
+runtime sends with its next plan request unless the user fixed the rate.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from client.errors import ServerRejectedError, ServerUnavailableError
+from client.settings import DeviceSettings
+
+RETRY_STATUS = {429, 502, 503, 504}
+MIN_RATE_SAMPLE_BYTES = 16 * 1024
+
+
+class RateEstimator:
+    """Exponential moving average of measured transfer rates (bit/s)."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+        self.rate_bps: float | None = None
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        """Record a transfer; tiny ones are dominated by latency and skipped."""
+        if nbytes < MIN_RATE_SAMPLE_BYTES or seconds <= 0:
+            return
+        sample = nbytes * 8 / seconds
+        self.rate_bps = sample if self.rate_bps is None else (
+            self.smoothing * sample + (1 - self.smoothing) * self.rate_bps)
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        return str(body.get("error", body)) if isinstance(body, dict) else str(body)
+    except ValueError:
+        return response.text[:300] or response.reason_phrase
+
+
+class Transport:
+    """A retrying httpx client bound to one server."""
+
+    def __init__(self, settings: DeviceSettings, client: httpx.Client | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        headers = {}
+        if settings.token is not None:
+            headers["Authorization"] = f"Bearer {settings.token.get_secret_value()}"
+        self.client = client or httpx.Client(base_url=settings.server, timeout=settings.timeout_s,
+                                             headers=headers)
+        if client is not None:
+            self.client.headers.update(headers)
+        self.rate = RateEstimator(settings.rate_smoothing)
+        self._sleep = sleep
+        self._rng = random.Random()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.client.close()
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        base = float(min(self.settings.max_backoff_s, self.settings.backoff_s * 2**attempt))
+        wait = base * (0.5 + self._rng.random() / 2)  # jitter: 50-100% of the step
+        if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
+            wait = max(wait, min(float(retry_after), self.settings.max_backoff_s))
+        return wait
+
+    def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
+        """Send with retries; raises typed errors for 4xx and for exhausted retries."""
+        last = "no attempt made"
+        for attempt in range(self.settings.retries + 1):
+            try:
+                response = self.client.request(method, url, **kwargs)  # type: ignore[arg-type]
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                retry_after = None
+            else:
+                if response.status_code not in RETRY_STATUS:
+                    if response.status_code >= 400:
+                        raise ServerRejectedError(response.status_code, _message(response))
+                    return response
+                last = f"{response.status_code}: {_message(response)}"
+                retry_after = response.headers.get("retry-after")
+            if attempt < self.settings.retries:
+                self._sleep(self._backoff(attempt, retry_after))
+        raise ServerUnavailableError(
+            f"{method} {url} failed after {self.settings.retries + 1} attempts (last: {last}); "
+            f"check that the server at {self.settings.server} is up")
+
+    @contextmanager
+    def stream(self, url: str, headers: dict[str, str]) -> Iterator[httpx.Response]:
+        """One streaming GET (the caller handles resume and retries)."""
+        with self.client.stream("GET", url, headers=headers) as response:
+            yield response

@@ -1,0 +1,71 @@
+"""``create_app(settings)``: the FastAPI application; heavy state is built in the lifespan hook."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.catalog import Catalog
+from server.engine import Engine
+from server.http_errors import install_error_handlers
+from server.limits import LimitsMiddleware
+from server.metrics import Metrics
+from server.routes_api import router as api_router
+from server.routes_oip import SERVER_VERSION
+from server.routes_oip import router as oip_router
+from server.segments import SegmentStore
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    """Build the app. Models load in the lifespan hook; readiness is 503 until they have."""
+    store = SegmentStore(settings.segment_cache_bytes)
+    metrics = Metrics(store, SERVER_VERSION)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        catalog = await asyncio.to_thread(Catalog.load, settings.artifacts)
+        engine = Engine(settings, catalog, store, metrics)
+        await asyncio.to_thread(engine.warm_up)
+        app.state.engine = engine
+        for entry in catalog.entries:
+            log.info("model %s version %s: %s", entry.name, entry.version,
+                     "ready" if entry.ready else f"NOT READY ({entry.reason})")
+        try:
+            yield
+        finally:
+            await engine.close()
+
+    app = FastAPI(
+        title="QPART serving",
+        version=SERVER_VERSION,
+        summary="Plans, quantized head segments and tail inference for edge devices.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.include_router(api_router)
+    app.include_router(oip_router)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics(request: Request) -> Response:
+        engine: Engine | None = getattr(request.app.state, "engine", None)
+        if engine is not None:
+            metrics.queue_depth.set(sum(engine.batcher.depth().values()))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def known_models() -> set[str]:
+        engine: Engine | None = getattr(app.state, "engine", None)
+        return set(engine.catalog.names()) if engine is not None else set()
+
+    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s, metrics=metrics, known_models=known_models)
+    return app

@@ -1,0 +1,130 @@
+"""Dynamic batching of tail requests for the same (model, version, cut), off the event loop.
+
+Requests queue per key; a collector task takes up to ``max_batch`` of them, waiting at most
+``max_delay_s`` after the first, concatenates them along the batch dimension and runs the tail in
+a worker thread (torch releases the GIL). The queue is bounded: past ``max_queue`` waiting
+samples a request fails at once with :class:`OverloadedError` (503 + Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from server.errors import OverloadedError
+
+RunFn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class _Job:
+    inputs: np.ndarray
+    future: asyncio.Future[tuple[np.ndarray, float, float]]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one executed batch looked like (for metrics)."""
+
+    key: str
+    size: int
+    queue_s: list[float]
+    compute_s: float
+
+
+class Batcher:
+    """One queue + collector task per key, sharing a thread pool."""
+
+    def __init__(self, pool: ThreadPoolExecutor, *, max_batch: int, max_delay_s: float,
+                 max_queue: int, retry_after_s: float,
+                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+        self._pool = pool
+        self._max_batch = max_batch
+        self._max_delay = max_delay_s
+        self._max_queue = max_queue
+        self._retry_after = retry_after_s
+        self._on_batch = on_batch
+        self._queues: dict[str, asyncio.Queue[_Job]] = {}
+        self._runs: dict[str, RunFn] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._waiting: dict[str, int] = {}
+
+    def depth(self) -> dict[str, int]:
+        """Samples waiting per key."""
+        return dict(self._waiting)
+
+    async def submit(self, key: str, run: RunFn, inputs: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """Queue ``inputs`` (``[B, ...]``) for ``run``.
+
+        Returns:
+            (outputs, seconds queued, this request's share of the batch's compute seconds).
+        """
+        waiting = self._waiting.get(key, 0)
+        if waiting + inputs.shape[0] > self._max_queue:
+            raise OverloadedError(
+                f"tail queue for {key} is full ({waiting} samples waiting); retry after "
+                f"{self._retry_after:g} s", self._retry_after)
+        if key not in self._queues:
+            self._queues[key] = asyncio.Queue()
+            self._runs[key] = run
+            self._tasks[key] = asyncio.create_task(self._collect(key), name=f"batcher:{key}")
+        loop = asyncio.get_running_loop()
+        job = _Job(inputs, loop.create_future())
+        self._waiting[key] = waiting + inputs.shape[0]
+        await self._queues[key].put(job)
+        return await job.future
+
+    async def _collect(self, key: str) -> None:
+        queue = self._queues[key]
+        while True:
+            jobs = [await queue.get()]
+            size = jobs[0].inputs.shape[0]
+            deadline = time.perf_counter() + self._max_delay
+            while size < self._max_batch:
+                remaining = deadline - time.perf_counter()
+                try:
+                    job = queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(
+                        queue.get(), remaining)
+                except (asyncio.QueueEmpty, TimeoutError):
+                    break
+                jobs.append(job)
+                size += job.inputs.shape[0]
+            await self._execute(key, jobs)
+
+    async def _execute(self, key: str, jobs: list[_Job]) -> None:
+        batch = np.concatenate([j.inputs for j in jobs]) if len(jobs) > 1 else jobs[0].inputs
+        started = time.perf_counter()
+        queue_s = [started - j.enqueued for j in jobs]
+        self._waiting[key] -= batch.shape[0]
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(self._pool, self._runs[key], batch)
+        except Exception as exc:  # a failing batch must fail its requests, not the collector
+            for j in jobs:
+                if not j.future.done():
+                    j.future.set_exception(exc)
+            return
+        compute_s = time.perf_counter() - started
+        offset = 0
+        total = batch.shape[0]
+        for j, q in zip(jobs, queue_s, strict=True):
+            n = j.inputs.shape[0]
+            if not j.future.done():  # the client may have gone away
+                # Each request is charged its share of the batch's compute time.
+                j.future.set_result((out[offset : offset + n], q, compute_s * n / total))
+            offset += n
+        if self._on_batch:
+            self._on_batch(BatchReport(key, batch.shape[0], queue_s, compute_s))
+
+    async def close(self) -> None:
+        """Stop the collectors (pending requests are cancelled)."""
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+        self._queues.clear()

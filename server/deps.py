@@ -1,0 +1,37 @@
+"""FastAPI dependencies: the engine from app state, bearer-token auth, and raw body reading."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from server.engine import Engine
+from server.errors import UnauthorizedError
+
+
+def get_engine(request: Request) -> Engine:
+    """The engine built in the lifespan hook."""
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+
+
+def require_token(request: Request) -> None:
+    """Checks ``Authorization: Bearer <token>`` when the server has a token configured."""
+    token = request.app.state.settings.auth_token
+    if token is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    expected = token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), expected):
+        raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body (size and arrival time are enforced by the limits middleware)."""
+    return await request.body()

@@ -1,0 +1,254 @@
+"""The serving engine: planning, segments and tail inference, with no knowledge of HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels import KernelError
+from kernels.wire import decode_activation_array
+from profiles.artifacts import Pattern
+from profiles.devices import DeviceProfile, get_device
+from profiles.errors import ProfileError
+from server.batching import Batcher, BatchReport
+from server.catalog import Catalog, LoadedModel
+from server.errors import BadRequestError, DeadlineExceededError, NotFoundError, NotReadyError
+from server.metrics import Metrics
+from server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price
+from server.schemas import (
+    PRESETS,
+    PlanRequest,
+    PlanResponse,
+    SegmentRef,
+    TailResponse,
+    TailResult,
+    TopK,
+    WeightPreset,
+)
+from server.segments import SegmentStore, build_segment
+from server.settings import ServerSettings
+
+DEFAULT_DEVICE = "raspberry-pi-4"
+
+
+@dataclass(frozen=True)
+class SegmentIndex:
+    """Where a pattern's segment is: its content id and size."""
+
+    segment_id: str
+    size: int
+    model: str
+    version: str
+    pattern_id: str
+
+
+class Engine:
+    """Owns the catalog, the segment store and the batcher; every route calls one method."""
+
+    def __init__(self, settings: ServerSettings, catalog: Catalog, store: SegmentStore,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.store = store
+        self.metrics = metrics
+        self.draining = False
+        torch.set_num_threads(settings.torch_threads)
+        self._pool = ThreadPoolExecutor(settings.tail_workers, thread_name_prefix="tail")
+        self.batcher = Batcher(self._pool, max_batch=settings.max_batch_size,
+                               max_delay_s=settings.max_queue_delay_s, max_queue=settings.max_queue,
+                               retry_after_s=settings.retry_after_s, on_batch=self._record_batch)
+        self._by_pattern: dict[tuple[str, str, str], SegmentIndex | None] = {}
+        self._by_segment: dict[str, SegmentIndex] = {}
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Index every pattern's segment (builds each once) and publish readiness metrics."""
+        for entry in self.catalog.entries:
+            self.metrics.model_ready.labels(entry.name, entry.version).set(1 if entry.ready else 0)
+            if entry.model is not None:
+                for pattern in entry.model.artifact.patterns:
+                    self._segment_for(entry.model, pattern)
+
+    @property
+    def ready(self) -> bool:
+        """Ready when not draining and at least one model version can serve."""
+        return not self.draining and any(e.ready for e in self.catalog.entries)
+
+    async def close(self) -> None:
+        """Stop batch collectors and worker threads."""
+        await self.batcher.close()
+        self._pool.shutdown(wait=True)
+
+    # ---- segments -------------------------------------------------------------------------
+
+    def _segment_for(self, model: LoadedModel, pattern: Pattern) -> SegmentIndex | None:
+        key = (model.name, model.version, pattern.pattern_id)
+        if key not in self._by_pattern:
+            head = model.parts[pattern.cut][0]
+            if not list(head.parameters()) and not list(head.buffers()):
+                self._by_pattern[key] = None
+            else:
+                data = build_segment(head, model.name, model.version, pattern)
+                digest = hashlib.sha256(data).hexdigest()
+                index = SegmentIndex(digest, len(data), model.name, model.version, pattern.pattern_id)
+                self._by_pattern[key] = index
+                self._by_segment[digest] = index
+                self.store.put(digest, data)
+        return self._by_pattern[key]
+
+    def segment(self, segment_id: str) -> tuple[bytes, SegmentIndex]:
+        """The bytes of a segment by content id (from the cache or rebuilt and verified)."""
+        index = self._by_segment.get(segment_id)
+        if index is None:
+            raise NotFoundError(f"no segment with id '{segment_id}'; ask for a plan to get a segment id")
+        model = self.catalog.get(index.model, index.version)
+        pattern = model.patterns[index.pattern_id]
+        head = model.parts[pattern.cut][0]
+        data = self.store.get_or_build(
+            segment_id, lambda: build_segment(head, model.name, model.version, pattern))
+        return data, index
+
+    # ---- planning -------------------------------------------------------------------------
+
+    def _device(self, req: PlanRequest) -> DeviceProfile:
+        if req.device_profile is not None:
+            return req.device_profile
+        try:
+            return get_device(req.device or DEFAULT_DEVICE)
+        except ProfileError as exc:
+            raise BadRequestError(str(exc)) from exc
+
+    def plan(self, req: PlanRequest) -> PlanResponse:
+        """Choose (cut, level) minimising the request's objective among admissible patterns."""
+        started = time.perf_counter()
+        model = self.catalog.get(req.model, req.version)
+        device = self._device(req)
+        weights = req.weights or PRESETS[req.preset or WeightPreset.LATENCY_FIRST]
+        inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
+                            req.batch, self.settings.price_per_second, frozenset(req.held_segments))
+        candidates = []
+        for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
+            index = self._segment_for(model, pattern)
+            seg_id, size = (index.segment_id, index.size) if index else (None, 0)
+            costs = price(model.artifact, pattern, seg_id, size, inputs)
+            candidates.append(Candidate(pattern, seg_id, size, costs))
+        chosen = choose(candidates, req.deadline_s)
+        last = len(model.cuts) - 1
+        response = self._plan_response(model, chosen, best_at_cut(candidates, 0),
+                                       best_at_cut(candidates, last), inputs)
+        self.metrics.plan_duration.observe(time.perf_counter() - started)
+        self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
+        self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)
+        return response
+
+    def _plan_response(self, model: LoadedModel, chosen: Candidate, server: Candidate,
+                       device: Candidate, inputs: PlanInputs) -> PlanResponse:
+        p = chosen.pattern
+        base = self.settings.public_url.rstrip("/")
+        segment = None
+        if chosen.segment_id is not None:
+            segment = SegmentRef(id=chosen.segment_id, url=f"{base}/v1/segments/{chosen.segment_id}",
+                                 size_bytes=chosen.segment_bytes, sha256=chosen.segment_id,
+                                 held=chosen.segment_id in inputs.held)
+        last = p.cut == len(model.cuts) - 1
+        infer = None if last else (f"{base}/v1/models/{model.name}/versions/{model.version}"
+                                   f"/patterns/{p.pattern_id}/infer")
+        return PlanResponse(
+            plan_id=f"{model.name}@{model.version}/{p.pattern_id}", model=model.name,
+            version=model.version, cut=p.cut, cut_node=model.cuts[p.cut].node, cuts=len(model.cuts),
+            level=p.level, weight_bits=p.weight_bits, activation_bits=p.activation_bits,
+            group_size=p.group_size, activation_shape=list(model.cuts[p.cut].shape),
+            predicted=chosen.costs, all_server=server.costs, all_device=device.costs,
+            segment=segment, infer_url=infer,
+        )
+
+    # ---- inference ------------------------------------------------------------------------
+
+    def _runner(self, tail: torch.nn.Module) -> object:
+        def run(batch: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                out: np.ndarray = tail(torch.from_numpy(batch)).numpy()
+                return out
+        return run
+
+    async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[np.ndarray, float, float]:
+        if self.draining:
+            raise NotReadyError("the server is shutting down; retry on another replica")
+        key = f"{model.name}@{model.version}/c{cut}"
+        run = self._runner(model.parts[cut][1])
+        try:
+            return await asyncio.wait_for(self.batcher.submit(key, run, x),  # type: ignore[arg-type]
+                                          self.settings.request_timeout_s)
+        except TimeoutError as exc:
+            raise DeadlineExceededError(
+                f"tail inference took longer than {self.settings.request_timeout_s} s") from exc
+
+    async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
+                         top_k: int = 5) -> TailResponse:
+        """Run the tail of a plan's cut on an uploaded activation packet."""
+        model = self.catalog.get(name, version)
+        pattern = model.patterns.get(pattern_id)
+        if pattern is None:
+            raise NotFoundError(f"model '{name}' version '{version}' has no pattern '{pattern_id}'")
+        x = self.decode_for(model, pattern, packet)
+        logits, queue_s, compute_s = await self._run_tail(model, pattern.cut, x)
+        predicted = model.artifact.cuts[pattern.cut].server_tail_s * len(x)
+        self.metrics.server_time_predicted.labels(name).inc(predicted)
+        self.metrics.server_time_measured.labels(name).inc(compute_s)
+        return TailResponse(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
+                            results=[_result(row, top_k) for row in logits], queue_s=queue_s,
+                            compute_s=compute_s)
+
+    def decode_for(self, model: LoadedModel, pattern: Pattern, packet: bytes) -> np.ndarray:
+        """Decode an activation packet and check it matches the pattern's cut, bits and groups."""
+        if pattern.cut == len(model.cuts) - 1:
+            raise BadRequestError("this plan is all-device (last cut): there is no tail to run")
+        try:
+            x, bits, group = decode_activation_array(packet, max_elements=self.settings.max_body_bytes * 8)
+        except KernelError as exc:
+            raise BadRequestError(f"invalid activation packet: {exc}") from exc
+        want = tuple(model.cuts[pattern.cut].shape)
+        if tuple(x.shape[1:]) != want or x.shape[0] > self.settings.max_queue:
+            dims = ", ".join(map(str, want))
+            raise BadRequestError(f"activation shape {list(x.shape)} does not fit cut {pattern.cut}: "
+                                  f"expected [batch <= {self.settings.max_queue}, {dims}]")
+        if bits != pattern.activation_bits or (bits != 32 and group != pattern.group_size):
+            raise BadRequestError(f"activation quantized with {bits} bits / group {group}; the plan "
+                                  f"requires {pattern.activation_bits} bits / group {pattern.group_size}")
+        return x
+
+    async def infer_full(
+        self, name: str, version: str | None, x: np.ndarray
+    ) -> tuple[np.ndarray, LoadedModel]:
+        """Run the whole float model (the tail of cut 0) on a batch of inputs."""
+        model = self.catalog.get(name, version)
+        want = tuple(model.artifact.input_shape)
+        if x.ndim != len(want) + 1 or tuple(x.shape[1:]) != want:
+            raise BadRequestError(f"input shape {list(x.shape)} does not fit model '{name}': "
+                                  f"expected [batch, {', '.join(map(str, want))}]")
+        if not np.isfinite(x).all():
+            raise BadRequestError("input holds NaN or infinity")
+        logits, _, _ = await self._run_tail(model, 0, np.ascontiguousarray(x, dtype=np.float32))
+        return logits, model
+
+    def _record_batch(self, report: BatchReport) -> None:
+        model = report.key.split("@", 1)[0]
+        self.metrics.tail_batch.labels(model).observe(report.size)
+        self.metrics.tail_compute.labels(model).observe(report.compute_s)
+        for q in report.queue_s:
+            self.metrics.tail_queue.labels(model).observe(q)
+
+
+def _result(logits: np.ndarray, k: int) -> TailResult:
+    shifted = np.exp(logits - logits.max())
+    probs = shifted / shifted.sum()
+    order = np.argsort(-probs, kind="stable")[: max(1, min(k, len(probs)))]
+    return TailResult(logits=[float(v) for v in logits],
+                      top_k=[TopK(label=int(i), probability=float(probs[i])) for i in order])

@@ -1,0 +1,102 @@
+"""Exception tree of the ``server`` package; ``server.http_errors`` maps it to HTTP responses.
+
+::
+
+    ServerError
+    ├── ClientError                  the request is wrong; the message says how to fix it
+    │   ├── BadRequestError          400: malformed body or parameters
+    │   ├── UnauthorizedError        401: missing or wrong bearer token
+    │   ├── NotFoundError            404: unknown model, version, pattern or segment
+    │   ├── PayloadTooLargeError     413: body above the configured limit
+    │   ├── RequestTimeoutError      408: the body did not arrive in time
+    │   ├── RangeNotSatisfiableError 416: a Range outside the segment
+    │   └── UnprocessableError       422: well-formed but unsatisfiable (e.g. a deadline)
+    └── ServiceError                 the server cannot serve it now
+        ├── OverloadedError          503 + Retry-After: the tail queue is full
+        ├── NotReadyError            503: the model is not loaded (the reason is given)
+        └── DeadlineExceededError    504: the request took longer than its timeout
+"""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """Base class of every error raised by :mod:`server`."""
+
+    status = 500
+
+
+class ClientError(ServerError):
+    """The request is at fault."""
+
+    status = 400
+
+
+class BadRequestError(ClientError):
+    """Malformed body or parameters."""
+
+    status = 400
+
+
+class UnauthorizedError(ClientError):
+    """Missing or invalid bearer token."""
+
+    status = 401
+
+
+class NotFoundError(ClientError):
+    """Unknown model, version, pattern, segment or route."""
+
+    status = 404
+
+
+class RequestTimeoutError(ClientError):
+    """The request body did not arrive within the configured time."""
+
+    status = 408
+
+
+class PayloadTooLargeError(ClientError):
+    """The request body exceeds the configured limit."""
+
+    status = 413
+
+
+class RangeNotSatisfiableError(ClientError):
+    """A Range header outside the resource."""
+
+    status = 416
+
+
+class UnprocessableError(ClientError):
+    """A well-formed request that cannot be satisfied (a deadline below the fastest plan)."""
+
+    status = 422
+
+
+class ServiceError(ServerError):
+    """The server cannot serve the request now."""
+
+    status = 503
+
+
+class OverloadedError(ServiceError):
+    """The bounded tail queue is full; retry after ``retry_after_s``."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NotReadyError(ServiceError):
+    """The model is not loaded, or the server is draining."""
+
+    status = 503
+
+
+class DeadlineExceededError(ServiceError):
+    """The request exceeded the per-request timeout."""
+
+    status = 504

@@ -1,0 +1,58 @@
+"""The one place where exceptions become HTTP responses: always ``{"error": "..."}``."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.errors import OverloadedError, ServerError, UnauthorizedError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error body every route and middleware uses."""
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that translate every error to ``{"error": ...}``."""
+
+    @app.exception_handler(ServerError)
+    async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
+        headers = {}
+        if isinstance(exc, OverloadedError):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        if isinstance(exc, UnauthorizedError):
+            headers["WWW-Authenticate"] = "Bearer"
+        if exc.status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
+        return error_response(exc.status, str(exc), headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}; see /docs for the API"
+        return error_response(exc.status_code, message, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error ({type(exc).__name__}); this is a server bug")

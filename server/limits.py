@@ -1,0 +1,126 @@
+"""ASGI middleware: body size limit (413), body arrival timeout (408), in-flight and byte metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.exceptions import HTTPException
+
+from server.metrics import Metrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def route_label(path: str) -> str:
+    """A bounded route label for metrics (no ids in it)."""
+    if path.startswith("/v1/plan"):
+        return "plan"
+    if path.startswith("/v1/segments/"):
+        return "segment"
+    if path.startswith("/v1/models/") and path.endswith("/infer"):
+        return "tail_infer"
+    if path.startswith("/v2/models/") and path.endswith("/infer"):
+        return "v2_infer"
+    if path.startswith("/v2"):
+        return "v2_meta"
+    if path == "/metrics":
+        return "metrics"
+    return "other"
+
+
+class LimitsMiddleware:
+    """Refuses bodies over ``max_body_bytes`` and bodies that arrive slower than ``body_timeout_s``."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
+                 metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
+        self.app = app
+        self.max_body = max_body_bytes
+        self.timeout = body_timeout_s
+        self.metrics = metrics
+        self.known_models = known_models
+
+    def _model_label(self, path: str) -> str:
+        parts = path.split("/")
+        if len(parts) > 3 and parts[2] == "models":
+            name = parts[3].removesuffix("-tail")
+            return name if name in self.known_models() else "unknown"
+        return ""
+
+    async def _refuse_declared_length(self, scope: Scope, send: Send) -> bool:
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is None:
+            return False
+        if not length.isdigit():
+            await _send_error(send, 400, "Content-Length is not a number")
+            return True
+        if int(length) > self.max_body:
+            await _send_error(send, 413, f"request body of {int(length)} bytes exceeds the limit of "
+                                         f"{self.max_body} bytes")
+            return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = route_label(scope.get("path", ""))
+        if await self._refuse_declared_length(scope, send):
+            return
+        deadline = time.monotonic() + self.timeout
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            remaining = deadline - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), max(remaining, 0.001))
+            except TimeoutError:
+                raise HTTPException(408, f"request body not received within {self.timeout} s") from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise HTTPException(413, f"request body exceeds the limit of {self.max_body} bytes")
+            return message
+
+        status = 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            if message["type"] == "http.response.body":
+                self.metrics.bytes_sent.labels(route).inc(len(message.get("body", b"")))
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        started = time.perf_counter()
+        try:
+            await self.app(scope, limited_receive, counting_send)
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.bytes_received.labels(route).inc(received)
+            self.metrics.request_duration.labels(route).observe(time.perf_counter() - started)
+            self._count(route, scope.get("path", ""), status)
+
+    def _count(self, route: str, path: str, status: int) -> None:
+        outcome = "ok" if status < 400 else ("client_error" if status < 500 else "server_error")
+        if status in (429, 503):
+            outcome = "shed"
+            self.metrics.shed.labels(route).inc()
+        self.metrics.requests.labels(route, self._model_label(path), outcome).inc()
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,51 @@
+"""Running the server under uvicorn with a graceful drain on SIGTERM/SIGINT.
+
+On the first signal readiness turns 503 at once, the server keeps serving for
+``drain_delay_s`` (so load balancers stop sending), then uvicorn stops accepting and waits at most
+``graceful_timeout_s`` for in-flight requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import FrameType
+
+import uvicorn
+
+from server.app import create_app
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn server whose exit signal first flips readiness, then stops after a delay."""
+
+    def __init__(self, config: uvicorn.Config, drain_delay_s: float) -> None:
+        super().__init__(config)
+        self._drain_delay_s = drain_delay_s
+        self._draining = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        app = self.config.loaded_app
+        engine = getattr(getattr(getattr(app, "app", app), "state", None), "engine", None)
+        if self._draining or engine is None:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        engine.draining = True
+        log.info("signal %s: readiness is now 503; stopping in %.1f s", sig, self._drain_delay_s)
+        timer = threading.Timer(self._drain_delay_s, super().handle_exit, args=(sig, frame))
+        timer.daemon = True
+        timer.start()
+
+
+def serve(settings: ServerSettings) -> None:
+    """Run until a signal; blocks."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=int(settings.graceful_timeout_s) or None,
+                            access_log=False, lifespan="on")
+    DrainingServer(config, settings.drain_delay_s).run()

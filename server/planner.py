@@ -1,0 +1,99 @@
+"""The planner: QPART's cost model (DESIGN §2) over the precomputed (cut, level) patterns.
+
+For a fixed (cut, level) every bit-dependent term is proportional to the bits sent, so the
+bit pattern that minimises ``J`` does not depend on rate or weights (DESIGN §3): planning is an
+enumeration of cuts × levels no looser than the demand, each priced with the request's numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
+from profiles.devices import DeviceProfile
+from server.errors import UnprocessableError
+from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything about the request that prices a pattern."""
+
+    device: DeviceProfile
+    weights: ObjectiveWeights
+    rate_bps: float
+    rtt_s: float
+    batch: int
+    price_per_second: float
+    held: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A pattern with its segment and its predicted costs for this request."""
+
+    pattern: Pattern
+    segment_id: str | None
+    segment_bytes: int
+    costs: CostBreakdown
+
+
+def head_seconds(artifact: CalibrationArtifact, cut: CutProfile, device: DeviceProfile) -> float:
+    """Device head time: measured by the device's profiler when it has this version, else FLOPs."""
+    measured = device.measured.get(artifact.model)
+    if measured is not None and measured.version == artifact.version and cut.index < len(measured.head_s):
+        return measured.head_s[cut.index]
+    return cut.head_flops / device.flops_per_s
+
+
+def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
+          segment_bytes: int, inputs: PlanInputs) -> CostBreakdown:
+    """Predicted time, energy, server cost and objective of one pattern for one request."""
+    cut = artifact.cuts[pattern.cut]
+    last = pattern.cut == len(artifact.cuts) - 1
+    t_local = head_seconds(artifact, cut, inputs.device) * inputs.batch
+    held = segment_id is not None and segment_id in inputs.held
+    z_w = 0 if held or segment_id is None else segment_bytes
+    z_x = 0 if last else pattern.activation_bytes * inputs.batch
+    sent = z_w + z_x
+    t_tran = sent * 8 / inputs.rate_bps + (inputs.rtt_s if not last or z_w else 0.0)
+    t_server = 0.0 if last else cut.server_tail_s * inputs.batch
+    e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)
+    e_tran = inputs.device.power_tx_w * t_tran
+    cost = inputs.price_per_second * t_server
+    w = inputs.weights
+    total_t = t_local + t_tran + t_server
+    objective = w.time * total_t + w.energy * (e_local + e_tran) + w.cost * cost
+    return CostBreakdown(
+        time_s=TimeBreakdown(local=t_local, transfer=t_tran, server=t_server, total=total_t),
+        energy_j=EnergyBreakdown(local=e_local, transfer=e_tran, total=e_local + e_tran),
+        server_cost=cost, objective=objective, transfer_bytes=sent,
+    )
+
+
+def allowed_patterns(artifact: CalibrationArtifact, demand: float) -> list[Pattern]:
+    """Patterns whose level is no looser than the demand; lossless ones (level 0) always qualify."""
+    return [p for p in artifact.patterns if p.level <= demand]
+
+
+def choose(candidates: list[Candidate], deadline_s: float | None) -> Candidate:
+    """Smallest objective; with a deadline, the most accurate plan that meets it.
+
+    Raises:
+        UnprocessableError: no candidate meets the deadline (the message names the fastest time).
+    """
+    if deadline_s is None:
+        return min(candidates, key=lambda c: (c.costs.objective, c.pattern.level, c.pattern.cut))
+    meeting = [c for c in candidates if c.costs.time_s.total <= deadline_s]
+    if not meeting:
+        fastest = min(candidates, key=lambda c: c.costs.time_s.total)
+        raise UnprocessableError(
+            f"no plan meets the deadline of {deadline_s:.4f} s; the fastest achievable is "
+            f"{fastest.costs.time_s.total:.4f} s (cut {fastest.pattern.cut}, level "
+            f"{fastest.pattern.level}); relax the deadline or the accuracy demand")
+    return min(meeting, key=lambda c: (c.pattern.level, c.costs.objective))
+
+
+def best_at_cut(candidates: list[Candidate], cut: int) -> Candidate:
+    """The cheapest candidate at one cut (for the all-server / all-device comparisons)."""
+    return min((c for c in candidates if c.pattern.cut == cut), key=lambda c: c.costs.objective)

@@ -1,0 +1,105 @@
+"""QPART routes (``/v1``): plan, segment download, tail inference, cache budget. Thin over the engine."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from server.deps import EngineDep, read_body, require_token
+from server.errors import RangeNotSatisfiableError
+from server.schemas import SHA256_HEX, ErrorBody, PlanRequest, PlanResponse, TailResponse
+
+router = APIRouter(prefix="/v1")
+_ERRORS: dict[int | str, dict[str, object]] = {
+    s: {"model": ErrorBody} for s in (400, 401, 404, 413, 422, 503, 504)}
+_CHUNK = 64 * 1024
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+@router.post("/plan", response_model=PlanResponse, responses=_ERRORS,
+             dependencies=[Depends(require_token)], summary="Plan a request: cut, bits, costs")
+def plan(body: PlanRequest, engine: EngineDep) -> PlanResponse:
+    """Choose the cut and bit pattern that minimise the weighted time/energy/cost for this device."""
+    return engine.plan(body)
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int]:
+    match = _RANGE.match(header.strip())
+    if not match or match.groups() == ("", ""):
+        raise RangeNotSatisfiableError(f"unsupported Range '{header}'; use a single 'bytes=start-end'")
+    start_s, end_s = match.groups()
+    if start_s == "":
+        start, end = max(0, size - int(end_s)), size - 1
+    else:
+        start, end = int(start_s), (int(end_s) if end_s else size - 1)
+    end = min(end, size - 1)
+    if start > end or start >= size:
+        raise RangeNotSatisfiableError(f"Range '{header}' is outside the segment's {size} bytes")
+    return start, end
+
+
+def _chunks(data: bytes, start: int, end: int) -> Iterator[bytes]:
+    view = memoryview(data)
+    for pos in range(start, end + 1, _CHUNK):
+        yield bytes(view[pos : min(pos + _CHUNK, end + 1)])
+
+
+@router.get("/segments/{segment_id}", responses={**_ERRORS, 206: {}, 304: {}, 416: {"model": ErrorBody}},
+            response_class=Response, summary="Download a head segment by content id")
+def segment(
+    segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep
+) -> Response:
+    """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range."""
+    started = time.perf_counter()
+    data, index = engine.segment(segment_id)
+    etag = f'"{segment_id}"'
+    headers = {"ETag": etag, "Cache-Control": "public, max-age=31536000, immutable",
+               "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+    inm = request.headers.get("if-none-match")
+    if inm is not None and (inm.strip() == "*" or etag in [t.strip() for t in inm.split(",")]):
+        return Response(status_code=304, headers=headers)
+    status, start, end = 200, 0, len(data) - 1
+    rng = request.headers.get("range")
+    if rng is not None:
+        start, end = _parse_range(rng, len(data))
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+    headers["Content-Length"] = str(end - start + 1)
+    engine.metrics.segment_bytes.labels(index.model).inc(end - start + 1)
+    engine.metrics.segment_stream.observe(time.perf_counter() - started)
+    return StreamingResponse(_chunks(data, start, end), status_code=status, headers=headers)
+
+
+@router.post("/models/{model}/versions/{version}/patterns/{pattern_id}/infer",
+             response_model=TailResponse, responses=_ERRORS, dependencies=[Depends(require_token)],
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+             summary="Run the tail on an uploaded activation packet")
+async def infer_tail(
+    model: str, version: str, pattern_id: str, request: Request, engine: EngineDep,
+    top_k: Annotated[int, Query(ge=1, le=1000)] = 5,
+) -> TailResponse:
+    """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups."""
+    body = await read_body(request)
+    return await engine.infer_tail(model, version, pattern_id, body, top_k)
+
+
+class CacheBudget(BaseModel):
+    """New byte budget of the segment cache."""
+
+    budget_bytes: int = Field(ge=0, le=1 << 40)
+
+
+@router.put("/admin/segment-cache", responses=_ERRORS, dependencies=[Depends(require_token)],
+            summary="Change the segment cache's byte budget at run time")
+def set_cache_budget(body: CacheBudget, engine: EngineDep) -> dict[str, int]:
+    """Shrinking evicts at once, least important segments first."""
+    engine.store.set_budget(body.budget_bytes)
+    stats = engine.store.stats()
+    return {"budget_bytes": stats.budget_bytes, "resident_bytes": stats.resident_bytes}

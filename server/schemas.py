@@ -1,0 +1,242 @@
+"""Wire models of the HTTP API: planning, tail inference and the Open Inference Protocol (v2)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from profiles.devices import DeviceProfile
+
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WeightPreset(StrEnum):
+    """Named objective weights (ω time, τ energy, η server cost)."""
+
+    LATENCY_FIRST = "latency-first"
+    """ω = 1, τ = 0.05, η = 0.01: end-to-end time dominates."""
+    ENERGY_FIRST = "energy-first"
+    """ω = 0.05, τ = 1, η = 0.01: device energy dominates."""
+    QPART_PAPER = "qpart-paper"
+    """ω = τ = η = 1, the setting of QPART's simulation (Table II)."""
+
+
+class ObjectiveWeights(_Strict):
+    """Weights of the objective ``J = ω·T + τ·E + η·C``."""
+
+    time: float = Field(1.0, ge=0, le=1e6, description="ω, per second of end-to-end time.")
+    energy: float = Field(0.0, ge=0, le=1e6, description="τ, per joule of device energy.")
+    cost: float = Field(0.0, ge=0, le=1e6, description="η, per unit of server cost.")
+
+
+PRESETS: dict[WeightPreset, ObjectiveWeights] = {
+    WeightPreset.LATENCY_FIRST: ObjectiveWeights(time=1.0, energy=0.05, cost=0.01),
+    WeightPreset.ENERGY_FIRST: ObjectiveWeights(time=0.05, energy=1.0, cost=0.01),
+    WeightPreset.QPART_PAPER: ObjectiveWeights(time=1.0, energy=1.0, cost=1.0),
+}
+
+
+class PlanRequest(_Strict):
+    """A device asks for a plan: which cut and which bits, under its accuracy demand."""
+
+    model: str = Field(min_length=1, max_length=64, description="Registered model name.")
+    version: str | None = Field(None, max_length=64, description="Model version (default: newest).")
+    accuracy_demand: float = Field(ge=0, lt=1, description="Max accepted top-1 drop, e.g. 0.01 for 1%.")
+    rate_bps: float = Field(gt=0, le=1e12, description="Channel rate the device measured (bit/s).")
+    device: str | None = Field(None, max_length=64, description="Name of a shipped device profile.")
+    device_profile: DeviceProfile | None = Field(None, description="An inline device profile.")
+    weights: ObjectiveWeights | None = Field(None, description="Objective weights (default: preset).")
+    preset: WeightPreset | None = Field(None, description="Named objective weights.")
+    deadline_s: float | None = Field(None, gt=0, le=3600, description="Max end-to-end time.")
+    held_segments: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(
+        default_factory=list, max_length=256, description="Segment ids the device already caches.")
+    batch: int = Field(1, ge=1, le=1024, description="Samples per inference with this plan.")
+    rtt_s: float | None = Field(None, ge=0, le=10, description="Round-trip time (default: profile's).")
+
+    @model_validator(mode="after")
+    def _one_device(self) -> PlanRequest:
+        if self.device is not None and self.device_profile is not None:
+            raise ValueError("give either 'device' (a preset name) or 'device_profile', not both")
+        if self.weights is not None and self.preset is not None:
+            raise ValueError("give either 'weights' or 'preset', not both")
+        return self
+
+
+class TimeBreakdown(_Strict):
+    """Predicted seconds per phase."""
+
+    local: float
+    transfer: float
+    server: float
+    total: float
+
+
+class EnergyBreakdown(_Strict):
+    """Predicted device joules per phase."""
+
+    local: float
+    transfer: float
+    total: float
+
+
+class CostBreakdown(_Strict):
+    """The predicted terms of the objective for one plan."""
+
+    time_s: TimeBreakdown
+    energy_j: EnergyBreakdown
+    server_cost: float
+    objective: float
+    transfer_bytes: int
+
+
+class SegmentRef(_Strict):
+    """Where the device gets the head segment."""
+
+    id: str
+    url: str
+    size_bytes: int
+    sha256: str
+    held: bool = Field(description="The device said it holds this segment (no transfer counted).")
+
+
+class PlanResponse(_Strict):
+    """The chosen plan, its predicted costs, and the baselines all-server and all-device."""
+
+    plan_id: str
+    model: str
+    version: str
+    cut: int
+    cut_node: str
+    cuts: int = Field(description="Number of legal cuts; the last one is all-device.")
+    level: float
+    weight_bits: dict[str, int]
+    activation_bits: int
+    group_size: int
+    activation_shape: list[int]
+    predicted: CostBreakdown
+    all_server: CostBreakdown
+    all_device: CostBreakdown
+    segment: SegmentRef | None
+    infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
+
+
+class TopK(_Strict):
+    """One class and its softmax probability."""
+
+    label: int
+    probability: float
+
+
+class TailResult(_Strict):
+    """Result for one sample."""
+
+    logits: list[float]
+    top_k: list[TopK]
+
+
+class TailResponse(_Strict):
+    """Result of a tail inference."""
+
+    plan_id: str
+    model: str
+    version: str
+    results: list[TailResult]
+    queue_s: float
+    compute_s: float
+
+
+# ---- Open Inference Protocol (KServe v2) --------------------------------------------------
+
+Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                   "FP16", "FP32", "FP64", "BYTES"]
+Parameter = bool | int | float | str
+
+
+class InferInputTensor(BaseModel):
+    """A v2 request input; ``data`` is absent when the tensor travels as binary data."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=256)
+    shape: list[Annotated[int, Field(ge=0, le=1 << 31)]] = Field(max_length=16)
+    datatype: Datatype
+    parameters: dict[str, Parameter] | None = None
+    data: list[Any] | None = None
+
+
+class InferRequestedOutput(BaseModel):
+    """A v2 requested output."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=256)
+    parameters: dict[str, Parameter] | None = None
+
+
+class InferRequest(BaseModel):
+    """A v2 inference request (JSON part)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(None, max_length=256)
+    parameters: dict[str, Parameter] | None = None
+    inputs: list[InferInputTensor] = Field(min_length=1, max_length=16)
+    outputs: list[InferRequestedOutput] | None = Field(None, max_length=16)
+
+
+class InferOutputTensor(BaseModel):
+    """A v2 response output."""
+
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: dict[str, Parameter] | None = None
+    data: list[Any] | None = None
+
+
+class InferResponse(BaseModel):
+    """A v2 inference response (JSON part)."""
+
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Parameter] | None = None
+    outputs: list[InferOutputTensor]
+
+
+class TensorMetadata(BaseModel):
+    """Name, datatype and shape of a model input or output (-1 = variable)."""
+
+    name: str
+    datatype: Datatype
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    """``GET /v2/models/{m}``."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ServerMetadata(BaseModel):
+    """``GET /v2``."""
+
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class ErrorBody(BaseModel):
+    """Every error response: ``{"error": "<what is wrong and how to fix it>"}``."""
+
+    error: str

@@ -1,0 +1,33 @@
+"""Settings of the serving process (``QPART_*`` environment variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    """How the server runs; what the models are comes from the artifact files."""
+
+    model_config = SettingsConfigDict(env_prefix="QPART_", frozen=True)
+
+    artifacts: Path = Field(Path("artifacts"), description="Folder of calibration artifacts (sub-folders).")
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="Bind port (0 = any free port).")
+    auth_token: SecretStr | None = Field(None, description="Bearer token required on inference routes.")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest accepted request body (413 above).")
+    body_timeout_s: float = Field(10.0, gt=0, description="Time allowed to receive a request body (408).")
+    request_timeout_s: float = Field(30.0, gt=0, description="Per-request processing timeout (504).")
+    segment_cache_bytes: int = Field(64 << 20, ge=0, description="Byte budget of cached head segments.")
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Largest dynamic batch of tail requests.")
+    max_queue_delay_s: float = Field(0.002, ge=0, le=1, description="Longest wait to fill a batch.")
+    max_queue: int = Field(256, ge=1, description="Queued tail requests per model before 503.")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 on overload.")
+    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per tail worker.")
+    tail_workers: int = Field(1, ge=1, le=64, description="Threads running tail batches.")
+    price_per_second: float = Field(1.0, ge=0, description="Server cost per second of tail compute (C).")
+    graceful_timeout_s: float = Field(20.0, ge=0, description="Max wait for in-flight requests on shutdown.")
+    drain_delay_s: float = Field(0.0, ge=0, description="After SIGTERM: readiness 503, then wait this long.")
+    public_url: str = Field("", description="Base URL put into segment links (default: relative URLs).")

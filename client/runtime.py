@@ -110,11 +110,11 @@ class DeviceRuntime:
             "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
         }
         if self.device_profile is not None:
-            body["device_profile"] = self.device_profile.model_dump(mode="json")
+            body["device"] = self.device_profile.model_dump(mode="json")
         elif self.device is not None:
             body["device"] = self.device
         if preset is not None:
-            body["preset"] = preset
+            body["weights"] = preset
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
         plan: dict[str, Any] = self.transport.request("POST", "/v1/plan", json=body).json()

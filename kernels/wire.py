@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import safetensors
-import safetensors.numpy
 
 from kernels.errors import OversizeError, TruncatedError, WireFormatError
 from kernels.ops import PackedTensor, unpack_dequantize
@@ -199,7 +198,32 @@ def encode_segment(
         "content_sha256": _content_digest(descriptors, arrays),
         **{f"x-{k}": v for k, v in header.extra.items()},
     }
-    return bytes(safetensors.numpy.save(arrays, metadata=metadata))
+    return _serialize(arrays, metadata)
+
+
+_DTYPE_NAMES = {np.dtype(np.uint8): "U8", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
+
+
+def _serialize(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
+    """Byte-stable safetensors serialization (sorted names and keys).
+
+    The library's writer orders its JSON header from a hash map, so two encodings of the same
+    content can differ byte for byte; content addressing needs the same bytes every time.
+    ``decode_segment`` reads the result back with the library's own (validating) parser.
+    """
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs = []
+    offset = 0
+    for name in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[name])
+        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": _DTYPE_NAMES[arr.dtype.newbyteorder("<")], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":"), sort_keys=False).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8-byte alignment
+    return struct.pack("<Q", len(head)) + head + b"".join(blobs)
 
 
 def _read_metadata(data: bytes, max_bytes: int) -> dict[str, str]:

@@ -6,8 +6,10 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.catalog import Catalog
@@ -18,6 +20,7 @@ from server.metrics import Metrics
 from server.routes_api import router as api_router
 from server.routes_oip import SERVER_VERSION
 from server.routes_oip import router as oip_router
+from server.schemas import InferRequest
 from server.segments import SegmentStore
 from server.settings import ServerSettings
 
@@ -54,6 +57,18 @@ def create_app(settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(oip_router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+            extra = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            components.update(extra.pop("$defs", {}))
+            components["InferRequest"] = extra
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus_metrics(request: Request) -> Response:

@@ -23,6 +23,8 @@ from server.metrics import Metrics
 from server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price
 from server.schemas import (
     PRESETS,
+    ModelInfo,
+    PatternInfo,
     PlanRequest,
     PlanResponse,
     SegmentRef,
@@ -33,8 +35,6 @@ from server.schemas import (
 )
 from server.segments import SegmentStore, build_segment
 from server.settings import ServerSettings
-
-DEFAULT_DEVICE = "raspberry-pi-4"
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,31 @@ class Engine:
             segment_id, lambda: build_segment(head, model.name, model.version, pattern))
         return data, index
 
+    def model_info(self, name: str, version: str | None) -> ModelInfo:
+        """Every pattern of a model version with its segment reference."""
+        model = self.catalog.get(name, version)
+        base = self.settings.public_url.rstrip("/")
+        patterns = []
+        for p in model.artifact.patterns:
+            index = self._segment_for(model, p)
+            ref = None if index is None else SegmentRef(
+                id=index.segment_id, url=f"{base}/v1/segments/{index.segment_id}", size_bytes=index.size,
+                sha256=index.segment_id, held=False)
+            patterns.append(PatternInfo(
+                pattern_id=p.pattern_id, cut=p.cut, cut_node=model.cuts[p.cut].node, level=p.level,
+                weight_bits=p.weight_bits, activation_bits=p.activation_bits, group_size=p.group_size,
+                test_drop=p.test_drop, segment=ref, infer_url=self._infer_url(model, p)))
+        levels = sorted({p.level for p in model.artifact.patterns})
+        return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
+                         patterns=patterns)
+
     # ---- planning -------------------------------------------------------------------------
 
     def _device(self, req: PlanRequest) -> DeviceProfile:
-        if req.device_profile is not None:
-            return req.device_profile
+        if isinstance(req.device, DeviceProfile):
+            return req.device
         try:
-            return get_device(req.device or DEFAULT_DEVICE)
+            return get_device(req.device)
         except ProfileError as exc:
             raise BadRequestError(str(exc)) from exc
 
@@ -130,7 +148,7 @@ class Engine:
         started = time.perf_counter()
         model = self.catalog.get(req.model, req.version)
         device = self._device(req)
-        weights = req.weights or PRESETS[req.preset or WeightPreset.LATENCY_FIRST]
+        weights = PRESETS[req.weights] if isinstance(req.weights, WeightPreset) else req.weights
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments))
         candidates = []
@@ -148,6 +166,12 @@ class Engine:
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)
         return response
 
+    def _infer_url(self, model: LoadedModel, pattern: Pattern) -> str | None:
+        if pattern.cut == len(model.cuts) - 1:
+            return None
+        base = self.settings.public_url.rstrip("/")
+        return f"{base}/v1/models/{model.name}/versions/{model.version}/patterns/{pattern.pattern_id}/infer"
+
     def _plan_response(self, model: LoadedModel, chosen: Candidate, server: Candidate,
                        device: Candidate, inputs: PlanInputs) -> PlanResponse:
         p = chosen.pattern
@@ -157,9 +181,7 @@ class Engine:
             segment = SegmentRef(id=chosen.segment_id, url=f"{base}/v1/segments/{chosen.segment_id}",
                                  size_bytes=chosen.segment_bytes, sha256=chosen.segment_id,
                                  held=chosen.segment_id in inputs.held)
-        last = p.cut == len(model.cuts) - 1
-        infer = None if last else (f"{base}/v1/models/{model.name}/versions/{model.version}"
-                                   f"/patterns/{p.pattern_id}/infer")
+        infer = self._infer_url(model, p)
         return PlanResponse(
             plan_id=f"{model.name}@{model.version}/{p.pattern_id}", model=model.name,
             version=model.version, cut=p.cut, cut_node=model.cuts[p.cut].node, cuts=len(model.cuts),

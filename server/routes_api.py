@@ -9,11 +9,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from server.deps import EngineDep, read_body, require_token
 from server.errors import RangeNotSatisfiableError
-from server.schemas import SHA256_HEX, ErrorBody, PlanRequest, PlanResponse, TailResponse
+from server.schemas import SHA256_HEX, ErrorBody, JsonInt, ModelInfo, PlanRequest, PlanResponse, TailResponse
 
 router = APIRouter(prefix="/v1")
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -27,6 +27,14 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 def plan(body: PlanRequest, engine: EngineDep) -> PlanResponse:
     """Choose the cut and bit pattern that minimise the weighted time/energy/cost for this device."""
     return engine.plan(body)
+
+
+@router.get("/models/{model}", response_model=ModelInfo, responses=_ERRORS,
+            summary="A model's patterns and their segments")
+def model_info(model: str, engine: EngineDep,
+               version: Annotated[str | None, Query(max_length=64)] = None) -> ModelInfo:
+    """Every precomputed (cut, level) pattern of the newest (or given) version, with segment links."""
+    return engine.model_info(model, version)
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int]:
@@ -79,7 +87,8 @@ def segment(
 @router.post("/models/{model}/versions/{version}/patterns/{pattern_id}/infer",
              response_model=TailResponse, responses=_ERRORS, dependencies=[Depends(require_token)],
              openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+                 "application/octet-stream": {"schema": {"type": "string", "format": "binary",
+                                                         "x-qpart-format": "activation-packet-v1"}}}}},
              summary="Run the tail on an uploaded activation packet")
 async def infer_tail(
     model: str, version: str, pattern_id: str, request: Request, engine: EngineDep,
@@ -93,7 +102,9 @@ async def infer_tail(
 class CacheBudget(BaseModel):
     """New byte budget of the segment cache."""
 
-    budget_bytes: int = Field(ge=0, le=1 << 40)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    budget_bytes: JsonInt = Field(ge=0, le=1 << 40)
 
 
 @router.put("/admin/segment-cache", responses=_ERRORS, dependencies=[Depends(require_token)],

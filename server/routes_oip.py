@@ -110,16 +110,17 @@ def model_version_ready(model: str, version: str, engine: EngineDep) -> Response
     return _ready(engine, model, version)
 
 
-_REQUEST_SCHEMA = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+# The body is read raw (tritonclient sends no Content-Type, and binary tensors follow the JSON);
+# the document describes the JSON form. create_app registers the referenced component schemas.
 _INFER_DOC: dict[str, Any] = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": _REQUEST_SCHEMA},
-    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+    "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}}}}}
 
 
 async def _infer(engine: Engine, request: Request, model: str, version: str | None) -> Response:
+    base, tail = _resolve(engine, model)
+    engine.catalog.get(base, version)  # unknown model or version: 404 before the body is parsed
     body = await read_body(request)
     decoded = decode_request(body, request.headers.get(HEADER), max_elements=engine.settings.max_body_bytes)
-    base, tail = _resolve(engine, model)
     if tail:
         logits, used = await _infer_tail(engine, base, version, decoded.request, decoded.arrays)
     else:

@@ -5,15 +5,26 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from profiles.devices import DeviceProfile
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
 
 
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 5.0 as an integer; strict mode alone would refuse it (and accept no bool)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+"""An integer field that accepts integral JSON numbers such as ``5.0`` but never ``true``."""
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class WeightPreset(StrEnum):
@@ -49,23 +60,15 @@ class PlanRequest(_Strict):
     version: str | None = Field(None, max_length=64, description="Model version (default: newest).")
     accuracy_demand: float = Field(ge=0, lt=1, description="Max accepted top-1 drop, e.g. 0.01 for 1%.")
     rate_bps: float = Field(gt=0, le=1e12, description="Channel rate the device measured (bit/s).")
-    device: str | None = Field(None, max_length=64, description="Name of a shipped device profile.")
-    device_profile: DeviceProfile | None = Field(None, description="An inline device profile.")
-    weights: ObjectiveWeights | None = Field(None, description="Objective weights (default: preset).")
-    preset: WeightPreset | None = Field(None, description="Named objective weights.")
+    device: Annotated[str, Field(max_length=64)] | DeviceProfile = Field(
+        "raspberry-pi-4", description="A shipped device profile's name, or an inline profile.")
+    weights: Annotated[WeightPreset, Strict(False)] | ObjectiveWeights = Field(
+        WeightPreset.LATENCY_FIRST, description="A named preset or explicit objective weights.")
     deadline_s: float | None = Field(None, gt=0, le=3600, description="Max end-to-end time.")
     held_segments: list[Annotated[str, Field(pattern=SHA256_HEX)]] = Field(
         default_factory=list, max_length=256, description="Segment ids the device already caches.")
-    batch: int = Field(1, ge=1, le=1024, description="Samples per inference with this plan.")
+    batch: JsonInt = Field(1, ge=1, le=1024, description="Samples per inference with this plan.")
     rtt_s: float | None = Field(None, ge=0, le=10, description="Round-trip time (default: profile's).")
-
-    @model_validator(mode="after")
-    def _one_device(self) -> PlanRequest:
-        if self.device is not None and self.device_profile is not None:
-            raise ValueError("give either 'device' (a preset name) or 'device_profile', not both")
-        if self.weights is not None and self.preset is not None:
-            raise ValueError("give either 'weights' or 'preset', not both")
-        return self
 
 
 class TimeBreakdown(_Strict):
@@ -124,6 +127,31 @@ class PlanResponse(_Strict):
     all_device: CostBreakdown
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
+
+
+class PatternInfo(_Strict):
+    """One precomputed (cut, level) pattern and its segment."""
+
+    pattern_id: str
+    cut: int
+    cut_node: str
+    level: float
+    weight_bits: dict[str, int]
+    activation_bits: int
+    group_size: int
+    test_drop: float | None
+    segment: SegmentRef | None
+    infer_url: str | None
+
+
+class ModelInfo(_Strict):
+    """A served model version: its cuts and every pattern (for operators and prefetching devices)."""
+
+    model: str
+    version: str
+    cuts: int
+    levels: list[float]
+    patterns: list[PatternInfo]
 
 
 class TopK(_Strict):

@@ -1,0 +1,99 @@
+"""Shared fixtures: the committed calibration artifacts, app instances, a live uvicorn server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("QPART_TEST_ARTIFACTS", REPO / "artifacts"))
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    if not (ARTIFACTS / "fmnist-cnn" / "artifact.json").is_file():
+        pytest.fail(f"no committed artifacts under {ARTIFACTS}; run `make artifacts`")
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def cnn_only(tmp_path_factory, artifacts_dir) -> Path:
+    """An artifacts folder holding only fmnist-cnn (quicker to load)."""
+    root = tmp_path_factory.mktemp("artifacts")
+    shutil.copytree(artifacts_dir / "fmnist-cnn", root / "fmnist-cnn")
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """``qpart serve`` in a subprocess on a loopback port."""
+
+    def __init__(self, artifacts: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, "QPART_PORT": str(self.port), "QPART_HOST": "127.0.0.1", **(env or {})}
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop); a file never blocks the server
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)],
+            env=full_env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early: {self.output()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("server did not become ready")
+
+    def stop(self, sig: int | None = None, timeout: float = 30) -> str:
+        if self.proc.poll() is None:
+            if sig is None:
+                self.proc.terminate()
+            else:
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        out = self.output()
+        self.log.close()
+        return out
+
+
+@pytest.fixture
+def live_server_factory() -> Iterator[type[LiveServer]]:
+    started: list[LiveServer] = []
+
+    class Factory(LiveServer):
+        def __init__(self, artifacts: Path, env: dict[str, str] | None = None) -> None:
+            super().__init__(artifacts, env)
+            started.append(self)
+
+    yield Factory
+    for server in started:
+        server.stop()

@@ -1,0 +1,28 @@
+"""Server fixtures: an app on the committed fmnist-cnn artifact, driven in process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.settings import ServerSettings
+
+
+def make_client(artifacts: Path, **overrides: object) -> TestClient:
+    settings = ServerSettings(artifacts=artifacts, **overrides)  # type: ignore[arg-type]
+    return TestClient(create_app(settings), raise_server_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def client(cnn_only: Path) -> Iterator[TestClient]:
+    with make_client(cnn_only) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def plan_body() -> dict[str, object]:
+    return {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 5e6, "device": "raspberry-pi-4"}

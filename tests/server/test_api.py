@@ -1,0 +1,188 @@
+"""The /v1 routes in process: planning, segments, tail inference, errors."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from client.runtime import encode_for_plan, load_head
+from models.data import Split, load_split
+from tests.server.conftest import make_client
+
+
+def _plan(client, **changes):
+    body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 5e6, "device": "raspberry-pi-4"}
+    body.update(changes)
+    response = client.post("/v1/plan", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_plan_returns_costs_and_baselines(client):
+    plan = _plan(client)
+    assert plan["level"] <= 0.01
+    for key in ("predicted", "all_server", "all_device"):
+        t = plan[key]["time_s"]
+        assert t["total"] == pytest.approx(t["local"] + t["transfer"] + t["server"])
+    assert plan["predicted"]["objective"] <= plan["all_server"]["objective"] + 1e-12
+    assert plan["predicted"]["objective"] <= plan["all_device"]["objective"] + 1e-12
+
+
+def test_a_demand_tighter_than_every_level_gets_a_lossless_plan(client):
+    plan = _plan(client, accuracy_demand=0.0001)
+    assert plan["level"] == 0
+    assert all(b == 32 for b in plan["weight_bits"].values()) and plan["activation_bits"] == 32
+
+
+@pytest.mark.parametrize("demand", [0.001, 0.0025, 0.005, 0.01, 0.02, 0.5])
+def test_plans_are_never_looser_than_the_demand(client, demand):
+    assert _plan(client, accuracy_demand=demand)["level"] <= demand
+
+
+def test_an_impossible_deadline_is_a_422_naming_the_fastest_time(client):
+    response = client.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+                                             "rate_bps": 1e3, "deadline_s": 1e-6})
+    assert response.status_code == 422
+    assert "fastest achievable" in response.json()["error"]
+
+
+def test_a_met_deadline_picks_the_most_accurate_plan(client):
+    loose = _plan(client, accuracy_demand=0.02, rate_bps=1e9, deadline_s=10.0)
+    assert loose["level"] == 0  # the lossless plan meets a generous deadline: most accurate wins
+
+
+def test_held_segments_cost_no_transfer(client):
+    held_plan = _segment_plan(client)
+    assert held_plan["segment"]["held"] is True
+    cold = _plan(client, rate_bps=1e4, device="jetson-nano", accuracy_demand=held_plan["level"])
+    # Without the segment in hand the same cut would have to download it: the planner chose otherwise.
+    assert held_plan["predicted"]["transfer_bytes"] <= cold["predicted"]["transfer_bytes"]
+    info = client.get("/v1/models/fmnist-cnn").json()
+    seg = next(p["segment"] for p in info["patterns"] if p["pattern_id"] in held_plan["plan_id"])
+    assert held_plan["predicted"]["transfer_bytes"] < seg["size_bytes"]
+
+
+def test_unknown_model_is_a_404_with_an_error_body(client):
+    response = client.post("/v1/plan", json={"model": "nope", "accuracy_demand": 0.01, "rate_bps": 1e6})
+    assert response.status_code == 404
+    assert "unknown model 'nope'" in response.json()["error"]
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"model": "fmnist-cnn"}, {"model": "fmnist-cnn", "accuracy_demand": 2, "rate_bps": 1},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": -5},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "device": {"name": "x"}},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "batch": True},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "surprise": 1},
+])
+def test_malformed_plans_are_4xx_with_an_error_body(client, body):
+    response = client.post("/v1/plan", json=body)
+    assert 400 <= response.status_code < 500
+    assert set(response.json()) == {"error"}
+
+
+def test_unknown_device_profile_is_a_400(client):
+    response = client.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+                                             "rate_bps": 1e6, "device": "toaster"})
+    assert response.status_code == 400 and "raspberry-pi-4" in response.json()["error"]
+
+
+def _segment_plan(client, cut=None):
+    """A plan with a head segment: hold a deep cut's segment, so the planner prefers it."""
+    info = client.get("/v1/models/fmnist-cnn").json()
+    chosen = [p for p in info["patterns"] if p["segment"] and p["level"] == 0.01
+              and (cut is None or p["cut"] == cut)]
+    held = [p["segment"]["id"] for p in chosen]
+    plan = _plan(client, rate_bps=1e4, device="jetson-nano", held_segments=held)
+    assert plan["segment"] is not None and plan["segment"]["held"], plan
+    return plan
+
+
+def test_segment_has_strong_etag_304_and_range(client):
+    seg = _segment_plan(client)["segment"]
+    full = client.get(seg["url"])
+    assert full.status_code == 200
+    assert hashlib.sha256(full.content).hexdigest() == seg["id"] == seg["sha256"]
+    assert full.headers["etag"] == f'"{seg["id"]}"'
+    assert "immutable" in full.headers["cache-control"]
+    assert "gzip" not in full.headers.get("content-encoding", "")
+    assert client.get(seg["url"], headers={"If-None-Match": f'"{seg["id"]}"'}).status_code == 304
+    part = client.get(seg["url"], headers={"Range": "bytes=10-99"})
+    assert part.status_code == 206 and part.content == full.content[10:100]
+    assert part.headers["content-range"] == f"bytes 10-99/{len(full.content)}"
+    tail = client.get(seg["url"], headers={"Range": f"bytes={len(full.content) - 5}-"})
+    assert tail.content == full.content[-5:]
+    assert client.get(seg["url"], headers={"Range": f"bytes={len(full.content)}-"}).status_code == 416
+
+
+def test_unknown_segment_is_404(client):
+    assert client.get("/v1/segments/" + "0" * 64).status_code == 404
+    assert client.get("/v1/segments/not-a-hash").status_code == 422
+
+
+def _pattern_as_plan(client, cut, level=0.01):
+    info = client.get("/v1/models/fmnist-cnn").json()
+    p = next(p for p in info["patterns"] if p["cut"] == cut and p["level"] == level)
+    return {**p, "model": info["model"], "version": info["version"], "cuts": info["cuts"]}
+
+
+@pytest.mark.parametrize("cut", [0, 3, 6])
+def test_tail_inference_matches_the_split_model(client, cut):
+    plan = _pattern_as_plan(client, cut)
+    segment = client.get(plan["segment"]["url"]).content if plan["segment"] else None
+    head = load_head(plan, segment)
+    test = load_split(Split.TEST, limit=40)
+    with torch.inference_mode():
+        act = head(torch.from_numpy(test.images)).numpy()
+    response = client.post(plan["infer_url"], content=encode_for_plan(act, plan))
+    assert response.status_code == 200, response.text
+    preds = [r["top_k"][0]["label"] for r in response.json()["results"]]
+    assert np.mean(np.array(preds) == test.labels) > 0.85
+
+
+@pytest.mark.parametrize("body", [b"", b"garbage", b"QPA\x01" + bytes(40), b"\x00" * 1000])
+def test_garbage_activation_is_a_400(client, body):
+    plan = _plan(client)
+    if plan["infer_url"] is None:
+        pytest.skip("all-device plan")
+    response = client.post(plan["infer_url"], content=body)
+    assert response.status_code == 400 and "activation" in response.json()["error"]
+
+
+def test_wrong_bits_for_the_plan_are_a_400(client):
+    plan = _plan(client)
+    shape = [2, *plan["activation_shape"]]
+    wrong = dict(plan, activation_bits=8 if plan["activation_bits"] != 8 else 4)
+    packet = encode_for_plan(np.random.rand(*shape).astype(np.float32), wrong)
+    response = client.post(plan["infer_url"], content=packet)
+    assert response.status_code == 400 and "requires" in response.json()["error"]
+
+
+def test_unknown_route_and_method_use_the_error_body(client):
+    assert client.get("/nope").json()["error"].startswith("no route")
+    response = client.get("/v1/plan")
+    assert response.status_code == 405 and "error" in response.json()
+
+
+def test_oversize_body_is_a_413(cnn_only):
+    with make_client(cnn_only, max_body_bytes=2048) as c:
+        response = c.post("/v1/plan", content=b"x" * 5000, headers={"content-type": "application/json"})
+        assert response.status_code == 413 and "limit" in response.json()["error"]
+
+
+def test_bearer_token_guards_inference_routes(cnn_only):
+    with make_client(cnn_only, auth_token="s3cret") as c:
+        body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6}
+        denied = c.post("/v1/plan", json=body)
+        assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
+        assert c.post("/v1/plan", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/v2/health/ready").status_code == 200  # probes stay open
+
+
+def test_cache_budget_changes_at_run_time(client):
+    response = client.put("/v1/admin/segment-cache", json={"budget_bytes": 0})
+    assert response.json() == {"budget_bytes": 0, "resident_bytes": 0}
+    client.put("/v1/admin/segment-cache", json={"budget_bytes": 64 << 20})

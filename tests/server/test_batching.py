@@ -1,0 +1,72 @@
+"""Dynamic batching: concurrent requests share a batch; a full queue sheds with a typed error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from server.batching import Batcher, BatchReport
+from server.errors import OverloadedError
+
+
+def test_concurrent_requests_are_batched_and_answered_in_order():
+    reports: list[BatchReport] = []
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=16, max_delay_s=0.05, max_queue=100, retry_after_s=1,
+                              on_batch=reports.append)
+            inputs = [np.full((1, 3), i, dtype=np.float32) for i in range(10)]
+            outs = await asyncio.gather(*(batcher.submit("k", lambda b: b * 2, x) for x in inputs))
+            await batcher.close()
+        return outs
+
+    outs = asyncio.run(main())
+    for i, (out, queue_s, compute_s) in enumerate(outs):
+        assert np.array_equal(out, np.full((1, 3), 2 * i)) and queue_s >= 0 and compute_s >= 0
+    assert max(r.size for r in reports) > 1
+
+
+def test_a_full_queue_raises_overloaded_with_retry_after():
+    gate = threading.Event()
+
+    def slow(batch):
+        gate.wait(5)
+        return batch
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=1, max_delay_s=0, max_queue=2, retry_after_s=3)
+            running = asyncio.create_task(batcher.submit("k", slow, np.zeros((2, 1), np.float32)))
+            await asyncio.sleep(0.05)  # the first batch is now executing, blocked on the gate
+            queued = asyncio.create_task(batcher.submit("k", slow, np.zeros((2, 1), np.float32)))
+            await asyncio.sleep(0.05)
+            with pytest.raises(OverloadedError) as info:
+                await batcher.submit("k", slow, np.zeros((1, 1), np.float32))
+            assert info.value.retry_after_s == 3
+            gate.set()
+            await asyncio.gather(running, queued)
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_failing_batch_fails_its_requests_not_the_batcher():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
+
+            def boom(batch):
+                raise ValueError("bad batch")
+
+            with pytest.raises(ValueError, match="bad batch"):
+                await batcher.submit("a", boom, np.zeros((1, 1), np.float32))
+            out, _, _ = await batcher.submit("b", lambda b: b + 1, np.zeros((1, 1), np.float32))
+            assert out[0, 0] == 1
+            await batcher.close()
+
+    asyncio.run(main())

@@ -1,0 +1,63 @@
+"""Hypothesis fuzzing of the binary routes: hostile bytes get a 4xx, never a 5xx."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FUZZ = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def infer_urls(client):
+    info = client.get("/v1/models/fmnist-cnn").json()
+    return [p["infer_url"] for p in info["patterns"] if p["infer_url"]][:6]
+
+
+@FUZZ
+@given(data=st.data(), body=st.binary(max_size=3000))
+def test_tail_infer_never_5xx(client, infer_urls, data, body):
+    url = data.draw(st.sampled_from(infer_urls))
+    if data.draw(st.booleans()):  # a plausible header with hostile fields behind it
+        body = b"QPA\x01" + body
+    response = client.post(url, content=body)
+    assert 400 <= response.status_code < 500, response.text
+    assert "error" in response.json()
+
+
+def _binary_request(header: dict, blob: bytes) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps(header).encode()
+    return head + blob, {"Inference-Header-Content-Length": str(len(head))}
+
+
+@FUZZ
+@given(shape=st.lists(st.integers(0, 2**33), max_size=5),
+       dtype=st.sampled_from(["FP32", "UINT8", "FP16", "INT64", "BYTES", "BOOL"]),
+       size=st.one_of(st.integers(-5, 10**7), st.floats(allow_nan=True), st.text(max_size=3)),
+       blob=st.binary(max_size=5000), name=st.sampled_from(["input", "activation_packet", "x"]),
+       model=st.sampled_from(["fmnist-cnn", "fmnist-cnn-tail"]))
+def test_v2_binary_infer_never_5xx(client, shape, dtype, size, blob, name, model):
+    header = {"inputs": [{"name": name, "shape": shape, "datatype": dtype,
+                          "parameters": {"binary_data_size": size}}]}
+    try:
+        body, headers = _binary_request(header, blob)
+    except ValueError:  # NaN is not JSON
+        return
+    response = client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+    assert 400 <= response.status_code < 500, response.text
+
+
+@FUZZ
+@given(body=st.binary(max_size=2000), length=st.one_of(st.none(), st.text(max_size=6),
+                                                       st.integers(-3, 3000).map(str)))
+def test_v2_raw_garbage_never_5xx(client, body, length):
+    headers = {} if length is None else {"Inference-Header-Content-Length": length}
+    try:
+        response = client.post("/v2/models/fmnist-cnn/infer", content=body, headers=headers)
+    except UnicodeEncodeError:  # not a valid HTTP header value: nothing reaches the server
+        return
+    assert 400 <= response.status_code < 500, response.text

@@ -1,0 +1,82 @@
+"""Metrics: promtool lints a live scrape after traffic; a real Prometheus scrapes the server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import LiveServer, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server_with_traffic(cnn_only):
+    server = LiveServer(cnn_only)
+    server.wait_ready()
+    with httpx.Client(base_url=server.url) as c:
+        plan = c.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+                                        "rate_bps": 1e6}).json()
+        from client.runtime import encode_for_plan
+
+        act = np.random.rand(4, *plan["activation_shape"]).astype(np.float32)
+        assert c.post(plan["infer_url"], content=encode_for_plan(act, plan)).status_code == 200
+        info = c.get("/v1/models/fmnist-cnn").json()
+        seg = next(p["segment"] for p in info["patterns"] if p["segment"])
+        assert c.get(seg["url"]).status_code == 200
+        assert c.get("/v2/models/nope").status_code == 404
+    yield server
+    server.stop()
+
+
+def test_promtool_accepts_a_live_scrape(server_with_traffic):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not installed (Debian package 'prometheus'); .ci/run installs it")
+    text = httpx.get(f"{server_with_traffic.url}/metrics").text
+    for name in ("qpart_requests_total", "qpart_tail_queue_duration_seconds_bucket",
+                 "qpart_segment_cache_hits_total", "qpart_build_info", "qpart_plans_total"):
+        assert name in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_real_prometheus_scrapes_qpart_series(server_with_traffic, tmp_path):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus not installed (Debian package 'prometheus'); .ci/run installs it")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"""global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: qpart
+    static_configs:
+      - targets: ['127.0.0.1:{server_with_traffic.port}']
+""")
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+        try:
+            series = []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not series:
+                time.sleep(1)
+                try:
+                    answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/query",
+                                       params={"query": '{__name__=~"qpart_.+"}'}, timeout=5).json()
+                except httpx.TransportError:
+                    continue
+                series = answer.get("data", {}).get("result", [])
+            names = {s["metric"]["__name__"] for s in series}
+            assert "qpart_build_info" in names and "qpart_requests_total" in names, names
+        finally:
+            proc.terminate()
+            proc.wait(20)

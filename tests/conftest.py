@@ -43,8 +43,8 @@ def free_port() -> int:
 class LiveServer:
     """``qpart serve`` in a subprocess on a loopback port."""
 
-    def __init__(self, artifacts: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, artifacts: Path, env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**os.environ, "QPART_PORT": str(self.port), "QPART_HOST": "127.0.0.1", **(env or {})}
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop); a file never blocks the server

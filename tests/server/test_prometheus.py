@@ -62,8 +62,9 @@ scrape_configs:
       - targets: ['127.0.0.1:{server_with_traffic.port}']
 """)
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+        args = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}"]
+        proc = subprocess.Popen(args, stdout=log, stderr=log)
         try:
             series = []
             deadline = time.monotonic() + 60

@@ -1,0 +1,106 @@
+"""Segment cache faults over real HTTP: resume after a server kill, corrupt files refetched."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import httpx
+import pytest
+
+from client.errors import ServerUnavailableError
+from client.segment_cache import SegmentCache
+from client.settings import DeviceSettings
+from client.transport import Transport
+from tests.conftest import LiveServer
+
+pytestmark = pytest.mark.integration
+
+
+def _largest_segment(url: str) -> dict:
+    info = httpx.get(f"{url}/v1/models/fmnist-cnn").json()
+    return max((p["segment"] for p in info["patterns"] if p["segment"]), key=lambda s: s["size_bytes"])
+
+
+def _streamed_bytes(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(r'^qpart_segment_bytes_total\{model="fmnist-cnn"\} ([0-9.e+]+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+_OPEN: list[Transport] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_transports():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _cache(server_url: str, root, retries: int = 1) -> SegmentCache:
+    settings = DeviceSettings(server=server_url, cache_dir=root, retries=retries, backoff_s=0.05)
+    transport = Transport(settings)
+    _OPEN.append(transport)
+    return SegmentCache(root, 1 << 30, transport)
+
+
+def test_killed_mid_download_then_restarted_resumes_with_range(cnn_only, tmp_path):
+    server = LiveServer(cnn_only)
+    server.wait_ready()
+    seg = _largest_segment(server.url)
+    cache = _cache(server.url, tmp_path)
+    part = tmp_path / f"{seg['id']}.part"
+
+    def kill_after_first_chunk(done: int, total: int) -> None:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+    with pytest.raises(ServerUnavailableError):
+        cache.get(seg["id"], seg["url"], progress=kill_after_first_chunk)
+    partial = part.stat().st_size
+    assert 0 < partial < seg["size_bytes"], "the kill came too late to interrupt the download"
+    server.stop()
+
+    restarted = LiveServer(cnn_only, port=server.port)
+    restarted.wait_ready()
+    try:
+        fetched = _cache(server.url, tmp_path).get(seg["id"], seg["url"])
+        assert hashlib.sha256(fetched.data).hexdigest() == seg["id"]
+        assert fetched.downloaded_bytes == seg["size_bytes"] - partial  # only the rest, via Range
+        assert _streamed_bytes(server.url) == seg["size_bytes"] - partial
+        assert not part.exists() and (tmp_path / f"{seg['id']}.seg").is_file()
+    finally:
+        restarted.stop()
+
+
+def test_a_corrupted_cached_segment_is_detected_and_fetched_again(cnn_only, tmp_path):
+    server = LiveServer(cnn_only)
+    server.wait_ready()
+    try:
+        seg = _largest_segment(server.url)
+        cache = _cache(server.url, tmp_path)
+        first = cache.get(seg["id"], seg["url"])
+        assert first.downloaded_bytes == seg["size_bytes"] and not first.from_cache
+        assert cache.get(seg["id"], seg["url"]).downloaded_bytes == 0  # revalidated: 304
+        path = tmp_path / f"{seg['id']}.seg"
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        again = cache.get(seg["id"], seg["url"])
+        assert again.downloaded_bytes == seg["size_bytes"]
+        assert hashlib.sha256(again.data).hexdigest() == seg["id"]
+        path.write_bytes(raw[:100])  # truncated
+        assert cache.get(seg["id"], seg["url"]).downloaded_bytes == seg["size_bytes"]
+    finally:
+        server.stop()
+
+
+def test_pruning_keeps_the_cache_under_its_limit(tmp_path):
+    cache = _cache("http://127.0.0.1:9", tmp_path)
+    for i in range(5):
+        data = bytes([i]) * 1000
+        (tmp_path / f"{hashlib.sha256(data).hexdigest()}.seg").write_bytes(data)
+    removed = cache.prune(max_bytes=2500)
+    assert len(removed) == 3 and sum(e.size_bytes for e in cache.entries()) <= 2500

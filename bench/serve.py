@@ -108,7 +108,8 @@ def run(artifacts: Path, seconds: float) -> dict[str, Any]:
             for clients in CLIENTS:
                 result = asyncio.run(_load(url, packet, clients, seconds))
                 runs.append({"batching": batching, **result})
-                print(f"batching={batching!s:<5} clients={clients:>2}  {result['throughput_rps']:7.1f} req/s  "
+                rps = result["throughput_rps"]
+                print(f"batching={batching!s:<5} clients={clients:>2}  {rps:7.1f} req/s  "
                       f"p50 {result['p50_s'] * 1e3:6.1f} ms  p99 {result['p99_s'] * 1e3:6.1f} ms  "
                       f"generator CPU {result['generator_cpu_share']:.0%}", file=sys.stderr)
             if batching:
@@ -126,7 +127,8 @@ def run(artifacts: Path, seconds: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load run")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup data demo test test-numpy lint check bench clean
+.PHONY: setup data demo test test-numpy lint lint-deploy check bench artifacts clean
 
 $(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,8 +21,8 @@ data:  ## install Fashion-MNIST from Debian when missing (needs root)
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
 	    else echo "install the Debian package dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist)"; exit 1; fi; }
 
-demo: setup  ## list the reference models and their legal cuts
-	$(VENV)/bin/qpart models --json
+demo: setup  ## serve the committed artifacts, run devices at several rates, print the table
+	$(VENV)/bin/qpart demo --artifacts artifacts
 
 test: setup  ## the test suite (the README's test command)
 	$(VENV)/bin/pytest
@@ -35,10 +35,22 @@ lint: setup  ## ruff, mypy --strict, import-linter contracts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-check: lint test test-numpy  ## everything CI runs
+lint-deploy: setup  ## hadolint, promtool and kubernetes-validate on the deployment files
+	$(VENV)/bin/hadolint docker/Dockerfile.server docker/Dockerfile.calibrate
+	promtool check config docker/prometheus.yml
+	promtool check rules docker/alerts.yml
+	$(VENV)/bin/kubernetes-validate --strict deploy/k8s/*.yaml
 
-bench: setup  ## kernel benchmark (JSON in bench/results/)
+check: lint lint-deploy test test-numpy  ## everything CI runs
+
+bench: setup  ## kernel and serving benchmarks (JSON in bench/results/)
+	DISABLE_CUDA=1 $(PIP) install -q --no-deps hqq==0.2.8.post1
 	$(PY) -m bench.kernels --json bench/results/kernels.json
+	$(PY) -m bench.serve --json bench/results/serve.json
+
+artifacts: setup  ## re-run the calibration of both reference models (about half an hour)
+	$(VENV)/bin/qpart calibrate --model fmnist-cnn --out artifacts/fmnist-cnn
+	$(VENV)/bin/qpart calibrate --model fmnist-resnet --out artifacts/fmnist-resnet
 
 clean:
 	rm -rf $(VENV) build *.egg-info kernels/*.so

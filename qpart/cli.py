@@ -171,6 +171,19 @@ def serve(
     run_server(ServerSettings(**overrides))  # type: ignore[arg-type]
 
 
+@app.command()
+def demo(
+    artifacts: Annotated[Path, typer.Option(help="Calibration artifacts to serve.")] = Path("artifacts"),
+    images: Annotated[int, typer.Option(help="Test images per row.")] = 200,
+    demand: Annotated[float, typer.Option(help="Accuracy demand (max top-1 drop).")] = 0.01,
+    port: Annotated[int, typer.Option(help="Loopback port for the demo server.")] = 8765,
+) -> None:
+    """Start the server, run three device profiles at three rates on both models, print a table."""
+    from qpart.demo import run_demo
+
+    run_demo(artifacts, images=images, demand=demand, port=port)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

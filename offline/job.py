@@ -127,26 +127,53 @@ def _evaluate(st: _State, cut: int, bits: dict[str, int], ds: Dataset, ref: np.n
     return cache[key]
 
 
+def _measure_point(st: _State, cut: int, budget: float) -> AccuracyPoint:
+    bits = allocate(st.items[cut], budget, st.settings.budget_units)
+    weights, act = _split_bits(bits)
+    logits = st.runner.run_pattern(st.data.fit.images, cut, weights, act)
+    noise = float((logits - st.data.fit_logits).pow(2).sum(1).mean())
+    ref_pred = st.data.fit_logits.argmax(1).numpy() == st.data.fit.labels
+    drop = paired_drop(ref_pred, logits.argmax(1).numpy() == st.data.fit.labels).drop
+    return AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits), drop=drop)
+
+
 def _mapping(st: _State, progress: ProgressSink) -> list[AccuracyPoint]:
-    """Measure noise and drop of DP patterns over a log grid of budgets, on the fit samples."""
-    rng = np.random.default_rng(st.settings.seed)
+    """Noise and drop of DP patterns, on the fit samples: a log grid of budgets over the whole
+    range, then bisection points where the drop envelope crosses each level (where D(a) is read)."""
+    s = st.settings
+    rng = np.random.default_rng(s.seed)
     all_noise = [v for items in st.items.values() for it in items for v in it.noise.values() if v > 0]
     lo, hi = math.log(min(all_noise)), math.log(max(all_noise) * 4)
-    advance = progress.start("accuracy mapping", st.settings.mapping_points)
+    total = s.mapping_points + s.refine_points * len(s.levels)
+    advance = progress.start("accuracy mapping", total)
     points = []
-    ref_pred = st.data.fit_logits.argmax(1).numpy() == st.data.fit.labels
-    for i in range(st.settings.mapping_points):
+    for i in range(s.mapping_points):
         cut = int(rng.integers(0, len(st.runner.cuts)))
-        budget = math.exp(lo + (hi - lo) * (i + rng.random()) / st.settings.mapping_points)
-        bits = allocate(st.items[cut], budget, st.settings.budget_units)
-        weights, act = _split_bits(bits)
-        logits = st.runner.run_pattern(st.data.fit.images, cut, weights, act)
-        noise = float((logits - st.data.fit_logits).pow(2).sum(1).mean())
-        drop = paired_drop(ref_pred, logits.argmax(1).numpy() == st.data.fit.labels).drop
-        points.append(AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits),
-                                    drop=drop))
-        advance(i + 1)
+        budget = math.exp(lo + (hi - lo) * (i + rng.random()) / s.mapping_points)
+        points.append(_measure_point(st, cut, budget))
+        advance(len(points))
+    for level in s.levels:
+        for _ in range(s.refine_points):
+            below, above = _bracket(points, level)
+            if below is None or above is None:
+                break
+            budget = math.sqrt(below * above)
+            points.append(_measure_point(st, int(rng.integers(0, len(st.runner.cuts))), budget))
+            advance(len(points))
     return points
+
+
+def _bracket(points: list[AccuracyPoint], level: float) -> tuple[float | None, float | None]:
+    """Predicted noise of the last point under ``level`` and of the first above it (envelope)."""
+    below = above = None
+    for p in sorted(points, key=lambda q: q.predicted_noise):
+        if p.drop > level:
+            above = p.predicted_noise
+            break
+        below = p.predicted_noise
+    if below is not None and above is not None and above <= below:
+        return None, None
+    return below, above
 
 
 def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
@@ -157,38 +184,47 @@ def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
             "max_ratio_predicted_to_measured": float(np.max(ratio)), "points": float(len(rel))}
 
 
-def _validate(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, int]:
-    """Tighten the budget until the pattern's upper bound on the check samples meets ``level``.
+def _check(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, bool]:
+    bits = allocate(st.items[cut], budget, st.settings.budget_units)
+    result = _evaluate(st, cut, bits, st.data.check, st.data.check_correct, st.check_cache)
+    return bits, result, result.upper_bound(st.settings.confidence) <= level
 
-    Halves the budget on failure; after the first pass that followed a failure, two geometric
-    bisection steps recover part of what the last halving gave away. Falls back to lossless.
+
+def _validate(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, int]:
+    """The largest budget whose pattern's upper bound on the check samples meets ``level``.
+
+    From ``D(a)``: halve until a pattern passes (falling back to lossless), or double while it
+    passes (``expand_steps`` times); then two geometric bisection steps between the last pass and
+    the first failure. Every accepted pattern has passed the bound itself.
     """
     s = st.settings
-    items = st.items[cut]
-    check = st.data.check
-    passed: tuple[dict[str, int], PairedDrop, float] | None = None
-    failed_at: float | None = None
+    bits, result, ok = _check(st, cut, level, budget)
+    passed: tuple[dict[str, int], PairedDrop, float] | None = (bits, result, budget) if ok else None
+    failed_at: float | None = None if ok else budget
     tightenings = 0
     d = budget
-    for _ in range(s.max_tightenings):
-        bits = allocate(items, d, s.budget_units)
-        result = _evaluate(st, cut, bits, check, st.data.check_correct, st.check_cache)
-        if result.upper_bound(s.confidence) <= level:
-            passed = (bits, result, d)
-            break
-        failed_at, d = d, d / 2
+    while passed is None and tightenings < s.max_tightenings:
+        d /= 2
         tightenings += 1
+        bits, result, ok = _check(st, cut, level, d)
+        passed = (bits, result, d) if ok else None
+        failed_at = d if not ok else failed_at
     if passed is None:
-        lossless = {it.name: FLOAT_BITS for it in items}
-        result = _evaluate(st, cut, lossless, check, st.data.check_correct, st.check_cache)
+        lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
+        result = _evaluate(st, cut, lossless, st.data.check, st.data.check_correct, st.check_cache)
         return lossless, result, tightenings
+    for _ in range(s.expand_steps if failed_at is None else 0):
+        bits, result, ok = _check(st, cut, level, passed[2] * 2)
+        if not ok:
+            failed_at = passed[2] * 2
+            break
+        passed = (bits, result, passed[2] * 2)
     if failed_at is not None:
         lo, hi = passed[2], failed_at
         for _ in range(2):
             mid = math.sqrt(lo * hi)
-            bits = allocate(items, mid, s.budget_units)
-            result = _evaluate(st, cut, bits, check, st.data.check_correct, st.check_cache)
-            if result.upper_bound(s.confidence) <= level:
+            bits, result, ok = _check(st, cut, level, mid)
+            if ok:
                 passed, lo = (bits, result, mid), mid
             else:
                 hi = mid

@@ -48,29 +48,29 @@ def paired_drop(reference_correct: np.ndarray, correct: np.ndarray) -> PairedDro
 
 
 def budget_for_level(points: list[AccuracyPoint], level: float) -> float:
-    """Noise budget ``D(a)``: the largest measured noise below which no point dropped more than ``a``.
+    """Noise budget ``D(a)``, in the units the allocation sums (the tables' predicted noise).
 
-    The measured points give a monotone upper envelope of drop against noise; ``D(a)`` is the
-    noise of the last point before the envelope first exceeds ``a``. Below the smallest point the
-    budget is that point's noise scaled down in proportion to the level.
+    The measured points give a monotone upper envelope of drop against predicted noise; ``D(a)``
+    is the predicted noise of the last point before the envelope first exceeds ``a``. Below the
+    smallest point the budget is that point's noise scaled down in proportion to the level.
     """
-    ordered = sorted(points, key=lambda p: p.noise)
+    ordered = sorted(points, key=lambda p: p.predicted_noise)
     budget = 0.0
     for p in ordered:
         if p.drop > level:
             break
-        budget = p.noise
+        budget = p.predicted_noise
     if budget == 0.0 and ordered:
         first = ordered[0]
-        budget = first.noise * level / max(first.drop, level) * 0.5
+        budget = first.predicted_noise * level / max(first.drop, level) * 0.5
     return budget
 
 
 def predicted_drop(points: list[AccuracyPoint], noise: float) -> float:
-    """Drop predicted for a total noise by the monotone envelope of the measured points."""
-    ordered = sorted(points, key=lambda p: p.noise)
+    """Drop predicted for a pattern's predicted noise by the monotone envelope of the points."""
+    ordered = sorted(points, key=lambda p: p.predicted_noise)
     envelope = np.maximum.accumulate([max(p.drop, 0.0) for p in ordered])
-    xs = [p.noise for p in ordered]
+    xs = [p.predicted_noise for p in ordered]
     if not xs or noise <= 0:
         return 0.0
     return float(np.interp(noise, [0.0, *xs], [0.0, *envelope]))

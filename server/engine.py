@@ -18,7 +18,7 @@ from profiles.devices import DeviceProfile, get_device
 from profiles.errors import ProfileError
 from server.batching import Batcher, BatchReport
 from server.catalog import Catalog, LoadedModel
-from server.errors import BadRequestError, DeadlineExceededError, NotFoundError, NotReadyError
+from server.errors import BadRequestError, DeadlineExceededError, NotFoundError
 from server.metrics import Metrics
 from server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price
 from server.schemas import (
@@ -201,8 +201,8 @@ class Engine:
         return run
 
     async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[np.ndarray, float, float]:
-        if self.draining:
-            raise NotReadyError("the server is shutting down; retry on another replica")
+        # While draining, readiness is 503 so balancers stop routing here, but requests that still
+        # arrive are served: nothing accepted is dropped.
         key = f"{model.name}@{model.version}/c{cut}"
         run = self._runner(model.parts[cut][1])
         try:

@@ -175,6 +175,7 @@ static int group_params(const float *x, Py_ssize_t len, int qmax, float *mn_out,
         mx = v > mx ? v : mx;
         any_bad |= !isfinite(v);
     }
+    mn = mn + 0.0f; /* -0.0 -> +0.0, as the numpy reference does */
     const float range = mx - mn;
     if (any_bad || !isfinite(range))
         return 1;
@@ -194,13 +195,19 @@ typedef struct {
     uint8_t *out;
 } qp_args;
 
+/* Number of groups without the signed overflow of n + group - 1 (group may be huge). */
+static Py_ssize_t group_count(Py_ssize_t n, Py_ssize_t group)
+{
+    return n > 0 ? (n - 1) / group + 1 : 0;
+}
+
 static int quantize_pack_run(qp_args *a)
 {
     const int qmax = (1 << a->b) - 1;
     const float fqmax = (float)qmax;
     uint8_t codes[BLOCK];
     Py_ssize_t ready = 0; /* groups whose parameters are computed */
-    const Py_ssize_t ngroups = (a->n + a->group - 1) / a->group;
+    const Py_ssize_t ngroups = group_count(a->n, a->group);
     uint8_t *out = a->out;
     for (Py_ssize_t s = 0; s < a->n; s += BLOCK) {
         const Py_ssize_t e = s + BLOCK < a->n ? s + BLOCK : a->n;
@@ -336,7 +343,9 @@ static PyObject *py_quantize_pack(PyObject *self, PyObject *args)
         return NULL;
     PyObject *ret = NULL;
     const Py_ssize_t n = x.len / (Py_ssize_t)sizeof(float);
-    const Py_ssize_t ng = group > 0 ? (n + group - 1) / group : 0;
+    if (group > n)
+        group = n; /* one group either way; keeps every group product below n */
+    const Py_ssize_t ng = group > 0 ? group_count(n, group) : 0;
     if (!check_bits(b)) {
     } else if (group <= 0 || n == 0 || x.len % (Py_ssize_t)sizeof(float)) {
         PyErr_SetString(PyExc_ValueError, "need a non-empty float32 input and a positive group");
@@ -371,7 +380,9 @@ static PyObject *py_unpack_dequantize(PyObject *self, PyObject *args)
         return NULL;
     PyObject *ret = NULL;
     const Py_ssize_t n = out.len / (Py_ssize_t)sizeof(float);
-    const Py_ssize_t ng = group > 0 ? (n + group - 1) / group : 0;
+    if (group > n && n > 0)
+        group = n;
+    const Py_ssize_t ng = group > 0 ? group_count(n, group) : 0;
     if (!check_bits(b)) {
     } else if (group <= 0 || out.len % (Py_ssize_t)sizeof(float)) {
         PyErr_SetString(PyExc_ValueError, "need a float32 output and a positive group");

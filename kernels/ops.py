@@ -181,15 +181,25 @@ def unpack_dequantize(
     """Unpack and dequantize to float32 of ``packed.shape`` (into ``out`` when given)."""
     n = packed.numel
     scheme = packed.scheme
+    groups = scheme.groups(n)
+    if (packed.scales.size != groups or packed.mins.size != groups
+            or packed.data.size != packed_size(n, scheme.bits)):
+        raise QuantizationError(
+            f"inconsistent packed tensor: {packed.scales.size} scales, {packed.mins.size} mins, "
+            f"{packed.data.size} bytes for {n} elements at {scheme.bits} bits, group {scheme.group_size}")
     if out is None:
         out = np.empty(packed.shape, dtype=np.float32)
     elif out.dtype != np.float32 or out.size != n or not out.flags.c_contiguous:
         raise QuantizationError("out must be a C-contiguous float32 array of the tensor's size")
     if _use_native(backend):
-        _NATIVE.unpack_dequantize(  # type: ignore[union-attr]
-            packed.data, scheme.bits, scheme.group_size, packed.scales, packed.mins,
-            out.reshape(-1),
-        )
+        try:
+            _NATIVE.unpack_dequantize(  # type: ignore[union-attr]
+                np.ascontiguousarray(packed.data), scheme.bits, scheme.group_size,
+                np.ascontiguousarray(packed.scales, dtype=np.float32),
+                np.ascontiguousarray(packed.mins, dtype=np.float32), out.reshape(-1),
+            )
+        except ValueError as exc:
+            raise QuantizationError(str(exc)) from exc
         return out
     codes = unpack_codes_numpy(packed.data, scheme.bits, n)
     out.reshape(-1)[:] = dequantize_numpy(codes, packed.scales, packed.mins, scheme.group_size)

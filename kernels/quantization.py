@@ -75,11 +75,14 @@ def group_params_numpy(x: npt.ArrayLike, scheme: QuantScheme) -> tuple[F32Array,
         raise QuantizationError("a group's range overflows float32")
     qmax = np.float32((1 << scheme.bits) - 1)
     scales = np.maximum(span / qmax, _FLT_MIN).astype(np.float32)
-    return scales, mins.astype(np.float32)
+    # -0.0 + 0.0 is +0.0: a group whose min is a zero stores +0.0 whatever the sign the min
+    # reduction picked, so both backends (and so segment hashes) agree bit for bit.
+    return scales, (mins + np.float32(0.0)).astype(np.float32)
 
 
 def _expand(per_group: F32Array, group_size: int, n: int) -> F32Array:
-    return np.repeat(per_group, group_size)[:n]
+    # min(): a group larger than the tensor is one group; never allocate by the group size alone.
+    return np.repeat(per_group, min(group_size, n))[:n]
 
 
 def quantize_numpy(x: npt.ArrayLike, scheme: QuantScheme) -> tuple[U8Array, F32Array, F32Array]:

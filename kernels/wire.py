@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ def decode_activation_array(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEM
         if len(data) < offset:
             raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
         shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
-        numel = int(np.prod(shape, dtype=np.int64))
+        numel = math.prod(shape)
         if min(shape) < 1 or numel > max_elements:
             raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
         if len(data) != offset + 4 * numel:
@@ -118,11 +119,11 @@ def decode_activation(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) 
     if len(view) < offset:
         raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
     shape = struct.unpack_from(f"<{ndim}I", view, _HEAD.size)
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     if min(shape) < 1 or numel > max_elements:
         raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
+    if group > numel:
+        raise WireFormatError(f"group_size {group} exceeds the {numel} elements of the packet")
     groups = (numel + group - 1) // group
     body = packed_size(numel, bits)
     want = offset + 8 * groups + body
@@ -166,7 +167,8 @@ def _content_digest(descriptors: list[dict[str, object]], arrays: Mapping[str, n
     h = hashlib.sha256(json.dumps(descriptors, sort_keys=True).encode())
     for name in sorted(arrays):
         h.update(name.encode() + b"\0")
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+        arr = np.ascontiguousarray(arrays[name])
+        h.update(arr.astype(arr.dtype.newbyteorder("<")).tobytes())  # same digest on any host
     return h.hexdigest()
 
 
@@ -237,7 +239,7 @@ def _read_metadata(data: bytes, max_bytes: int) -> dict[str, str]:
     try:
         header = json.loads(bytes(data[8 : 8 + hlen]))
         meta = header["__metadata__"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise WireFormatError(f"segment header is not valid safetensors JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != SEGMENT_FORMAT:
         raise WireFormatError("not a qpart head segment (metadata 'format' missing)")
@@ -255,7 +257,7 @@ def decode_segment(data: bytes, *, max_bytes: int = DEFAULT_MAX_SEGMENT_BYTES) -
         descriptors = json.loads(meta["tensors"])
         header = SegmentHeader(meta["model"], meta["version"], int(meta["cut"]), meta["pattern_id"],
                                {k[2:]: v for k, v in meta.items() if k.startswith("x-")})
-    except (safetensors.SafetensorError, ValueError, KeyError, TypeError) as exc:
+    except (safetensors.SafetensorError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise WireFormatError(f"malformed segment: {exc}") from exc
     arrays = {name: _to_array(name, info) for name, info in raw.items()}
     quantized, floats = _tensors_from(descriptors, arrays)
@@ -287,9 +289,7 @@ def _tensors_from(
     for d in descriptors:
         try:
             name, kind = str(d["name"]), str(d["kind"])
-            shape = tuple(int(v) for v in d["shape"])
-            if any(v < 0 for v in shape) or len(shape) > MAX_NDIM:
-                raise WireFormatError(f"tensor '{name}' has an invalid shape {shape}")
+            shape = _descriptor_shape(name, d["shape"])
             if kind == "quant":
                 quantized[name] = _quant_tensor(name, shape, int(d["bits"]), int(d["group_size"]), arrays)
                 used |= {f"{name}.codes", f"{name}.scales", f"{name}.mins"}
@@ -301,7 +301,7 @@ def _tensors_from(
                 used.add(name)
             else:
                 raise WireFormatError(f"tensor '{name}' has unknown kind '{kind}'")
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             if isinstance(exc, WireFormatError):
                 raise
             raise WireFormatError(f"bad tensor descriptor {d!r}: {exc}") from exc
@@ -310,13 +310,24 @@ def _tensors_from(
     return quantized, floats
 
 
+def _descriptor_shape(name: str, raw: object) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        raise WireFormatError(f"tensor '{name}' shape must be a list of integers")
+    shape = tuple(raw)
+    if any(v < 0 for v in shape) or len(shape) > MAX_NDIM or math.prod(shape) > DEFAULT_MAX_ELEMENTS:
+        raise WireFormatError(f"tensor '{name}' has an invalid or oversized shape {shape}")
+    return shape
+
+
 def _quant_tensor(
     name: str, shape: tuple[int, ...], bits: int, group: int, arrays: Mapping[str, np.ndarray]
 ) -> PackedTensor:
-    scheme = QuantScheme(bits, group)
-    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    numel = math.prod(shape)
     if numel < 1:
         raise WireFormatError(f"tensor '{name}' is quantized but has no elements")
+    if not 1 <= group <= numel:
+        raise WireFormatError(f"tensor '{name}': group_size {group} outside 1..{numel}")
+    scheme = QuantScheme(bits, group)
     codes, scales, mins = arrays[f"{name}.codes"], arrays[f"{name}.scales"], arrays[f"{name}.mins"]
     groups = scheme.groups(numel)
     if codes.size != packed_size(numel, bits) or scales.size != groups or mins.size != groups:

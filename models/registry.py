@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from models.errors import ModelLoadError, UnknownModelError
+from models.partition import legal_cuts
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 REGISTRY_ENV = "QPART_MODEL_REGISTRY"
@@ -138,10 +139,17 @@ def register_model(
     """Add (or replace) a user model in the registry file ``path``, checking it loads."""
     if not _NAME_RE.match(name):
         raise ModelLoadError(f"model name '{name}' must match {_NAME_RE.pattern}")
+    if name in _builtin():
+        raise ModelLoadError(f"'{name}' is a built-in reference model; choose another name")
     spec = ModelSpec(name, factory, input_shape, weights.resolve())
     model = spec.load()
-    with torch.no_grad():
-        model(torch.zeros((1, *input_shape)))
+    try:
+        with torch.no_grad():
+            model(torch.zeros((1, *input_shape)))
+    except RuntimeError as exc:
+        raise ModelLoadError(f"'{name}' does not run on inputs of shape {input_shape}: {exc}") from exc
+    # Checked before the registry is written: a model the partitioner cannot cut is never listed.
+    legal_cuts(model, input_shape)
     entries = json.loads(path.read_text())["models"] if path.is_file() else []
     entries = [e for e in entries if e["name"] != name]
     entries.append({"name": name, "factory": factory, "input_shape": list(input_shape),

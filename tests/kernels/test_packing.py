@@ -74,3 +74,33 @@ def test_round_trip_property(bits, data):
     for backend in BACKENDS:
         packed = pack_codes(codes, bits, backend=backend)
         np.testing.assert_array_equal(unpack_codes(packed, bits, codes.size, backend=backend), codes)
+
+
+def _reference_block(codes, bits, m):
+    """Straight from the docstring: column m's 8 codes form a little-endian word; byte t at t*M+m."""
+    out = bytearray(bits * m)
+    for col in range(m):
+        word = sum(int(codes[r * m + col]) << (r * bits) for r in range(8))
+        for t in range(bits):
+            out[t * m + col] = (word >> (8 * t)) & 0xFF
+    return bytes(out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bits", [1, 3, 5, 7])
+def test_a_full_512_column_block_and_a_tail_match_the_definition(backend, bits):
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, 4096 + 20, dtype=np.uint8)
+    expected = _reference_block(codes[:4096], bits, 512) + _reference_block(
+        np.concatenate([codes[4096:], np.zeros(4, np.uint8)]), bits, 3)
+    assert pack_codes(codes, bits, backend=backend).tobytes() == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(bits=st.integers(1, 8), n=st.integers(0, 20000), seed=st.integers(0, 2**32 - 1))
+def test_native_pack_equals_numpy_pack(bits, n, seed):
+    if native_module() is None:
+        pytest.skip("native extension not built")
+    codes = np.random.default_rng(seed).integers(0, 1 << bits, n, dtype=np.uint8)
+    assert (pack_codes(codes, bits, backend=Backend.NATIVE).tobytes()
+            == pack_codes(codes, bits, backend=Backend.NUMPY).tobytes())

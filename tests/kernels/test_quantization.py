@@ -16,7 +16,7 @@ from kernels import (
     unpack_dequantize,
     weight_group_size,
 )
-from kernels.ops import active_backend, native_module
+from kernels.ops import PackedTensor, active_backend, native_module
 from kernels.quantization import dequantize_numpy, quantize_numpy
 
 BACKENDS = [Backend.NUMPY] + ([Backend.NATIVE] if native_module() is not None else [])
@@ -110,3 +110,31 @@ def test_native_extension_is_built_unless_numpy_is_forced():
     else:
         assert native_module() is not None, "the package build did not produce kernels._native"
         assert active_backend() is Backend.NATIVE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inconsistent_packed_tensors_are_typed_errors(backend):
+    packed = quantize_pack(np.arange(12, dtype=np.float32), QuantScheme(4, 4), backend=backend)
+    bad = PackedTensor(packed.shape, packed.scheme, np.ones(4, np.float32), packed.mins, packed.data)
+    with pytest.raises(QuantizationError, match="inconsistent"):
+        unpack_dequantize(bad, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_huge_group_is_one_group_without_a_huge_allocation(backend):
+    x = np.arange(4, dtype=np.float32)
+    packed = quantize_pack(x, QuantScheme(8, 2**62), backend=backend)
+    assert packed.scales.shape == (1,)
+    np.testing.assert_allclose(unpack_dequantize(packed, backend=backend), x, atol=0.01)
+
+
+def test_signed_zeros_quantize_bit_identically():
+    if native_module() is None:
+        pytest.skip("native extension not built")
+    x = np.array([0.0, -0.0, 1.0, -0.0] * 70, dtype=np.float32)
+    x[:3] = [-0.0, 0.0, 0.0]
+    for group in (2, 4, 280):
+        a = quantize_pack(x, QuantScheme(3, group), backend=Backend.NATIVE)
+        b = quantize_pack(x, QuantScheme(3, group), backend=Backend.NUMPY)
+        assert a.mins.view(np.uint32).tolist() == b.mins.view(np.uint32).tolist()
+        assert a.data.tobytes() == b.data.tobytes()

@@ -51,18 +51,30 @@ def test_folding_batch_norm_keeps_the_function(factory, shape):
         torch.testing.assert_close(prepare(model, shape)(x), model(x), atol=1e-4, rtol=1e-4)
 
 
+def _block_of(node, blocks):
+    """The residual block whose forward created ``node`` (torch.fx records the module stack)."""
+    stack = node.meta.get("nn_module_stack", {})
+    inside = [b for b in blocks if b in stack]
+    return inside[-1] if inside else None
+
+
 @pytest.mark.parametrize(("factory", "shape"), ARCHS)
 def test_no_cut_falls_inside_a_residual_block(factory, shape):
     model = factory()
     gm = prepare(model, shape, fold_bn=False)
     blocks = {name for name, mod in model.named_modules() if isinstance(mod, BasicBlock)}
-    inner = {n.name for n in gm.graph.nodes
-             if n.op == "call_module" and any(str(n.target).startswith(b + ".") for b in blocks)}
+    by_name = {n.name: n for n in gm.graph.nodes}
     cuts = cuts_of(gm)
     assert cuts[0].index == 0 and cuts[-1].shape == (10,)
-    assert not inner & {c.node for c in cuts}
+    for cut in cuts:
+        node = by_name[cut.node]
+        block = _block_of(node, blocks)
+        if block is not None:  # only a block's output may cross a cut: no user is inside the block
+            assert all(_block_of(user, blocks) != block for user in node.users), (cut, block)
     if blocks:  # each block boundary is a cut: the block's output relu
         assert len(cuts) >= len(blocks) + 2
+        inner = [n for n in gm.graph.nodes if _block_of(n, blocks) and n.op.startswith("call")]
+        assert len(inner) > 2 * len(blocks)  # the module stack really is recorded
 
 
 def test_first_and_last_cut_are_all_server_and_all_device():

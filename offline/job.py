@@ -395,7 +395,7 @@ def _all_patterns(st: _State, cuts: list[int], budgets: dict[str, float], points
         for level in levels:
             bits, check, tightenings = _validate(st, cut, level, budgets[str(level)])
             patterns.append(_pattern(st, cut, level, bits, points, check, tightenings))
-            if st.items[cut] and budgets[str(level)] > 0:
+            if st.settings.baseline and st.items[cut] and budgets[str(level)] > 0:
                 paper = qpart_paper_bits(st.items[cut], budgets[str(level)])
                 baseline.append(_pattern(st, cut, level, paper, points, None, 0))
             done += 1

@@ -45,6 +45,7 @@ class CalibrationSettings(BaseSettings):
     batch_size: int = Field(500, ge=1)
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
+    baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")
     test_samples: int | None = Field(None, ge=100, description="Limit the test split (default: all).")
 
     @field_validator("levels")

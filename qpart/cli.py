@@ -125,6 +125,7 @@ def calibrate(
     mapping_points: Annotated[int, typer.Option(help="Mixed patterns measured for the mapping.")] = 40,
     seed: Annotated[int, typer.Option(help="Seed of probes and mapping.")] = 0,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    baseline: Annotated[bool, typer.Option(help="Also evaluate QPART as published.")] = True,
 ) -> None:
     """Measure noise tables, allocate and validate one bit pattern per (cut, level)."""
     from dataclasses import replace
@@ -141,7 +142,7 @@ def calibrate(
     settings = CalibrationSettings(
         levels=tuple(float(v) for v in levels.split(",")), estimator=Estimator(estimator),
         fit_samples=fit_samples, check_samples=check_samples, noise_samples=noise_samples,
-        mapping_points=mapping_points, seed=seed, threads=threads,
+        mapping_points=mapping_points, seed=seed, threads=threads, baseline=baseline,
     )
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn()) as bar:

@@ -27,8 +27,8 @@ demo: setup  ## serve the committed artifacts, run devices at several rates, pri
 test: setup  ## the test suite (the README's test command)
 	$(VENV)/bin/pytest
 
-test-numpy: setup  ## the test suite with the numpy reference kernels forced
-	QPART_KERNELS=numpy $(VENV)/bin/pytest -q -p no:cacheprovider tests/kernels
+test-numpy: setup  ## the in-process test suite again with the numpy reference kernels forced
+	QPART_KERNELS=numpy $(VENV)/bin/pytest -q -p no:cacheprovider -m "not integration"
 
 lint: setup  ## ruff, mypy --strict, import-linter contracts
 	$(VENV)/bin/ruff check .

@@ -187,7 +187,7 @@ def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
 def _check(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, bool]:
     bits = allocate(st.items[cut], budget, st.settings.budget_units)
     result = _evaluate(st, cut, bits, st.data.check, st.data.check_correct, st.check_cache)
-    return bits, result, result.upper_bound(st.settings.confidence) <= level
+    return bits, result, result.upper_bound(st.settings.confidence, st.settings.bound) <= level
 
 
 def _validate(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, int]:
@@ -264,7 +264,7 @@ def _pattern(st: _State, cut: int, level: float, bits: dict[str, int], points: l
         activation_bits=act, group_size=st.runner.groups[cut], predicted_noise=noise,
         predicted_drop=predicted_drop(points, noise),
         calib_drop=check.drop if check else None,
-        calib_drop_ub=check.upper_bound(st.settings.confidence) if check else None,
+        calib_drop_ub=check.upper_bound(st.settings.confidence, st.settings.bound) if check else None,
         test_drop=test.drop if test else None, weight_bytes=wb, fp32_weight_bytes=fp32,
         activation_bytes=ab, tightenings=tightenings,
     )

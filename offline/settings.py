@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +36,7 @@ class CalibrationSettings(BaseSettings):
     max_bits: int = Field(8, ge=1, le=8)
     activation_group: int = Field(256, ge=1, description="Largest activation group size.")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of the bound.")
+    bound: Literal["newcombe", "exact"] = Field("newcombe", description="Upper-bound method (validation).")
     budget_units: int = Field(2000, ge=50, le=100_000, description="DP discretisation of the budget.")
     mapping_points: int = Field(40, ge=4, description="Mixed patterns on a log grid for the mapping.")
     refine_points: int = Field(3, ge=0, le=20, description="Extra points per level where drop crosses it.")

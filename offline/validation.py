@@ -1,18 +1,27 @@
 """Accuracy statistics: paired drops, their one-sided upper bound, and the noise↔drop mapping.
 
 The bound is on the *net* drop ``δ = P(lost) − P(gained)`` of a pattern against the float model
-on the same samples, where "lost" means correct→wrong and "gained" wrong→correct. With ``n10``
-lost and ``n01`` gained out of ``n``, a Clopper–Pearson upper bound on ``P(lost)`` and a lower
-bound on ``P(gained)``, each at ``1 − α/2``, give ``δ ≤ UB10 − LB01`` with probability at least
-``1 − α`` (Bonferroni). Counting gains keeps the bound far tighter than a bound on losses alone.
+on the same samples, where "lost" means correct→wrong and "gained" wrong→correct; counting gains
+keeps it far tighter than a bound on losses alone. Two methods, with ``n10`` lost and ``n01``
+gained out of ``n``:
+
+* ``newcombe`` (default): Newcombe's square-and-add (MOVER) bound for a paired difference, from
+  one-sided Wilson score limits of ``P(lost)`` (upper) and ``P(gained)`` (lower), with the
+  multinomial correlation of the two cells. Its coverage is nominal, not exact: simulated over
+  4,000 draws per setting at n = 6,000 it was 0.947–0.98 for (lost, gained) rates from
+  (0.05%, 0%) to (3%, 2%) (``tests/offline/test_validation.py`` re-checks this).
+* ``exact``: Clopper–Pearson upper on ``P(lost)`` and lower on ``P(gained)``, each at
+  ``1 − α/2``; ``δ ≤ UB10 − LB01`` with probability at least ``1 − α`` (Bonferroni). Always
+  valid, and 20–40% looser when gains offset losses.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import beta
+from scipy.stats import beta, norm
 
 from profiles.artifacts import AccuracyPoint
 
@@ -30,12 +39,31 @@ class PairedDrop:
         """Measured net top-1 drop (fraction)."""
         return (self.lost - self.gained) / self.n
 
-    def upper_bound(self, confidence: float) -> float:
-        """One-sided upper confidence bound of the net drop."""
+    def upper_bound(self, confidence: float, method: str = "newcombe") -> float:
+        """One-sided upper confidence bound of the net drop (see the module doc for methods)."""
+        if method == "newcombe":
+            return self._newcombe(confidence)
         half = (1.0 - confidence) / 2.0
         ub_lost = 1.0 if self.lost >= self.n else float(beta.ppf(1 - half, self.lost + 1, self.n - self.lost))
         lb_gained = 0.0 if self.gained == 0 else float(beta.ppf(half, self.gained, self.n - self.gained + 1))
         return ub_lost - lb_gained
+
+    def _newcombe(self, confidence: float) -> float:
+        z = float(norm.ppf(confidence))
+        p10, p01 = self.lost / self.n, self.gained / self.n
+        up10 = _wilson(self.lost, self.n, z)[1] - p10
+        down01 = p01 - _wilson(self.gained, self.n, z)[0]
+        # Multinomial cells are negatively correlated; with the minus sign it widens the bound.
+        phi = -math.sqrt(p10 * p01 / max((1 - p10) * (1 - p01), 1e-12))
+        return p10 - p01 + math.sqrt(max(up10**2 + down01**2 - 2 * phi * up10 * down01, 0.0))
+
+
+def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    p = k / n
+    c = z * z / n
+    center = (p + c / 2) / (1 + c)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + c)
+    return center - half, center + half
 
 
 def paired_drop(reference_correct: np.ndarray, correct: np.ndarray) -> PairedDrop:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+import socket
+import threading
+import time
 
 import httpx
 import pytest
@@ -45,11 +49,64 @@ def _cache(server_url: str, root, retries: int = 1) -> SegmentCache:
     return SegmentCache(root, 1 << 30, transport)
 
 
+class ThrottlingProxy:
+    """A loopback TCP proxy that forwards the server's bytes slowly and drops the connection the
+    moment the server side closes, so a killed server really cuts a download short (without it,
+    kernel socket buffers can hold a whole small segment before the kill lands)."""
+
+    def __init__(self, upstream_port: int, bytes_per_s: int = 400_000) -> None:
+        self.upstream_port = upstream_port
+        self.rate = bytes_per_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
+        try:
+            while True:
+                data = src.recv(8192)
+                if not data:
+                    break
+                dst.sendall(data)
+                if slow:
+                    time.sleep(len(data) / self.rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+
 def test_killed_mid_download_then_restarted_resumes_with_range(cnn_only, tmp_path):
     server = LiveServer(cnn_only)
     server.wait_ready()
+    proxy = ThrottlingProxy(server.port)
     seg = _largest_segment(server.url)
-    cache = _cache(server.url, tmp_path)
+    via_proxy = f"http://127.0.0.1:{proxy.port}"
+    cache = _cache(via_proxy, tmp_path)
     part = tmp_path / f"{seg['id']}.part"
 
     def kill_after_first_chunk(done: int, total: int) -> None:
@@ -57,22 +114,24 @@ def test_killed_mid_download_then_restarted_resumes_with_range(cnn_only, tmp_pat
             server.proc.kill()
             server.proc.wait()
 
-    with pytest.raises(ServerUnavailableError):
-        cache.get(seg["id"], seg["url"], progress=kill_after_first_chunk)
-    partial = part.stat().st_size
-    assert 0 < partial < seg["size_bytes"], "the kill came too late to interrupt the download"
-    server.stop()
-
-    restarted = LiveServer(cnn_only, port=server.port)
-    restarted.wait_ready()
     try:
-        fetched = _cache(server.url, tmp_path).get(seg["id"], seg["url"])
-        assert hashlib.sha256(fetched.data).hexdigest() == seg["id"]
-        assert fetched.downloaded_bytes == seg["size_bytes"] - partial  # only the rest, via Range
-        assert _streamed_bytes(server.url) == seg["size_bytes"] - partial
-        assert not part.exists() and (tmp_path / f"{seg['id']}.seg").is_file()
+        with pytest.raises(ServerUnavailableError):
+            cache.get(seg["id"], seg["url"], progress=kill_after_first_chunk)
+        partial = part.stat().st_size
+        assert 0 < partial < seg["size_bytes"]
+        server.stop()
+        restarted = LiveServer(cnn_only, port=server.port)
+        restarted.wait_ready()
+        try:
+            fetched = _cache(via_proxy, tmp_path).get(seg["id"], seg["url"])
+            assert hashlib.sha256(fetched.data).hexdigest() == seg["id"]
+            assert fetched.downloaded_bytes == seg["size_bytes"] - partial  # only the rest, via Range
+            assert _streamed_bytes(server.url) == seg["size_bytes"] - partial
+            assert not part.exists() and (tmp_path / f"{seg['id']}.seg").is_file()
+        finally:
+            restarted.stop()
     finally:
-        restarted.stop()
+        proxy.close()
 
 
 def test_a_corrupted_cached_segment_is_detected_and_fetched_again(cnn_only, tmp_path):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
+import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
 
 pytestmark = pytest.mark.integration
@@ -67,3 +70,20 @@ def test_bad_shape_is_a_400_error(client):
     with pytest.raises(InferenceServerException) as info:
         client.infer("fmnist-cnn", [inp])
     assert "expected [batch, 1, 28, 28]" in info.value.message()
+
+
+def test_tail_model_infer_with_uint8_packet_and_flat_parameters(client, server):
+    info = httpx.get(f"{server.url}/v1/models/fmnist-cnn").json()
+    pattern = next(p for p in info["patterns"] if p["cut"] == 3 and p["level"] == 0.01)
+    segment = httpx.get(f"{server.url}{pattern['segment']['url']}").content
+    head = load_head({**pattern, "model": "fmnist-cnn", "version": info["version"],
+                      "cuts": info["cuts"]}, segment)
+    test = load_split(Split.TEST, limit=8)
+    with torch.inference_mode():
+        act = head(torch.from_numpy(test.images)).numpy()
+    packet = np.frombuffer(encode_for_plan(act, pattern), dtype=np.uint8)
+    inp = triton.InferInput("activation_packet", [packet.size], "UINT8")
+    inp.set_data_from_numpy(packet, binary_data=True)
+    result = client.infer("fmnist-cnn-tail", [inp], parameters={"pattern_id": pattern["pattern_id"]})
+    logits = result.as_numpy("logits")
+    assert logits.shape == (8, 10) and np.mean(logits.argmax(1) == test.labels) >= 0.75

@@ -36,11 +36,11 @@ class CalibrationSettings(BaseSettings):
     max_bits: int = Field(8, ge=1, le=8)
     activation_group: int = Field(256, ge=1, description="Largest activation group size.")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of the bound.")
-    bound: Literal["newcombe", "exact"] = Field("newcombe", description="Upper-bound method (validation).")
+    bound: Literal["exact", "newcombe"] = Field("exact", description="Upper-bound method (validation).")
     budget_units: int = Field(2000, ge=50, le=100_000, description="DP discretisation of the budget.")
     mapping_points: int = Field(40, ge=4, description="Mixed patterns on a log grid for the mapping.")
     refine_points: int = Field(3, ge=0, le=20, description="Extra points per level where drop crosses it.")
-    expand_steps: int = Field(2, ge=0, le=10, description="Budget doublings tried after a first pass.")
+    expand_steps: int = Field(0, ge=0, le=10, description="Budget doublings tried after a first pass.")
     max_tightenings: int = Field(14, ge=1)
     seed: int = 0
     threads: int = Field(2, ge=1)

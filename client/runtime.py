@@ -137,8 +137,10 @@ class DeviceRuntime:
         started = time.perf_counter()
         response = self.transport.request("POST", plan["infer_url"], content=packet,
                                           headers={"Content-Type": "application/octet-stream"})
-        self.transport.rate.add(len(packet), time.perf_counter() - started)
         result: dict[str, Any] = response.json()
+        # The channel's share of the round trip: the server reports its queue and compute time.
+        server_s = float(result.get("queue_s", 0.0)) + float(result.get("compute_s", 0.0))
+        self.transport.rate.add(len(packet), time.perf_counter() - started - server_s)
         return result
 
     def infer(self, images: np.ndarray, model: str, demand: float, *, rate_bps: float | None = None,

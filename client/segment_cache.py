@@ -42,6 +42,14 @@ class Fetched:
     from_cache: bool
 
 
+class _Retry(ServerUnavailableError):
+    """A retryable answer (503/429/…) with the server's Retry-After."""
+
+    def __init__(self, message: str, retry_after: str | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class SegmentCache:
     """Segment files under ``root``, at most ``max_bytes`` in total."""
 
@@ -72,7 +80,11 @@ class SegmentCache:
             if data is not None and (not revalidate or self._still_valid(segment_id, url)):
                 os.utime(path)
                 return Fetched(data, 0, True)
-        downloaded = self._download(segment_id, url, progress)
+        try:
+            downloaded = self._download(segment_id, url, progress)
+        except SegmentError:
+            # A resumed file that fails its hash (the old part was stale): once more from zero.
+            downloaded = self._download(segment_id, url, progress)
         data = self._verified(path, segment_id)
         if data is None:
             raise SegmentError(f"segment {segment_id[:12]} failed verification after download")
@@ -92,9 +104,14 @@ class SegmentCache:
             try:
                 total_read += self._stream_once(part, url, progress)
                 break
+            except _Retry as exc:
+                last_error = str(exc)
+                if attempt < settings.retries:
+                    time.sleep(self.transport.backoff(attempt, exc.retry_after))
             except (httpx.TransportError, ServerUnavailableError) as exc:
                 last_error = str(exc)
-                time.sleep(min(settings.max_backoff_s, settings.backoff_s * 2**attempt))
+                if attempt < settings.retries:
+                    time.sleep(self.transport.backoff(attempt))
         else:
             raise ServerUnavailableError(f"download of segment {segment_id[:12]} failed: {last_error}")
         if hashlib.sha256(part.read_bytes()).hexdigest() != segment_id:
@@ -114,7 +131,11 @@ class SegmentCache:
                 part.unlink(missing_ok=True)
                 raise ServerUnavailableError("stale partial download; restarting from zero")
             if response.status_code in (429, 502, 503, 504):
-                raise ServerUnavailableError(f"server answered {response.status_code}")
+                raise _Retry(f"server answered {response.status_code}", response.headers.get("retry-after"))
+            if response.status_code == 206 and not response.headers.get(
+                    "content-range", "").startswith(f"bytes {offset}-"):
+                part.unlink(missing_ok=True)  # not the range we asked for: never splice it in
+                raise ServerUnavailableError("unexpected Content-Range; restarting from zero")
             if response.status_code >= 400:
                 response.read()
                 raise ServerRejectedError(response.status_code, response.text[:300])
@@ -141,6 +162,10 @@ class SegmentCache:
     def prune(self, keep: str | None = None, max_bytes: int | None = None) -> list[str]:
         """Delete least recently used segments until the total fits; returns deleted ids."""
         limit = self.max_bytes if max_bytes is None else max_bytes
+        day = time.time() - 86400
+        for stale in self.root.glob("*.part"):  # interrupted downloads nobody resumed for a day
+            if stale.stat().st_mtime < day:
+                stale.unlink(missing_ok=True)
         entries = self.entries()
         total = sum(e.size_bytes for e in entries)
         removed = []

@@ -6,10 +6,12 @@ runtime sends with its next plan request unless the user fixed the rate.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -21,11 +23,26 @@ MIN_RATE_SAMPLE_BYTES = 16 * 1024
 
 
 class RateEstimator:
-    """Exponential moving average of measured transfer rates (bit/s)."""
+    """Exponential moving average of measured transfer rates (bit/s), kept across runs in a file."""
 
-    def __init__(self, smoothing: float) -> None:
+    def __init__(self, smoothing: float, path: Path | None = None) -> None:
         self.smoothing = smoothing
         self.rate_bps: float | None = None
+        self.path = path
+        if path is not None and path.is_file():
+            try:
+                value = float(json.loads(path.read_text())["rate_bps"])
+                self.rate_bps = value if 0 < value < float("inf") else None
+            except (ValueError, KeyError, TypeError):
+                self.rate_bps = None  # a damaged file only loses the history
+
+    def save(self) -> None:
+        """Persist the average (atomically) so the next run plans with it."""
+        if self.path is None or self.rate_bps is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rate_bps": self.rate_bps}))
+        tmp.replace(self.path)
 
     def add(self, nbytes: int, seconds: float) -> None:
         """Record a transfer; tiny ones are dominated by latency and skipped."""
@@ -57,19 +74,30 @@ class Transport:
                                              headers=headers)
         if client is not None:
             self.client.headers.update(headers)
-        self.rate = RateEstimator(settings.rate_smoothing)
+        self.rate = RateEstimator(settings.rate_smoothing, settings.cache_dir / "rate.json")
         self._sleep = sleep
         self._rng = random.Random()
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool and keep the rate estimate for the next run."""
         self.client.close()
+        if self.settings.cache_dir.is_dir():
+            self.rate.save()
+
+    def backoff(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before retry ``attempt``: exponential, jittered, at least Retry-After."""
+        return self._backoff(attempt, retry_after)
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         base = float(min(self.settings.max_backoff_s, self.settings.backoff_s * 2**attempt))
         wait = base * (0.5 + self._rng.random() / 2)  # jitter: 50-100% of the step
-        if retry_after is not None and retry_after.replace(".", "", 1).isdigit():
-            wait = max(wait, min(float(retry_after), self.settings.max_backoff_s))
+        if retry_after is not None:
+            try:
+                seconds = float(retry_after)
+            except ValueError:
+                seconds = 0.0  # an HTTP-date or garbage: fall back to the backoff step
+            if 0 < seconds < float("inf"):
+                wait = max(wait, min(seconds, self.settings.max_backoff_s))
         return wait
 
     def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:

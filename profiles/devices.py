@@ -52,7 +52,7 @@ class DeviceProfile(BaseModel):
     description: str = Field(default="", max_length=500)
     sources: list[str] = Field(default_factory=list, max_length=20,
                                description="Where the figures come from.")
-    flops_per_s: float = Field(gt=0, le=1e15, description="Sustained FLOP/s for CNN inference, batch 1.")
+    flops_per_s: float = Field(ge=1e3, le=1e15, description="Sustained FLOP/s for CNN inference, batch 1.")
     power_compute_w: float = Field(gt=0, le=1e3, description="Power drawn while computing (W).")
     power_tx_w: float = Field(gt=0, le=1e3, description="Radio power while transferring (W).")
     energy_model: EnergyModel = EnergyModel.POWER

@@ -155,8 +155,8 @@ def calibrate(
 
 @app.command()
 def serve(
-    artifacts: Annotated[Path, typer.Option(help="Folder of calibration artifacts ($QPART_ARTIFACTS).")] = (
-        Path("artifacts")),
+    artifacts: Annotated[Path | None, typer.Option(
+        help="Folder of calibration artifacts (default $QPART_ARTIFACTS, else ./artifacts).")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address ($QPART_HOST, default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Bind port ($QPART_PORT, default 8000).")] = None,
 ) -> None:
@@ -164,7 +164,9 @@ def serve(
     from server.main import serve as run_server
     from server.settings import ServerSettings
 
-    overrides: dict[str, object] = {"artifacts": artifacts}
+    overrides: dict[str, object] = {}
+    if artifacts is not None:
+        overrides["artifacts"] = artifacts
     if host is not None:
         overrides["host"] = host
     if port is not None:

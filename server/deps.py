@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from server.engine import Engine
-from server.errors import UnauthorizedError
+from server.errors import ForbiddenError, UnauthorizedError
 
 
 def get_engine(request: Request) -> Engine:
@@ -30,6 +30,17 @@ def require_token(request: Request) -> None:
     expected = token.get_secret_value().encode()
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), expected):
         raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
+
+
+def require_admin(request: Request) -> None:
+    """The admin API is off unless ``QPART_ADMIN_TOKEN`` is set, and then needs that token."""
+    token = request.app.state.settings.admin_token
+    if token is None:
+        raise ForbiddenError("the admin API is disabled; set QPART_ADMIN_TOKEN to enable it")
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    expected = token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), expected):
+        raise UnauthorizedError("missing or invalid admin token: send 'Authorization: Bearer <token>'")
 
 
 async def read_body(request: Request) -> bytes:

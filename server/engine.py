@@ -18,7 +18,12 @@ from profiles.devices import DeviceProfile, get_device
 from profiles.errors import ProfileError
 from server.batching import Batcher, BatchReport
 from server.catalog import Catalog, LoadedModel
-from server.errors import BadRequestError, DeadlineExceededError, NotFoundError
+from server.errors import (
+    BadRequestError,
+    DeadlineExceededError,
+    NotFoundError,
+    UnprocessableError,
+)
 from server.metrics import Metrics
 from server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price
 from server.schemas import (
@@ -103,17 +108,18 @@ class Engine:
                 self.store.put(digest, data)
         return self._by_pattern[key]
 
-    def segment(self, segment_id: str) -> tuple[bytes, SegmentIndex]:
-        """The bytes of a segment by content id (from the cache or rebuilt and verified)."""
+    def segment(self, segment_id: str) -> tuple[bytes, SegmentIndex, bool]:
+        """The bytes of a segment by content id (from the cache or rebuilt and verified), its
+        index entry, and whether the cache held it."""
         index = self._by_segment.get(segment_id)
         if index is None:
             raise NotFoundError(f"no segment with id '{segment_id}'; ask for a plan to get a segment id")
         model = self.catalog.get(index.model, index.version)
         pattern = model.patterns[index.pattern_id]
         head = model.parts[pattern.cut][0]
-        data = self.store.get_or_build(
+        data, hit = self.store.lookup(
             segment_id, lambda: build_segment(head, model.name, model.version, pattern))
-        return data, index
+        return data, index, hit
 
     def model_info(self, name: str, version: str | None) -> ModelInfo:
         """Every pattern of a model version with its segment reference."""
@@ -219,8 +225,11 @@ class Engine:
         pattern = model.patterns.get(pattern_id)
         if pattern is None:
             raise NotFoundError(f"model '{name}' version '{version}' has no pattern '{pattern_id}'")
-        x = self.decode_for(model, pattern, packet)
+        x = await asyncio.to_thread(self.decode_for, model, pattern, packet)  # off the event loop
         logits, queue_s, compute_s = await self._run_tail(model, pattern.cut, x)
+        if not np.isfinite(logits).all():
+            raise UnprocessableError("the tail produced non-finite logits for this activation; "
+                                     "its values are out of the range the model was calibrated on")
         predicted = model.artifact.cuts[pattern.cut].server_tail_s * len(x)
         self.metrics.server_time_predicted.labels(name).inc(predicted)
         self.metrics.server_time_measured.labels(name).inc(compute_s)
@@ -232,11 +241,15 @@ class Engine:
         """Decode an activation packet and check it matches the pattern's cut, bits and groups."""
         if pattern.cut == len(model.cuts) - 1:
             raise BadRequestError("this plan is all-device (last cut): there is no tail to run")
+        want = tuple(model.cuts[pattern.cut].shape)
+        # Bound the decoded size by what the plan can ever need, before anything is allocated.
+        limit = self.settings.max_queue * max(1, model.cuts[pattern.cut].numel)
         try:
-            x, bits, group = decode_activation_array(packet, max_elements=self.settings.max_body_bytes * 8)
+            x, bits, group = decode_activation_array(packet, max_elements=limit)
         except KernelError as exc:
             raise BadRequestError(f"invalid activation packet: {exc}") from exc
-        want = tuple(model.cuts[pattern.cut].shape)
+        if not np.isfinite(x).all():
+            raise BadRequestError("the activation dequantizes to values beyond float32 (check scales)")
         if tuple(x.shape[1:]) != want or x.shape[0] > self.settings.max_queue:
             dims = ", ".join(map(str, want))
             raise BadRequestError(f"activation shape {list(x.shape)} does not fit cut {pattern.cut}: "
@@ -258,6 +271,9 @@ class Engine:
         if not np.isfinite(x).all():
             raise BadRequestError("input holds NaN or infinity")
         logits, _, _ = await self._run_tail(model, 0, np.ascontiguousarray(x, dtype=np.float32))
+        if not np.isfinite(logits).all():
+            raise UnprocessableError("the model produced non-finite logits for this input; "
+                                     "inputs are expected in [0, 1]")
         return logits, model
 
     def _record_batch(self, report: BatchReport) -> None:

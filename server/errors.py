@@ -6,6 +6,7 @@
     ├── ClientError                  the request is wrong; the message says how to fix it
     │   ├── BadRequestError          400: malformed body or parameters
     │   ├── UnauthorizedError        401: missing or wrong bearer token
+    │   ├── ForbiddenError           403: a route disabled by configuration (admin)
     │   ├── NotFoundError            404: unknown model, version, pattern or segment
     │   ├── PayloadTooLargeError     413: body above the configured limit
     │   ├── RequestTimeoutError      408: the body did not arrive in time
@@ -24,6 +25,7 @@ class ServerError(Exception):
     """Base class of every error raised by :mod:`server`."""
 
     status = 500
+    headers: dict[str, str] | None = None
 
 
 class ClientError(ServerError):
@@ -42,6 +44,12 @@ class UnauthorizedError(ClientError):
     """Missing or invalid bearer token."""
 
     status = 401
+
+
+class ForbiddenError(ClientError):
+    """The route is disabled by configuration."""
+
+    status = 403
 
 
 class NotFoundError(ClientError):

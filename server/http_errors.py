@@ -32,7 +32,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServerError)
     async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
-        headers = {}
+        headers = dict(exc.headers or {})
         if isinstance(exc, OverloadedError):
             headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
         if isinstance(exc, UnauthorizedError):

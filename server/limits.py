@@ -36,6 +36,34 @@ def route_label(path: str) -> str:
     return "other"
 
 
+class _BodyGuard:
+    """Wraps ``receive``: counts body bytes (413 past the limit) and bounds the body's arrival time
+    (408). After the last body chunk, ``receive`` only waits for a disconnect, which a streaming
+    response watches for: no deadline there, or long downloads would be cut off."""
+
+    def __init__(self, receive: Receive, max_body: int, timeout_s: float) -> None:
+        self._receive = receive
+        self._max_body = max_body
+        self._timeout = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self.received = 0
+        self._body_done = False
+
+    async def __call__(self) -> Message:
+        if self._body_done:
+            return await self._receive()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(self._deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise HTTPException(408, f"request body not received within {self._timeout} s") from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self._body_done = not message.get("more_body", False)
+            if self.received > self._max_body:
+                raise HTTPException(413, f"request body exceeds the limit of {self._max_body} bytes")
+        return message
+
+
 class LimitsMiddleware:
     """Refuses bodies over ``max_body_bytes`` and bodies that arrive slower than ``body_timeout_s``."""
 
@@ -58,7 +86,7 @@ class LimitsMiddleware:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is None:
             return False
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):
             await _send_error(send, 400, "Content-Length is not a number")
             return True
         if int(length) > self.max_body:
@@ -74,21 +102,7 @@ class LimitsMiddleware:
         route = route_label(scope.get("path", ""))
         if await self._refuse_declared_length(scope, send):
             return
-        deadline = time.monotonic() + self.timeout
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            remaining = deadline - time.monotonic()
-            try:
-                message = await asyncio.wait_for(receive(), max(remaining, 0.001))
-            except TimeoutError:
-                raise HTTPException(408, f"request body not received within {self.timeout} s") from None
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body:
-                    raise HTTPException(413, f"request body exceeds the limit of {self.max_body} bytes")
-            return message
+        guard = _BodyGuard(receive, self.max_body, self.timeout)
 
         status = 500
 
@@ -103,10 +117,10 @@ class LimitsMiddleware:
         self.metrics.in_flight.inc()
         started = time.perf_counter()
         try:
-            await self.app(scope, limited_receive, counting_send)
+            await self.app(scope, guard, counting_send)
         finally:
             self.metrics.in_flight.dec()
-            self.metrics.bytes_received.labels(route).inc(received)
+            self.metrics.bytes_received.labels(route).inc(guard.received)
             self.metrics.request_duration.labels(route).observe(time.perf_counter() - started)
             self._count(route, scope.get("path", ""), status)
 

@@ -8,6 +8,7 @@ On the first signal readiness turns 503 at once, the server keeps serving for
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from types import FrameType
 
@@ -46,6 +47,7 @@ def serve(settings: ServerSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=int(settings.graceful_timeout_s) or None,
+                            # uvicorn reads None as "wait forever": always pass a bound.
+                            timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),
                             access_log=False, lifespan="on")
     DrainingServer(config, settings.drain_delay_s).run()

@@ -73,7 +73,7 @@ def _from_binary(tensor: InferInputTensor, size: object, blobs: memoryview, offs
 def decode_request(body: bytes, header_length: str | None, *, max_elements: int) -> DecodedRequest:
     """Parse a v2 infer body (JSON, or JSON + binary blobs)."""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise BadRequestError(f"Inference-Header-Content-Length {header_length!r} does not fit a "
                                   f"body of {len(body)} bytes")
         split = int(header_length)

@@ -7,6 +7,7 @@ enumeration of cuts × levels no looser than the demand, each priced with the re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
@@ -82,6 +83,10 @@ def choose(candidates: list[Candidate], deadline_s: float | None) -> Candidate:
     Raises:
         UnprocessableError: no candidate meets the deadline (the message names the fastest time).
     """
+    candidates = [c for c in candidates if math.isfinite(c.costs.objective)]
+    if not candidates:
+        raise UnprocessableError("the request's figures make every plan's cost infinite; check the "
+                                 "rate, the device profile and the objective weights")
     if deadline_s is None:
         return min(candidates, key=lambda c: (c.costs.objective, c.pattern.level, c.pattern.cut))
     meeting = [c for c in candidates if c.costs.time_s.total <= deadline_s]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.deps import EngineDep, read_body, require_token
+from server.deps import EngineDep, read_body, require_admin, require_token
 from server.errors import RangeNotSatisfiableError
 from server.schemas import SHA256_HEX, ErrorBody, JsonInt, ModelInfo, PlanRequest, PlanResponse, TailResponse
 
@@ -52,10 +52,15 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
     return start, end
 
 
-def _chunks(data: bytes, start: int, end: int) -> Iterator[bytes]:
+def _chunks(data: bytes, start: int, end: int, sent: Callable[[int], None],
+            done: Callable[[], None]) -> Iterator[bytes]:
+    """The range in chunks; bytes are counted as they go and the stream time at the end."""
     view = memoryview(data)
     for pos in range(start, end + 1, _CHUNK):
-        yield bytes(view[pos : min(pos + _CHUNK, end + 1)])
+        chunk = bytes(view[pos : min(pos + _CHUNK, end + 1)])
+        yield chunk
+        sent(len(chunk))
+    done()
 
 
 @router.get("/segments/{segment_id}", responses={**_ERRORS, 206: {}, 304: {}, 416: {"model": ErrorBody}},
@@ -65,23 +70,29 @@ def segment(
 ) -> Response:
     """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range."""
     started = time.perf_counter()
-    data, index = engine.segment(segment_id)
+    data, index, hit = engine.segment(segment_id)
     etag = f'"{segment_id}"'
     headers = {"ETag": etag, "Cache-Control": "public, max-age=31536000, immutable",
-               "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+               "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
+               "X-Cache": "hit" if hit else "miss"}
     inm = request.headers.get("if-none-match")
-    if inm is not None and (inm.strip() == "*" or etag in [t.strip() for t in inm.split(",")]):
+    if inm is not None and (inm.strip() == "*" or etag in [t.strip().removeprefix("W/")
+                                                             for t in inm.split(",")]):
         return Response(status_code=304, headers=headers)
     status, start, end = 200, 0, len(data) - 1
     rng = request.headers.get("range")
     if rng is not None:
-        start, end = _parse_range(rng, len(data))
+        try:
+            start, end = _parse_range(rng, len(data))
+        except RangeNotSatisfiableError as exc:
+            exc.headers = {"Content-Range": f"bytes */{len(data)}"}
+            raise
         status = 206
         headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
     headers["Content-Length"] = str(end - start + 1)
-    engine.metrics.segment_bytes.labels(index.model).inc(end - start + 1)
-    engine.metrics.segment_stream.observe(time.perf_counter() - started)
-    return StreamingResponse(_chunks(data, start, end), status_code=status, headers=headers)
+    chunks = _chunks(data, start, end, lambda n: engine.metrics.segment_bytes.labels(index.model).inc(n),
+                     lambda: engine.metrics.segment_stream.observe(time.perf_counter() - started))
+    return StreamingResponse(chunks, status_code=status, headers=headers)
 
 
 @router.post("/models/{model}/versions/{version}/patterns/{pattern_id}/infer",
@@ -107,7 +118,8 @@ class CacheBudget(BaseModel):
     budget_bytes: JsonInt = Field(ge=0, le=1 << 40)
 
 
-@router.put("/admin/segment-cache", responses=_ERRORS, dependencies=[Depends(require_token)],
+@router.put("/admin/segment-cache", responses={**_ERRORS, 403: {"model": ErrorBody}},
+            dependencies=[Depends(require_admin)],
             summary="Change the segment cache's byte budget at run time")
 def set_cache_budget(body: CacheBudget, engine: EngineDep) -> dict[str, int]:
     """Shrinking evicts at once, least important segments first."""

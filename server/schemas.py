@@ -59,7 +59,7 @@ class PlanRequest(_Strict):
     model: str = Field(min_length=1, max_length=64, description="Registered model name.")
     version: str | None = Field(None, max_length=64, description="Model version (default: newest).")
     accuracy_demand: float = Field(ge=0, lt=1, description="Max accepted top-1 drop, e.g. 0.01 for 1%.")
-    rate_bps: float = Field(gt=0, le=1e12, description="Channel rate the device measured (bit/s).")
+    rate_bps: float = Field(ge=1.0, le=1e12, description="Channel rate the device measured (bit/s).")
     device: Annotated[str, Field(max_length=64)] | DeviceProfile = Field(
         "raspberry-pi-4", description="A shipped device profile's name, or an inline profile.")
     weights: Annotated[WeightPreset, Strict(False)] | ObjectiveWeights = Field(

@@ -86,7 +86,11 @@ class SegmentStore:
             self.evictions += 1
 
     def get_or_build(self, segment_id: str, build: Callable[[], bytes]) -> bytes:
-        """The segment's bytes, from the cache or built (and verified) now.
+        """The segment's bytes, from the cache or built (and verified) now (see ``lookup``)."""
+        return self.lookup(segment_id, build)[0]
+
+    def lookup(self, segment_id: str, build: Callable[[], bytes]) -> tuple[bytes, bool]:
+        """``(bytes, hit)``: from the cache (hit) or built and verified now (miss).
 
         Raises:
             RuntimeError: the rebuilt bytes do not hash to ``segment_id`` (stale artifact).
@@ -97,13 +101,13 @@ class SegmentStore:
                 entry.hits += 1
                 entry.last_used = self._clock()
                 self.hits += 1
-                return entry.data
+                return entry.data, True
             self.misses += 1
         data = build()
         if hashlib.sha256(data).hexdigest() != segment_id:
             raise RuntimeError(f"rebuilt segment does not match its id {segment_id}")
         self.put(segment_id, data)
-        return data
+        return data, False
 
     def put(self, segment_id: str, data: bytes) -> None:
         """Insert verified bytes if they can fit the budget (evicting less important entries)."""

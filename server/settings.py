@@ -17,6 +17,7 @@ class ServerSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=0, le=65535, description="Bind port (0 = any free port).")
     auth_token: SecretStr | None = Field(None, description="Bearer token required on inference routes.")
+    admin_token: SecretStr | None = Field(None, description="Bearer token of /v1/admin (unset: disabled).")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest accepted request body (413 above).")
     body_timeout_s: float = Field(10.0, gt=0, description="Time allowed to receive a request body (408).")
     request_timeout_s: float = Field(30.0, gt=0, description="Per-request processing timeout (504).")

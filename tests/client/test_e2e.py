@@ -52,13 +52,7 @@ def _infer(server, cache, demand, extra):
     return json.loads(out)
 
 
-@pytest.mark.parametrize("demand", [0.001, 0.0025, 0.005, 0.01, 0.02])
-def test_device_results_match_offline_evaluation(server, runner, tmp_path, demand):
-    profile = tmp_path / "fast.json"
-    profile.write_text(json.dumps(FAST))
-    extra = ["--device-profile", str(profile), "--rate-mbps", "200"]
-    before = _segment_bytes(server.url)
-    doc = _infer(server, tmp_path / "cache", demand, extra)
+def _compare(runner, doc, demand):
     plan = doc["plan"]
     assert plan["level"] <= demand
     test = load_split(Split.TEST, limit=N)
@@ -70,10 +64,33 @@ def test_device_results_match_offline_evaluation(server, runner, tmp_path, deman
     for phase in ("plan", "download", "head", "upload_and_tail", "total"):
         assert doc["timings_s"][phase] >= 0
     assert {"local", "transfer", "server", "total"} <= set(doc["predicted_s"])
+
+
+@pytest.mark.parametrize("demand", [0.001, 0.0025, 0.005, 0.01, 0.02])
+def test_head_segment_path_matches_offline_and_a_second_run_downloads_nothing(
+        server, runner, tmp_path, demand):
+    # A fast device on a very fast link: computing on the device beats waiting for the server,
+    # so the plan ships a head segment.
+    profile = tmp_path / "fast.json"
+    profile.write_text(json.dumps(FAST))
+    extra = ["--device-profile", str(profile), "--rate-mbps", "10000"]
+    before = _segment_bytes(server.url)
+    doc = _infer(server, tmp_path / "cache", demand, extra)
+    assert doc["plan"]["segment"] is not None and doc["downloaded_bytes"] > 0
+    _compare(runner, doc, demand)
     first_run_bytes = _segment_bytes(server.url) - before
-    assert first_run_bytes == doc["downloaded_bytes"]
+    assert first_run_bytes == doc["downloaded_bytes"] == doc["plan"]["segment"]["size_bytes"]
     second = _infer(server, tmp_path / "cache", demand, extra)
-    assert second["plan"]["plan_id"] == plan["plan_id"] or second["plan"]["segment"] is None \
-        or second["plan"]["segment"]["held"]
+    assert second["plan"]["segment"]["id"] == doc["plan"]["segment"]["id"]
+    assert second["plan"]["segment"]["held"] is True
     assert second["downloaded_bytes"] == 0
     assert _segment_bytes(server.url) - before == first_run_bytes  # the server streamed nothing more
+
+
+@pytest.mark.parametrize("demand", [0.001, 0.01, 0.02])
+def test_activation_upload_path_matches_offline(server, runner, tmp_path, demand):
+    # A Raspberry-Pi-class device on a 5 Mbit/s link: the server runs (most of) the model and
+    # the device uploads a quantized activation.
+    doc = _infer(server, tmp_path / "cache", demand, ["--device", "raspberry-pi-4", "--rate-mbps", "5"])
+    assert doc["plan"]["infer_url"] is not None and doc["uploaded_bytes"] > 0
+    _compare(runner, doc, demand)

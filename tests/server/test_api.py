@@ -182,7 +182,29 @@ def test_bearer_token_guards_inference_routes(cnn_only):
         assert c.get("/v2/health/ready").status_code == 200  # probes stay open
 
 
-def test_cache_budget_changes_at_run_time(client):
+def test_cache_budget_changes_at_run_time_with_the_admin_token(cnn_only):
+    with make_client(cnn_only, admin_token="adm") as c:
+        auth = {"Authorization": "Bearer adm"}
+        response = c.put("/v1/admin/segment-cache", json={"budget_bytes": 0}, headers=auth)
+        assert response.json() == {"budget_bytes": 0, "resident_bytes": 0}
+        assert c.put("/v1/admin/segment-cache", json={"budget_bytes": 0}).status_code == 401
+
+
+def test_admin_api_is_disabled_without_a_token(client):
     response = client.put("/v1/admin/segment-cache", json={"budget_bytes": 0})
-    assert response.json() == {"budget_bytes": 0, "resident_bytes": 0}
-    client.put("/v1/admin/segment-cache", json={"budget_bytes": 64 << 20})
+    assert response.status_code == 403 and "QPART_ADMIN_TOKEN" in response.json()["error"]
+
+
+def test_416_names_the_size_and_weak_etags_match(client):
+    seg = _segment_plan(client)["segment"]
+    bad = client.get(seg["url"], headers={"Range": "bytes=99999999-"})
+    assert bad.status_code == 416 and bad.headers["content-range"] == f"bytes */{seg['size_bytes']}"
+    assert client.get(seg["url"], headers={"If-None-Match": f'W/"{seg["id"]}"'}).status_code == 304
+
+
+def test_extreme_but_finite_figures_never_give_a_500(client):
+    response = client.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+                                             "rate_bps": 1.0, "device": {"name": "slow", "flops_per_s": 1e3,
+                                                                          "power_compute_w": 1e3,
+                                                                          "power_tx_w": 1e3}})
+    assert response.status_code in (200, 422)

@@ -1,0 +1,26 @@
+"""The timing profiler writes a profile the planner uses instead of the FLOP estimate."""
+
+from __future__ import annotations
+
+from client.profiler import profile_device
+from profiles.artifacts import load_artifact
+from profiles.devices import DeviceProfile, get_device
+from server.planner import head_seconds
+
+
+def test_profiler_times_every_cut_and_the_planner_prefers_it(artifacts_dir, tmp_path):
+    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    profile = profile_device(get_device("raspberry-pi-4"), "fmnist-cnn", artifact.version,
+                             name="this-box", repeats=3)
+    measured = profile.measured["fmnist-cnn"].head_s
+    assert len(measured) == len(artifact.cuts) and all(t >= 0 for t in measured)
+    assert measured[-1] > measured[0]  # the whole model takes longer than the identity head
+    path = tmp_path / "p.json"
+    path.write_text(profile.model_dump_json())
+    reloaded = DeviceProfile.model_validate_json(path.read_text())
+    cut = artifact.cuts[-1]
+    assert head_seconds(artifact, cut, reloaded) == measured[-1]
+    assert head_seconds(artifact, cut, get_device("raspberry-pi-4")) == cut.head_flops / 5e9
+    stale = reloaded.model_copy(update={"measured": {"fmnist-cnn": reloaded.measured["fmnist-cnn"]
+                                                     .model_copy(update={"version": "other"})}})
+    assert head_seconds(artifact, cut, stale) == cut.head_flops / 5e9  # other version: FLOPs

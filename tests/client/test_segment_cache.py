@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import re
 import socket
+import struct
 import threading
 import time
 
@@ -50,9 +51,10 @@ def _cache(server_url: str, root, retries: int = 1) -> SegmentCache:
 
 
 class ThrottlingProxy:
-    """A loopback TCP proxy that forwards the server's bytes slowly and drops the connection the
-    moment the server side closes, so a killed server really cuts a download short (without it,
-    kernel socket buffers can hold a whole small segment before the kill lands)."""
+    """A loopback TCP proxy that forwards the server's bytes slowly; ``drop()`` resets every
+    client connection at once. Killing the server and dropping its connections together is what
+    a crashed server looks like to a device (without it, kernel socket buffers can still deliver
+    a whole small segment after the kill)."""
 
     def __init__(self, upstream_port: int, bytes_per_s: int = 400_000) -> None:
         self.upstream_port = upstream_port
@@ -62,7 +64,15 @@ class ThrottlingProxy:
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
         self.closed = threading.Event()
+        self.clients: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def drop(self) -> None:
+        for conn in self.clients:
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # linger 0: an RST, the data still queued is gone
+        self.clients.clear()
 
     def _accept(self) -> None:
         while not self.closed.is_set():
@@ -75,6 +85,7 @@ class ThrottlingProxy:
             except OSError:
                 client.close()
                 continue
+            self.clients.append(client)
             threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
@@ -113,13 +124,13 @@ def test_killed_mid_download_then_restarted_resumes_with_range(cnn_only, tmp_pat
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+            proxy.drop()
 
     try:
         with pytest.raises(ServerUnavailableError):
             cache.get(seg["id"], seg["url"], progress=kill_after_first_chunk)
         partial = part.stat().st_size
         assert 0 < partial < seg["size_bytes"]
-        server.stop()
         restarted = LiveServer(cnn_only, port=server.port)
         restarted.wait_ready()
         try:
@@ -131,6 +142,7 @@ def test_killed_mid_download_then_restarted_resumes_with_range(cnn_only, tmp_pat
         finally:
             restarted.stop()
     finally:
+        server.stop()
         proxy.close()
 
 

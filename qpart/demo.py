@@ -49,7 +49,7 @@ def _start_server(artifacts: Path, port: int) -> subprocess.Popen[bytes]:
 
 def run_demo(artifacts: Path, images: int = 200, demand: float = 0.01, port: int = 8765) -> Table:
     """Run every (model, device, rate) once; returns the printed table."""
-    console = Console()
+    console = Console(width=170)  # wide enough for every column when not writing to a terminal
     test = load_split(Split.TEST, limit=images)
     table = Table(title=f"QPART demo: {images} Fashion-MNIST test images per row, demand {demand:.2%}")
     for col in ("model", "device", "rate", "cut", "level", "act bits", "weight bits (mean)",

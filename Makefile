@@ -50,7 +50,9 @@ bench: setup  ## kernel and serving benchmarks (JSON in bench/results/)
 
 artifacts: setup  ## re-run the calibration of both reference models (about half an hour)
 	$(VENV)/bin/qpart calibrate --model fmnist-cnn --out artifacts/fmnist-cnn
-	$(VENV)/bin/qpart calibrate --model fmnist-resnet --out artifacts/fmnist-resnet
+	# Direct tables for the resnet: the same guarantee (0 violations with either estimator) and a
+	# smaller payload (whole model at 1%: 9.97% of fp32 vs 10.50% with the fast tables).
+	$(VENV)/bin/qpart calibrate --model fmnist-resnet --estimator direct --out artifacts/fmnist-resnet
 
 clean:
 	rm -rf $(VENV) build *.egg-info kernels/*.so

@@ -6,14 +6,13 @@ into a device profile, which the planner then prefers to its FLOP estimate.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
+from models.timing import median_latency
 from profiles.devices import DeviceProfile, MeasuredHeads
 
 
@@ -27,19 +26,10 @@ def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, threads: int
     cuts = cuts_of(gm)
     x = torch.rand((1, *spec.input_shape))
     times = []
-    with torch.inference_mode():
-        for i, cut in enumerate(cuts):
-            head, _ = split(gm, cut)
-            for _ in range(warmup):
-                head(x)
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                head(x)
-                samples.append(time.perf_counter() - start)
-            times.append(statistics.median(samples))
-            if progress:
-                progress(i + 1, len(cuts))
+    for i, cut in enumerate(cuts):
+        times.append(median_latency(split(gm, cut)[0], x, warmup=warmup, repeats=repeats))
+        if progress:
+            progress(i + 1, len(cuts))
     return times
 
 

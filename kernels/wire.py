@@ -77,6 +77,18 @@ def encode_float_activation(x: npt.NDArray[np.floating]) -> bytes:
     return head + struct.pack(f"<{arr.ndim}I", *arr.shape) + arr.tobytes()
 
 
+def _read_dims(data: bytes | memoryview, ndim: int, max_elements: int) -> tuple[tuple[int, ...], int, int]:
+    """The packet's dims after the fixed header: ``(shape, numel, offset of what follows)``."""
+    offset = _HEAD.size + 4 * ndim
+    if len(data) < offset:
+        raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
+    shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
+    numel = math.prod(shape)
+    if min(shape) < 1 or numel > max_elements:
+        raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
+    return shape, numel, offset
+
+
 def decode_activation_array(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[
         npt.NDArray[np.float32], int, int]:
     """Decode either packet kind to float32; returns ``(array, bits, group_size)``."""
@@ -84,13 +96,7 @@ def decode_activation_array(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEM
         _, _, ndim, flags, group = _HEAD.unpack_from(data, 0)
         if not 1 <= ndim <= MAX_NDIM or flags != 0 or group != 0:
             raise WireFormatError(f"bad float packet header: ndim={ndim}, flags={flags}, group={group}")
-        offset = _HEAD.size + 4 * ndim
-        if len(data) < offset:
-            raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
-        shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
-        numel = math.prod(shape)
-        if min(shape) < 1 or numel > max_elements:
-            raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
+        shape, numel, offset = _read_dims(data, ndim, max_elements)
         if len(data) != offset + 4 * numel:
             cls = TruncatedError if len(data) < offset + 4 * numel else WireFormatError
             raise cls(f"float packet is {len(data)} bytes; shape {shape} needs {offset + 4 * numel}")
@@ -115,13 +121,7 @@ def decode_activation(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) 
     if not 1 <= ndim <= MAX_NDIM or flags != 0 or group < 1:
         raise WireFormatError(f"bad header: ndim={ndim} (1..{MAX_NDIM}), flags={flags} (0), "
                               f"group_size={group} (>= 1)")
-    offset = _HEAD.size + 4 * ndim
-    if len(view) < offset:
-        raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
-    shape = struct.unpack_from(f"<{ndim}I", view, _HEAD.size)
-    numel = math.prod(shape)
-    if min(shape) < 1 or numel > max_elements:
-        raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
+    shape, numel, offset = _read_dims(view, ndim, max_elements)
     if group > numel:
         raise WireFormatError(f"group_size {group} exceeds the {numel} elements of the packet")
     groups = (numel + group - 1) // group

@@ -23,6 +23,7 @@ import torch
 from kernels import packed_size
 from models.data import Dataset, Split, describe_splits, load_split
 from models.registry import ModelSpec
+from models.timing import median_latency
 from offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
 from offline.errors import CalibrationConfigError
 from offline.noise import BITS, Tables, direct_tables, fast_tables, timed
@@ -270,18 +271,6 @@ def _pattern(st: _State, cut: int, level: float, bits: dict[str, int], points: l
     )
 
 
-@torch.no_grad()
-def _latency(module: torch.nn.Module, x: torch.Tensor, warmup: int = 3, repeats: int = 15) -> float:
-    for _ in range(warmup):
-        module(x)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        module(x)
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
 def _cut_profiles(runner: ModelRunner, input_shape: tuple[int, ...]) -> list[CutProfile]:
     """Per cut: sizes, FLOPs and head/tail latency on this (serving) machine, batch 1."""
     threads = torch.get_num_threads()
@@ -300,7 +289,8 @@ def _cut_profiles(runner: ModelRunner, input_shape: tuple[int, ...]) -> list[Cut
                 head_float_params=runner.float_params(cut.index),
                 head_flops=runner.head_flops(cut.index),
                 tail_flops=total_flops - runner.head_flops(cut.index),
-                server_head_s=_latency(head, x), server_tail_s=_latency(tail, act),
+                server_head_s=median_latency(head, x, warmup=3, repeats=15),
+                server_tail_s=median_latency(tail, act, warmup=3, repeats=15),
             ))
         return profiles
     finally:

@@ -85,6 +85,15 @@ class LiveServer:
         return out
 
 
+@pytest.fixture(scope="module")
+def server(cnn_only: Path) -> Iterator[LiveServer]:
+    """A live ``qpart serve`` on the fmnist-cnn artifact, shared by a test module."""
+    live = LiveServer(cnn_only)
+    live.wait_ready()
+    yield live
+    live.stop()
+
+
 @pytest.fixture
 def live_server_factory() -> Iterator[type[LiveServer]]:
     started: list[LiveServer] = []

@@ -14,7 +14,6 @@ import pytest
 from models.data import Split, load_split
 from models.registry import get_model
 from offline.runner import ModelRunner
-from tests.conftest import LiveServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
@@ -23,14 +22,6 @@ N = 1000
 # A device fast enough, on a fast enough link, that head segments are worth downloading.
 FAST = {"schema_version": 1, "name": "fast-board", "flops_per_s": 5e11, "power_compute_w": 2.0,
         "power_tx_w": 1.0, "rtt_s": 0.02}
-
-
-@pytest.fixture(scope="module")
-def server(cnn_only):
-    live = LiveServer(cnn_only)
-    live.wait_ready()
-    yield live
-    live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,6 @@ from models.data import Split, load_split
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def server(cnn_only):
-    from tests.conftest import LiveServer
-
-    live = LiveServer(cnn_only)
-    live.wait_ready()
-    yield live
-    live.stop()
-
-
 @pytest.fixture
 def client(server):
     c = triton.InferenceServerClient(server.url.removeprefix("http://"))

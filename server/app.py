@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,6 +38,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
         catalog = await asyncio.to_thread(Catalog.load, settings.artifacts)
         engine = Engine(settings, catalog, store, metrics)
         await asyncio.to_thread(engine.warm_up)
+        # Everything loaded so far (torch modules, fx graphs, artifacts) lives as long as the
+        # process: move it out of the collector's reach, or every full collection walks it
+        # (measured: 150 ms pauses, the whole p99 of tail inference under load).
+        gc.collect()
+        gc.freeze()
         app.state.engine = engine
         for entry in catalog.entries:
             log.info("model %s version %s: %s", entry.name, entry.version,

@@ -11,7 +11,7 @@ from server.engine import Engine
 from server.errors import ForbiddenError, UnauthorizedError
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     """The engine built in the lifespan hook."""
     engine: Engine = request.app.state.engine
     return engine
@@ -20,7 +20,7 @@ def get_engine(request: Request) -> Engine:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
-def require_token(request: Request) -> None:
+async def require_token(request: Request) -> None:
     """Checks ``Authorization: Bearer <token>`` when the server has a token configured."""
     token = request.app.state.settings.auth_token
     if token is None:
@@ -32,7 +32,7 @@ def require_token(request: Request) -> None:
         raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
 
 
-def require_admin(request: Request) -> None:
+async def require_admin(request: Request) -> None:
     """The admin API is off unless ``QPART_ADMIN_TOKEN`` is set, and then needs that token."""
     token = request.app.state.settings.admin_token
     if token is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ from kernels.wire import decode_activation_array
 from profiles.artifacts import Pattern
 from profiles.devices import DeviceProfile, get_device
 from profiles.errors import ProfileError
-from server.batching import Batcher, BatchReport
+from server.batching import Batcher, BatchReport, RunFn
 from server.catalog import Catalog, LoadedModel
 from server.errors import (
     BadRequestError,
@@ -40,6 +41,10 @@ from server.schemas import (
 )
 from server.segments import SegmentStore, build_segment
 from server.settings import ServerSettings
+
+# Activation packets up to this size are decoded on the event loop: a few microseconds of work,
+# where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
+_INLINE_DECODE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Engine:
                                retry_after_s=settings.retry_after_s, on_batch=self._record_batch)
         self._by_pattern: dict[tuple[str, str, str], SegmentIndex | None] = {}
         self._by_segment: dict[str, SegmentIndex] = {}
+        self._runs: dict[str, RunFn] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -199,21 +205,45 @@ class Engine:
 
     # ---- inference ------------------------------------------------------------------------
 
-    def _runner(self, tail: torch.nn.Module) -> object:
-        def run(batch: np.ndarray) -> np.ndarray:
+    def _runner(self, model: LoadedModel, cut: int) -> RunFn:
+        """The batch function of one (model, cut), built once per key.
+
+        The tail is copied (heads of deeper cuts share its parameters, and segments are built
+        from those) and, when it takes a 4-D activation, put in channels-last memory format:
+        oneDNN's convolutions run faster on it, and more so on batches (measured on the CNN, one
+        thread: 837 -> 661 us at batch 1, 696 -> 392 us per sample at batch 32; the ResNet
+        unchanged). One copy per (model, cut) that has served a request.
+        """
+        key = f"{model.name}@{model.version}/c{cut}"
+        run = self._runs.get(key)
+        if run is not None:
+            return run
+        tail = copy.deepcopy(model.parts[cut][1]).eval()
+        four_d = len(model.cuts[cut].shape) == 3
+        if four_d:  # what Module.to(memory_format=...) does, which torch's stubs do not declare
+            for param in tail.parameters():
+                if param.dim() == 4:
+                    param.data = param.data.contiguous(memory_format=torch.channels_last)
+
+        def run_batch(batch: np.ndarray) -> np.ndarray:
+            x = torch.from_numpy(batch)
+            if four_d:
+                x = x.contiguous(memory_format=torch.channels_last)
             with torch.inference_mode():
-                out: np.ndarray = tail(torch.from_numpy(batch)).numpy()
+                out: np.ndarray = tail(x).numpy()
                 return out
-        return run
+
+        self._runs[key] = run_batch
+        return run_batch
 
     async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[np.ndarray, float, float]:
         # While draining, readiness is 503 so balancers stop routing here, but requests that still
         # arrive are served: nothing accepted is dropped.
         key = f"{model.name}@{model.version}/c{cut}"
-        run = self._runner(model.parts[cut][1])
+        run = self._runner(model, cut)
         try:
-            return await asyncio.wait_for(self.batcher.submit(key, run, x),  # type: ignore[arg-type]
-                                          self.settings.request_timeout_s)
+            async with asyncio.timeout(self.settings.request_timeout_s):
+                return await self.batcher.submit(key, run, x)
         except TimeoutError as exc:
             raise DeadlineExceededError(
                 f"tail inference took longer than {self.settings.request_timeout_s} s") from exc
@@ -225,7 +255,10 @@ class Engine:
         pattern = model.patterns.get(pattern_id)
         if pattern is None:
             raise NotFoundError(f"model '{name}' version '{version}' has no pattern '{pattern_id}'")
-        x = await asyncio.to_thread(self.decode_for, model, pattern, packet)  # off the event loop
+        if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop
+            x = self.decode_for(model, pattern, packet)
+        else:  # a large batch: keep the event loop free while it dequantizes
+            x = await asyncio.to_thread(self.decode_for, model, pattern, packet)
         logits, queue_s, compute_s = await self._run_tail(model, pattern.cut, x)
         if not np.isfinite(logits).all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "

@@ -24,14 +24,16 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 @router.post("/plan", response_model=PlanResponse, responses=_ERRORS,
              dependencies=[Depends(require_token)], summary="Plan a request: cut, bits, costs")
-def plan(body: PlanRequest, engine: EngineDep) -> PlanResponse:
+async def plan(body: PlanRequest, engine: EngineDep) -> PlanResponse:
     """Choose the cut and bit pattern that minimise the weighted time/energy/cost for this device."""
+    # Plain CPU work of about a millisecond that holds the GIL: a worker thread would not let the
+    # event loop run meanwhile, only add a thread handover per request. Same for the routes below.
     return engine.plan(body)
 
 
 @router.get("/models/{model}", response_model=ModelInfo, responses=_ERRORS,
             summary="A model's patterns and their segments")
-def model_info(model: str, engine: EngineDep,
+async def model_info(model: str, engine: EngineDep,
                version: Annotated[str | None, Query(max_length=64)] = None) -> ModelInfo:
     """Every precomputed (cut, level) pattern of the newest (or given) version, with segment links."""
     return engine.model_info(model, version)

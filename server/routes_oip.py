@@ -34,13 +34,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (40
 
 
 @router.get("/health/live", summary="Liveness")
-def live() -> dict[str, bool]:
+async def live() -> dict[str, bool]:
     """200 while the process serves HTTP."""
     return {"live": True}
 
 
 @router.get("/health/ready", responses={503: {"model": ErrorBody}}, summary="Readiness")
-def ready(engine: EngineDep) -> Response:
+async def ready(engine: EngineDep) -> Response:
     """200 when models are loaded and the server is not draining, else 503."""
     if engine.ready:
         return JSONResponse({"ready": True})
@@ -49,7 +49,7 @@ def ready(engine: EngineDep) -> Response:
 
 
 @router.get("", response_model=ServerMetadata, summary="Server metadata")
-def server_metadata() -> ServerMetadata:
+async def server_metadata() -> ServerMetadata:
     """Name, version and supported protocol extensions."""
     return ServerMetadata(name="qpart", version=SERVER_VERSION, extensions=["binary_tensor_data"])
 
@@ -77,14 +77,14 @@ def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
 
 
 @router.get("/models/{model}", response_model=ModelMetadata, responses=_ERRORS, summary="Model metadata")
-def model_metadata(model: str, engine: EngineDep) -> ModelMetadata:
+async def model_metadata(model: str, engine: EngineDep) -> ModelMetadata:
     """Inputs, outputs and versions of a model (``m`` or ``m-tail``)."""
     return _metadata(engine, model, None)
 
 
 @router.get("/models/{model}/versions/{version}", response_model=ModelMetadata, responses=_ERRORS,
             summary="Model version metadata")
-def model_version_metadata(model: str, version: str, engine: EngineDep) -> ModelMetadata:
+async def model_version_metadata(model: str, version: str, engine: EngineDep) -> ModelMetadata:
     """Inputs, outputs and versions of one version."""
     return _metadata(engine, model, version)
 
@@ -99,13 +99,13 @@ def _ready(engine: Engine, model: str, version: str | None) -> Response:
 
 
 @router.get("/models/{model}/ready", responses=_ERRORS, summary="Model readiness")
-def model_ready(model: str, engine: EngineDep) -> Response:
+async def model_ready(model: str, engine: EngineDep) -> Response:
     """200 if the model can serve, 503 with the reason otherwise."""
     return _ready(engine, model, None)
 
 
 @router.get("/models/{model}/versions/{version}/ready", responses=_ERRORS, summary="Version readiness")
-def model_version_ready(model: str, version: str, engine: EngineDep) -> Response:
+async def model_version_ready(model: str, version: str, engine: EngineDep) -> Response:
     """200 if the version can serve, 503 with the reason otherwise."""
     return _ready(engine, model, version)
 

@@ -13,6 +13,17 @@ from server.batching import Batcher, BatchReport
 from server.errors import OverloadedError
 
 
+def _gate():
+    """A batch function that blocks until the returned event is set."""
+    gate = threading.Event()
+
+    def gated(batch):
+        gate.wait(5)
+        return batch
+
+    return gate, gated
+
+
 def test_concurrent_requests_are_batched_and_answered_in_order():
     reports: list[BatchReport] = []
 
@@ -32,11 +43,7 @@ def test_concurrent_requests_are_batched_and_answered_in_order():
 
 
 def test_a_full_queue_raises_overloaded_with_retry_after():
-    gate = threading.Event()
-
-    def slow(batch):
-        gate.wait(5)
-        return batch
+    gate, slow = _gate()
 
     async def main():
         with ThreadPoolExecutor(1) as pool:
@@ -68,5 +75,51 @@ def test_a_failing_batch_fails_its_requests_not_the_batcher():
             out, _, _ = await batcher.submit("b", lambda b: b + 1, np.zeros((1, 1), np.float32))
             assert out[0, 0] == 1
             await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_with_no_delay_requests_queued_during_a_batch_form_the_next_one():
+    """Eager batching (the default, delay 0): a lone request runs at once, alone; the requests
+    that arrive while it computes are taken together as the next batch."""
+    reports: list[BatchReport] = []
+    gate, gated = _gate()
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=8, max_delay_s=0, max_queue=100, retry_after_s=1,
+                              on_batch=reports.append)
+            first = asyncio.create_task(batcher.submit("k", gated, np.zeros((1, 1), np.float32)))
+            await asyncio.sleep(0.05)  # the first batch is executing, blocked on the gate
+            rest = [asyncio.create_task(batcher.submit("k", gated, np.full((1, 1), i, np.float32)))
+                    for i in range(5)]
+            await asyncio.sleep(0.05)
+            gate.set()
+            outs = await asyncio.gather(first, *rest)
+            await batcher.close()
+        return outs
+
+    outs = asyncio.run(main())
+    assert [r.size for r in reports] == [1, 5]
+    assert [float(o[0][0, 0]) for o in outs[1:]] == [0, 1, 2, 3, 4]
+
+
+def test_close_fails_requests_still_queued_instead_of_leaving_them_hanging():
+    gate, gated = _gate()
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=1, max_delay_s=0, max_queue=10, retry_after_s=1)
+            running = asyncio.create_task(batcher.submit("k", gated, np.zeros((1, 1), np.float32)))
+            await asyncio.sleep(0.05)
+            queued = asyncio.create_task(batcher.submit("k", gated, np.zeros((1, 1), np.float32)))
+            await asyncio.sleep(0.05)
+            closing = asyncio.create_task(batcher.close())
+            await asyncio.sleep(0.05)
+            gate.set()
+            await closing
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(queued, 2)
+            running.cancel()
 
     asyncio.run(main())

@@ -1,0 +1,36 @@
+"""The engine's tail runners: same numbers as the split model, the artifact's modules untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from server.catalog import Catalog
+from server.engine import Engine
+from server.metrics import Metrics
+from server.segments import SegmentStore
+from server.settings import ServerSettings
+
+
+@pytest.fixture(scope="module")
+def engine(cnn_only: Path) -> Engine:
+    settings = ServerSettings(artifacts=cnn_only)
+    store = SegmentStore(settings.segment_cache_bytes)
+    return Engine(settings, Catalog.load(cnn_only), store, Metrics(store, "test"))
+
+
+@pytest.mark.parametrize("cut", [0, 2, 5])
+def test_channels_last_runner_matches_the_split_tail(engine, cut):
+    model = engine.catalog.get("fmnist-cnn")
+    tail = model.parts[cut][1]
+    x = np.random.default_rng(cut).random((16, *model.cuts[cut].shape), dtype=np.float32)
+    with torch.inference_mode():
+        want = tail(torch.from_numpy(x)).numpy()
+    got = engine._runner(model, cut)(x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert engine._runner(model, cut) is engine._runner(model, cut)  # built once per (model, cut)
+    # The artifact's modules (whose parameters heads and segments share) keep their layout.
+    assert all(p.is_contiguous() for p in tail.parameters())

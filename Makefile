@@ -43,7 +43,9 @@ lint-deploy: setup  ## hadolint, promtool and kubernetes-validate on the deploym
 
 check: lint lint-deploy test test-numpy  ## everything CI runs
 
-bench: setup  ## kernel and serving benchmarks (JSON in bench/results/)
+bench: setup  ## kernel and serving benchmarks (JSON in bench/results/; the load generator is wrk)
+	@command -v wrk >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq wrk; \
+	  else echo "install the Debian package wrk (sudo apt-get install wrk)"; exit 1; fi; }
 	DISABLE_CUDA=1 $(PIP) install -q --no-deps hqq==0.2.8.post1
 	$(PY) -m bench.kernels --json bench/results/kernels.json
 	$(PY) -m bench.serve --json bench/results/serve.json

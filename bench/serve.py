@@ -1,20 +1,25 @@
 """Tail-inference throughput with dynamic batching on and off, and the planner's own latency.
 
-``python -m bench.serve [--json PATH] [--seconds S] [--artifacts DIR]``
+``python -m bench.serve [--json PATH] [--seconds S] [--rounds R] [--model M ...]``
 
-One run starts the server twice on loopback (``QPART_MAX_BATCH_SIZE=32`` vs ``1``), pinned to
-core 0, and drives it from this process pinned to core 1: ``C`` simulated devices, each with its
-own connection pool, POST a real activation packet (cut 0, the whole model on the server) back to
-back for ``S`` seconds. Reported: throughput, p50/p99 latency, the generator's CPU share.
+Two servers run side by side on loopback, both pinned to core 0 with one torch thread: batching on
+(``QPART_MAX_BATCH_SIZE=32``) and off (``=1``); every other setting is the default. The load
+generator (wrk, :mod:`bench.loadgen`) runs on core 1: ``C`` clients, each on its own keep-alive
+connection, POST a real activation packet of the all-server plan (cut 0: the whole model runs on
+the server) back to back for ``S`` seconds. For every model, round and client count the two
+servers are measured one right after the other, so that the machine's drift (it is shared and
+noisy) hits both alike; the speed-up reported is the median over rounds of the per-round ratio.
+
+The planner's own p99 is timed in process over varied requests (``Engine.plan``: no HTTP), and
+once more over HTTP from one client.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import itertools
 import json
-import os
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,33 +28,28 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.loadgen import Server, require_wrk, start_server, wrk
+from server.schemas import WeightPreset
+
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 8, 32)
+MODELS = ("fmnist-cnn", "fmnist-resnet")
+CONFIGS = {True: 32, False: 1}  # batching -> QPART_MAX_BATCH_SIZE
 
 
-def _start(artifacts: Path, port: int, max_batch: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "QPART_PORT": str(port), "QPART_MAX_BATCH_SIZE": str(max_batch),
-           "QPART_MAX_QUEUE": "4096", "QPART_MAX_QUEUE_DELAY_S": "0.002", "QPART_TORCH_THREADS": "1"}
+def _start(artifacts: Path, port: int, max_batch: int) -> Server:
+    env = {"QPART_PORT": str(port), "QPART_MAX_BATCH_SIZE": str(max_batch), "QPART_TORCH_THREADS": "1",
+           "QPART_MAX_QUEUE": "4096"}
     cmd = [sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)]
-    if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() >= 2:  # type: ignore[operator]
-        cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+    return start_server(cmd, f"http://127.0.0.1:{port}", "/v2/health/ready", env)
 
 
-def _packet(url: str) -> tuple[str, bytes]:
+def _packet(url: str, model: str) -> tuple[str, bytes]:
+    """The infer URL and a real activation packet of ``model``'s all-server plan."""
     from client.runtime import encode_for_plan  # the device's own encoder
     from models.data import Split, load_split
 
-    plan = httpx.post(f"{url}/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+    plan = httpx.post(f"{url}/v1/plan", json={"model": model, "accuracy_demand": 0.01,
                                               "rate_bps": 1e6, "device": "raspberry-pi-4"}).json()
     if plan["cut"] != 0:
         raise RuntimeError(f"expected the all-server cut for the benchmark, got {plan['cut']}")
@@ -57,72 +57,96 @@ def _packet(url: str) -> tuple[str, bytes]:
     return f"{url}{plan['infer_url']}", encode_for_plan(image, plan)
 
 
-async def _client(url: str, packet: bytes, stop: float, latencies: list[float], errors: list[int]) -> None:
-    async with httpx.AsyncClient(timeout=30) as client:  # one connection pool per simulated device
-        while time.perf_counter() < stop:
-            start = time.perf_counter()
-            response = await client.post(url, content=packet)
-            if response.status_code == 200:
-                latencies.append(time.perf_counter() - start)
-            else:
-                errors.append(response.status_code)
+def _measured(server: Server, url: str, body: bytes, content_type: str, clients: int,
+              seconds: int) -> dict[str, Any]:
+    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+    result = wrk(url, body, content_type, clients, seconds)
+    result["server_cpu_share"] = (server.cpu_seconds() - cpu0) / (time.perf_counter() - t0)
+    return result
 
 
-async def _load(url: str, packet: bytes, clients: int, seconds: float) -> dict[str, Any]:
-    latencies: list[float] = []
-    errors: list[int] = []
-    cpu0 = time.process_time()
-    start = time.perf_counter()
-    stop = start + seconds
-    await asyncio.gather(*(_client(url, packet, stop, latencies, errors) for _ in range(clients)))
-    wall = time.perf_counter() - start
-    return {"clients": clients, "requests": len(latencies), "errors": len(errors),
-            "throughput_rps": len(latencies) / wall,
-            "p50_s": float(np.percentile(latencies, 50)), "p99_s": float(np.percentile(latencies, 99)),
-            "generator_cpu_share": (time.process_time() - cpu0) / wall}
+def plan_requests(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` varied plan requests: every model, device preset, weight preset, demand and rate."""
+    rng = np.random.default_rng(seed)
+    grid = list(itertools.product(MODELS, ("raspberry-pi-4", "jetson-nano", "phone-soc"),
+                                  tuple(p.value for p in WeightPreset),
+                                  (0.0, 0.002, 0.005, 0.01, 0.02, 0.05)))
+    out = []
+    for i in range(n):
+        model, device, weights, demand = grid[i % len(grid)]
+        out.append({"model": model, "device": device, "weights": weights, "accuracy_demand": demand,
+                    "rate_bps": float(10 ** rng.uniform(5, 9))})
+    return out
 
 
-def _plan_p99(url: str, n: int = 300) -> float:
-    body = {"model": "fmnist-cnn", "accuracy_demand": 0.005, "rate_bps": 5e6, "device": "phone-soc"}
+def planner_p99(artifacts: Path, n: int = 2000) -> float:
+    """p99 of ``Engine.plan`` in process (segments indexed first, as the server's warm-up does)."""
+    from server.catalog import Catalog
+    from server.engine import Engine
+    from server.metrics import Metrics
+    from server.routes_oip import SERVER_VERSION
+    from server.schemas import PlanRequest
+    from server.segments import SegmentStore
+    from server.settings import ServerSettings
+
+    settings = ServerSettings(artifacts=artifacts)
+    store = SegmentStore(settings.segment_cache_bytes)
+    engine = Engine(settings, Catalog.load(artifacts), store, Metrics(store, SERVER_VERSION))
+    engine.warm_up()
+    requests = [PlanRequest.model_validate(r) for r in plan_requests(n)]
     times = []
-    with httpx.Client() as client:
-        for _ in range(n):
-            start = time.perf_counter()
-            client.post(f"{url}/v1/plan", json=body).raise_for_status()
-            times.append(time.perf_counter() - start)
+    for req in requests:
+        start = time.perf_counter()
+        engine.plan(req)
+        times.append(time.perf_counter() - start)
     return float(np.percentile(times, 99))
 
 
-def run(artifacts: Path, seconds: float) -> dict[str, Any]:
-    """Both server configurations, every client count; returns the JSON document."""
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
-        os.sched_setaffinity(0, {1})
-    runs = []
-    plan_p99 = None
-    for batching, max_batch in ((True, 32), (False, 1)):
-        port = 18000 + max_batch
-        proc = _start(artifacts, port, max_batch)
-        try:
-            url, packet = _packet(f"http://127.0.0.1:{port}")
-            asyncio.run(_load(url, packet, 4, 1.0))  # warm-up
-            for clients in CLIENTS:
-                result = asyncio.run(_load(url, packet, clients, seconds))
-                runs.append({"batching": batching, **result})
-                rps = result["throughput_rps"]
-                print(f"batching={batching!s:<5} clients={clients:>2}  {rps:7.1f} req/s  "
-                      f"p50 {result['p50_s'] * 1e3:6.1f} ms  p99 {result['p99_s'] * 1e3:6.1f} ms  "
-                      f"generator CPU {result['generator_cpu_share']:.0%}", file=sys.stderr)
-            if batching:
-                plan_p99 = _plan_p99(f"http://127.0.0.1:{port}")
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    on32 = next(r for r in runs if r["batching"] and r["clients"] == 32)
-    off32 = next(r for r in runs if not r["batching"] and r["clients"] == 32)
-    return {"runs": runs, "plan_p99_s": plan_p99, "seconds_per_run": seconds,
-            "batching_speedup_at_32": on32["throughput_rps"] / off32["throughput_rps"],
-            "model": "fmnist-cnn", "cut": 0,
-            "note": "server pinned to core 0 (1 torch thread), generator to core 1"}
+def run(artifacts: Path, seconds: int, rounds: int, models: list[str]) -> dict[str, Any]:
+    """Both server configurations, every model, round and client count; the JSON document."""
+    require_wrk()
+    servers = {batching: _start(artifacts, 18100 + max_batch, max_batch)
+               for batching, max_batch in CONFIGS.items()}
+    runs: list[dict[str, Any]] = []
+    try:
+        targets = {(b, m): _packet(s.url, m) for b, s in servers.items() for m in models}
+        for url, packet in targets.values():  # warm-up: first batches, allocator
+            wrk(url, packet, "application/octet-stream", 4, 1)
+        for rnd, model, clients in itertools.product(range(rounds), models, CLIENTS):
+            for batching in (True, False):
+                url, packet = targets[(batching, model)]
+                r = _measured(servers[batching], url, packet, "application/octet-stream", clients, seconds)
+                runs.append({"model": model, "round": rnd, "batching": batching, **r})
+                print(f"round {rnd} {model:<14} batching={batching!s:<5} clients={clients:>2} "
+                      f"{r['throughput_rps']:7.1f} req/s  p50 {r['p50_s'] * 1e3:6.1f} ms  "
+                      f"p99 {r['p99_s'] * 1e3:6.1f} ms  server CPU {r['server_cpu_share']:.0%}  "
+                      f"generator CPU {r['generator_cpu_share']:.0%}", file=sys.stderr)
+        http_plan = wrk(f"{servers[True].url}/v1/plan",
+                        json.dumps(plan_requests(1)[0]).encode(), "application/json", 1, seconds)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    def pick(model: str, batching: bool, clients: int) -> list[dict[str, Any]]:
+        return [r for r in runs if (r["model"], r["batching"], r["clients"]) == (model, batching, clients)]
+
+    summary = []
+    for model, clients, batching in itertools.product(models, CLIENTS, (True, False)):
+        rows = pick(model, batching, clients)
+        summary.append({"model": model, "clients": clients, "batching": batching,
+                        "throughput_rps": statistics.median(r["throughput_rps"] for r in rows),
+                        "p50_s": statistics.median(r["p50_s"] for r in rows),
+                        "p99_s": statistics.median(r["p99_s"] for r in rows)})
+    speedup = {}
+    for model in models:
+        on, off = pick(model, True, 32), pick(model, False, 32)
+        ratios = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(on, off, strict=True)]
+        speedup[model] = {"median": statistics.median(ratios), "per_round": ratios}
+    return {"runs": runs, "summary": summary, "batching_speedup_at_32": speedup,
+            "plan_p99_s": planner_p99(artifacts), "plan_http_p99_s": http_plan["p99_s"],
+            "seconds_per_run": seconds, "rounds": rounds, "cut": 0,
+            "note": "both servers pinned to core 0 (1 torch thread), wrk to core 1; speed-up = median "
+                    "over rounds of on/off throughput measured back to back"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,11 +154,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load run")
+    parser.add_argument("--seconds", type=int, default=5, help="duration of each load run")
+    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the whole grid")
+    parser.add_argument("--model", action="append", choices=MODELS, help="model(s) to load (default: both)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     args = parser.parse_args(argv)
-    doc = run(args.artifacts, args.seconds)
-    print(json.dumps({k: v for k, v in doc.items() if k != "runs"}, indent=2))
+    doc = run(args.artifacts, args.seconds, args.rounds, args.model or list(MODELS))
+    print("model           clients  batching  req/s    p50 ms   p99 ms")
+    for row in doc["summary"]:
+        print(f"{row['model']:<15} {row['clients']:>7}  {row['batching']!s:<8} {row['throughput_rps']:7.1f}"
+              f"  {row['p50_s'] * 1e3:7.2f}  {row['p99_s'] * 1e3:7.2f}")
+    for model, s in doc["batching_speedup_at_32"].items():
+        print(f"{model}: batching speed-up at 32 clients {s['median']:.2f}x "
+              f"(rounds: {', '.join(f'{r:.2f}' for r in s['per_round'])})")
+    print(f"planner p99: {doc['plan_p99_s'] * 1e3:.2f} ms in process, "
+          f"{doc['plan_http_p99_s'] * 1e3:.2f} ms over HTTP")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")

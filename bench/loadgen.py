@@ -1,0 +1,119 @@
+"""The load generator shared by the serving benchmarks: wrk, pinned to its own core.
+
+wrk (Debian package ``wrk``) is a C event loop: ``-c N`` opens N independent keep-alive
+connections (one per simulated client), each sending its next request when the previous answer
+arrives. It costs a few microseconds of CPU per request where an asyncio Python client costs about
+a millisecond, so on a 2-core machine it measures the server rather than itself; its own CPU
+share is reported beside every run anyway (a generator near 100% would be measuring itself).
+
+Servers under test run pinned to core 0 (:func:`start_server`), the generator to core 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BENCH = Path(__file__).resolve().parent
+WRK_SCRIPT = BENCH / "wrk_post.lua"
+SERVER_CORE = "0"
+GENERATOR_CORE = "1"
+
+
+def two_cores() -> bool:
+    """Whether the server and the generator can each have a core."""
+    return hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2
+
+
+def pinned(cmd: list[str], core: str) -> list[str]:
+    """``cmd`` under ``taskset -c core`` when the machine has two cores."""
+    return ["taskset", "-c", core, *cmd] if two_cores() and shutil.which("taskset") else cmd
+
+
+@dataclass
+class Server:
+    """A server process under test and the URL it answers on."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server(cmd: list[str], url: str, ready_path: str, env: dict[str, str] | None = None,
+                 timeout_s: float = 120.0, log: Path | None = None) -> Server:
+    """Start ``cmd`` pinned to the server core and wait until ``url + ready_path`` answers 200."""
+    out = log.open("wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(pinned(cmd, SERVER_CORE), env={**os.environ, **(env or {})},
+                            stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(url + ready_path, timeout=1).status_code == 200:
+                return Server(proc, url)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"server not ready after {timeout_s:g} s: {' '.join(cmd)}")
+
+
+def require_wrk() -> str:
+    """The wrk binary, or a clear error naming the package."""
+    path = shutil.which("wrk")
+    if path is None:
+        raise SystemExit("the load generator wrk is missing: apt-get install wrk")
+    return path
+
+
+def wrk(url: str, body: bytes, content_type: str, clients: int, seconds: int,
+        prefix: list[str] | None = None) -> dict[str, Any]:
+    """POST ``body`` to ``url`` from ``clients`` connections for ``seconds``; wrk's summary.
+
+    ``prefix`` runs wrk inside something (``ip netns exec NAME``). Returns requests, throughput,
+    p50/p99 latency, error counts and the generator's CPU share of one core.
+    """
+    with tempfile.NamedTemporaryFile(prefix="qpart-body-", suffix=".bin") as f:
+        f.write(body)
+        f.flush()
+        cmd = [*(prefix or []), *pinned([require_wrk(), "-t1", f"-c{clients}", f"-d{seconds}s",
+                                          "--timeout", "30s", "-s", str(WRK_SCRIPT), url, "--",
+                                          f.name, content_type], GENERATOR_CORE)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 120)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    errors = sum(summary[k] for k in ("non_2xx", "connect_errors", "read_errors", "write_errors",
+                                      "timeouts"))
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    ok = summary["requests"] - summary["non_2xx"]
+    return {"clients": clients, "requests": summary["requests"], "errors": errors,
+            "non_2xx": summary["non_2xx"], "throughput_rps": ok / summary["duration_s"],
+            "p50_s": summary["p50_s"], "p99_s": summary["p99_s"], "max_s": summary["max_s"],
+            "generator_cpu_share": cpu / wall}

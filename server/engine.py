@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import fx
 
 from kernels import KernelError
 from kernels.wire import decode_activation_array
+from models.partition import split
 from profiles.artifacts import Pattern
 from profiles.devices import DeviceProfile, get_device
 from profiles.errors import ProfileError
@@ -76,6 +78,8 @@ class Engine:
         self._by_pattern: dict[tuple[str, str, str], SegmentIndex | None] = {}
         self._by_segment: dict[str, SegmentIndex] = {}
         self._runs: dict[str, RunFn] = {}
+        self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
+        self._tail_s: dict[tuple[str, str], list[float]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -86,6 +90,8 @@ class Engine:
             if entry.model is not None:
                 for pattern in entry.model.artifact.patterns:
                     self._segment_for(entry.model, pattern)
+                with torch.inference_mode():
+                    self._tail_s[(entry.name, entry.version)] = self._measure_tails(entry.model)
 
     @property
     def ready(self) -> bool:
@@ -143,6 +149,7 @@ class Engine:
                 test_drop=p.test_drop, segment=ref, infer_url=self._infer_url(model, p)))
         levels = sorted({p.level for p in model.artifact.patterns})
         return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
+                         server_tail_s=self.tail_seconds(model),
                          patterns=patterns)
 
     # ---- planning -------------------------------------------------------------------------
@@ -164,10 +171,11 @@ class Engine:
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments))
         candidates = []
+        tail_s = self.tail_seconds(model)
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
             index = self._segment_for(model, pattern)
             seg_id, size = (index.segment_id, index.size) if index else (None, 0)
-            costs = price(model.artifact, pattern, seg_id, size, inputs)
+            costs = price(model.artifact, pattern, seg_id, size, inputs, tail_s[pattern.cut])
             candidates.append(Candidate(pattern, seg_id, size, costs))
         chosen = choose(candidates, req.deadline_s)
         last = len(model.cuts) - 1
@@ -208,22 +216,18 @@ class Engine:
     def _runner(self, model: LoadedModel, cut: int) -> RunFn:
         """The batch function of one (model, cut), built once per key.
 
-        The tail is copied (heads of deeper cuts share its parameters, and segments are built
-        from those) and, when it takes a 4-D activation, put in channels-last memory format:
+        Tails run on a copy of the model (heads share its parameters, and segments are built from
+        those) whose 4-D weights are in channels-last memory format, as are 4-D activations:
         oneDNN's convolutions run faster on it, and more so on batches (measured on the CNN, one
         thread: 837 -> 661 us at batch 1, 696 -> 392 us per sample at batch 32; the ResNet
-        unchanged). One copy per (model, cut) that has served a request.
+        unchanged). One copy per model version; every cut's tail is split from it.
         """
         key = f"{model.name}@{model.version}/c{cut}"
         run = self._runs.get(key)
         if run is not None:
             return run
-        tail = copy.deepcopy(model.parts[cut][1]).eval()
+        tail = split(self._serving_graph(model), model.cuts[cut])[1].eval()
         four_d = len(model.cuts[cut].shape) == 3
-        if four_d:  # what Module.to(memory_format=...) does, which torch's stubs do not declare
-            for param in tail.parameters():
-                if param.dim() == 4:
-                    param.data = param.data.contiguous(memory_format=torch.channels_last)
 
         def run_batch(batch: np.ndarray) -> np.ndarray:
             x = torch.from_numpy(batch)
@@ -235,6 +239,43 @@ class Engine:
 
         self._runs[key] = run_batch
         return run_batch
+
+    def _serving_graph(self, model: LoadedModel) -> fx.GraphModule:
+        key = (model.name, model.version)
+        gm = self._graphs.get(key)
+        if gm is None:
+            gm = copy.deepcopy(model.gm).eval()
+            for param in gm.parameters():  # Module.to(memory_format=...), which torch's stubs lack
+                if param.dim() == 4:
+                    param.data = param.data.contiguous(memory_format=torch.channels_last)
+            self._graphs[key] = gm
+        return gm
+
+    def tail_seconds(self, model: LoadedModel) -> list[float]:
+        """Per cut, the tail's batch-1 time measured on this server at start-up (warm_up).
+
+        The artifact's ``server_tail_s`` was measured where the calibration ran, with the plain
+        float tail; planning uses what this machine and this runner take. Falls back to the
+        artifact's figures for a model not warmed up.
+        """
+        return self._tail_s.get((model.name, model.version),
+                                [c.server_tail_s for c in model.artifact.cuts])
+
+    def _measure_tails(self, model: LoadedModel, warmup: int = 2, repeats: int = 7) -> list[float]:
+        # ElasticTrainer's profiler recipe: a few warm-up runs, then the median of timed ones.
+        times = []
+        for cut in model.cuts[:-1]:
+            run = self._runner(model, cut.index)
+            x = np.zeros((1, *cut.shape), dtype=np.float32)
+            for _ in range(warmup):
+                run(x)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run(x)
+                samples.append(time.perf_counter() - start)
+            times.append(float(np.median(samples)))
+        return [*times, 0.0]  # the last cut has no tail
 
     async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[np.ndarray, float, float]:
         # While draining, readiness is 503 so balancers stop routing here, but requests that still
@@ -263,7 +304,7 @@ class Engine:
         if not np.isfinite(logits).all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
-        predicted = model.artifact.cuts[pattern.cut].server_tail_s * len(x)
+        predicted = self.tail_seconds(model)[pattern.cut] * len(x)
         self.metrics.server_time_predicted.labels(name).inc(predicted)
         self.metrics.server_time_measured.labels(name).inc(compute_s)
         return TailResponse(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,

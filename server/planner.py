@@ -48,8 +48,12 @@ def head_seconds(artifact: CalibrationArtifact, cut: CutProfile, device: DeviceP
 
 
 def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
-          segment_bytes: int, inputs: PlanInputs) -> CostBreakdown:
-    """Predicted time, energy, server cost and objective of one pattern for one request."""
+          segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None) -> CostBreakdown:
+    """Predicted time, energy, server cost and objective of one pattern for one request.
+
+    ``tail_s`` is the tail's batch-1 time on the serving machine (default: the artifact's figure,
+    measured where the calibration ran).
+    """
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1
     t_local = head_seconds(artifact, cut, inputs.device) * inputs.batch
@@ -58,7 +62,7 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
     z_x = 0 if last else pattern.activation_bytes * inputs.batch
     sent = z_w + z_x
     t_tran = sent * 8 / inputs.rate_bps + (inputs.rtt_s if not last or z_w else 0.0)
-    t_server = 0.0 if last else cut.server_tail_s * inputs.batch
+    t_server = 0.0 if last else (cut.server_tail_s if tail_s is None else tail_s) * inputs.batch
     e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)
     e_tran = inputs.device.power_tx_w * t_tran
     cost = inputs.price_per_second * t_server

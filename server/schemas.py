@@ -151,6 +151,8 @@ class ModelInfo(_Strict):
     version: str
     cuts: int
     levels: list[float]
+    server_tail_s: list[float] = Field(
+        description="Per cut, the tail's batch-1 seconds measured on this server at start-up.")
     patterns: list[PatternInfo]
 
 

@@ -34,3 +34,15 @@ def test_channels_last_runner_matches_the_split_tail(engine, cut):
     assert engine._runner(model, cut) is engine._runner(model, cut)  # built once per (model, cut)
     # The artifact's modules (whose parameters heads and segments share) keep their layout.
     assert all(p.is_contiguous() for p in tail.parameters())
+
+
+def test_warm_up_measures_every_tail_on_this_machine(engine):
+    model = engine.catalog.get("fmnist-cnn")
+    assert engine.tail_seconds(model) == [c.server_tail_s for c in model.artifact.cuts]  # not yet
+    engine.warm_up()
+    measured = engine.tail_seconds(model)
+    assert len(measured) == len(model.cuts) and measured[-1] == 0.0
+    assert all(0 < t < 1 for t in measured[:-1])
+    # the whole model's tail takes longer than the tail after the last conv
+    assert measured[0] > measured[-2]
+    assert engine.model_info("fmnist-cnn", None).server_tail_s == measured

@@ -1,15 +1,20 @@
 """ElasticTrainer-style timing profiler: per-cut head times of a model, measured on this device.
 
 Two warm-up runs, then ``repeats`` timed runs of every head at batch 1; the median per cut goes
-into a device profile, which the planner then prefers to its FLOP estimate.
+into a device profile, which the planner then prefers to its FLOP estimate. The same for
+quantizing and packing each cut's activation (what the device does before uploading it).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
+from client.runtime import encode_for_plan
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from models.timing import median_latency
@@ -33,10 +38,42 @@ def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, threads: int
     return times
 
 
+def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
+                    largest_group: int = 256) -> list[float]:
+    """Median seconds to quantize (8 bits) and pack the activation of every cut but the last.
+
+    The group size is the calibration's default rule (the largest divisor of the activation size
+    up to 256); the time hardly depends on bits or groups.
+    """
+    spec = get_model(model)
+    gm = prepare(spec.build(), spec.input_shape)
+    cuts = cuts_of(gm)
+    rng = np.random.default_rng(0)
+    times = []
+    for cut in cuts[:-1]:
+        act = rng.random((1, *cut.shape), dtype=np.float32)
+        plan = {"activation_bits": 8, "group_size": _largest_divisor(cut.numel, largest_group)}
+        for _ in range(warmup):
+            encode_for_plan(act, plan)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            encode_for_plan(act, plan)
+            samples.append(time.perf_counter() - start)
+        times.append(statistics.median(samples))
+    return times
+
+
+def _largest_divisor(n: int, largest: int) -> int:
+    return next(g for g in range(min(largest, n), 0, -1) if n % g == 0)
+
+
 def profile_device(base: DeviceProfile, model: str, version: str, *, name: str | None = None,
                    warmup: int = 2, repeats: int = 5) -> DeviceProfile:
     """``base`` with measured head times of ``model`` added (for the given artifact version)."""
     head_s = measure_heads(model, warmup=warmup, repeats=repeats)
+    encode_s = measure_encodes(model, warmup=warmup, repeats=repeats)
     measured = dict(base.measured)
-    measured[model] = MeasuredHeads(version=version, head_s=head_s, warmup=warmup, repeats=repeats)
+    measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s, warmup=warmup,
+                                    repeats=repeats)
     return base.model_copy(update={"measured": measured, "name": name or base.name})

@@ -38,6 +38,10 @@ class MeasuredHeads(BaseModel):
     head_s: list[Annotated[float, Field(ge=0)]] = Field(
         description="Seconds to run the head of each cut (index = cut index), batch 1."
     )
+    encode_s: list[Annotated[float, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
+                    "empty when not measured.")
     warmup: int = Field(ge=0, description="Warm-up iterations before timing.")
     repeats: int = Field(ge=1, description="Timed iterations; head_s holds their median.")
 

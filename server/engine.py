@@ -80,6 +80,7 @@ class Engine:
         self._runs: dict[str, RunFn] = {}
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
         self._tail_s: dict[tuple[str, str], list[float]] = {}
+        self._answer_bytes: dict[tuple[str, str], int] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -92,6 +93,7 @@ class Engine:
                     self._segment_for(entry.model, pattern)
                 with torch.inference_mode():
                     self._tail_s[(entry.name, entry.version)] = self._measure_tails(entry.model)
+                self._answer_bytes[(entry.name, entry.version)] = self._measure_answer(entry.model)
 
     @property
     def ready(self) -> bool:
@@ -149,7 +151,7 @@ class Engine:
                 test_drop=p.test_drop, segment=ref, infer_url=self._infer_url(model, p)))
         levels = sorted({p.level for p in model.artifact.patterns})
         return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
-                         server_tail_s=self.tail_seconds(model),
+                         server_tail_s=self.tail_seconds(model), answer_bytes=self.answer_bytes(model),
                          patterns=patterns)
 
     # ---- planning -------------------------------------------------------------------------
@@ -172,10 +174,11 @@ class Engine:
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments))
         candidates = []
         tail_s = self.tail_seconds(model)
+        answer = self.answer_bytes(model)
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
             index = self._segment_for(model, pattern)
             seg_id, size = (index.segment_id, index.size) if index else (None, 0)
-            costs = price(model.artifact, pattern, seg_id, size, inputs, tail_s[pattern.cut])
+            costs = price(model.artifact, pattern, seg_id, size, inputs, tail_s[pattern.cut], answer)
             candidates.append(Candidate(pattern, seg_id, size, costs))
         chosen = choose(candidates, req.deadline_s)
         last = len(model.cuts) - 1
@@ -260,6 +263,19 @@ class Engine:
         """
         return self._tail_s.get((model.name, model.version),
                                 [c.server_tail_s for c in model.artifact.cuts])
+
+    def answer_bytes(self, model: LoadedModel) -> int:
+        """Size of a tail answer for one sample (JSON, top 5), measured at start-up (0 before)."""
+        return self._answer_bytes.get((model.name, model.version), 0)
+
+    def _measure_answer(self, model: LoadedModel) -> int:
+        first = model.cuts[0]
+        logits = self._runner(model, 0)(np.zeros((1, *first.shape), dtype=np.float32))
+        pattern_id = next(iter(model.patterns))
+        answer = TailResponse(plan_id=f"{model.name}@{model.version}/{pattern_id}", model=model.name,
+                              version=model.version, results=[_result(logits[0], 5)],
+                              queue_s=0.000123456789, compute_s=0.000123456789)
+        return len(answer.model_dump_json())
 
     def _measure_tails(self, model: LoadedModel, warmup: int = 2, repeats: int = 7) -> list[float]:
         # ElasticTrainer's profiler recipe: a few warm-up runs, then the median of timed ones.

@@ -153,6 +153,7 @@ class ModelInfo(_Strict):
     levels: list[float]
     server_tail_s: list[float] = Field(
         description="Per cut, the tail's batch-1 seconds measured on this server at start-up.")
+    answer_bytes: int = Field(description="Bytes of a tail answer for one sample (JSON, top 5).")
     patterns: list[PatternInfo]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from client.profiler import profile_device
 from profiles.artifacts import load_artifact
 from profiles.devices import DeviceProfile, get_device
-from server.planner import head_seconds
+from server.planner import encode_seconds, head_seconds
 
 
 def test_profiler_times_every_cut_and_the_planner_prefers_it(artifacts_dir, tmp_path):
@@ -24,3 +24,15 @@ def test_profiler_times_every_cut_and_the_planner_prefers_it(artifacts_dir, tmp_
     stale = reloaded.model_copy(update={"measured": {"fmnist-cnn": reloaded.measured["fmnist-cnn"]
                                                      .model_copy(update={"version": "other"})}})
     assert head_seconds(artifact, cut, stale) == cut.head_flops / 5e9  # other version: FLOPs
+
+
+def test_encode_times_price_quantized_uploads_but_not_float_ones(artifacts_dir):
+    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    profile = profile_device(get_device("raspberry-pi-4"), "fmnist-cnn", artifact.version, repeats=3)
+    encode = profile.measured["fmnist-cnn"].encode_s
+    assert len(encode) == len(artifact.cuts) - 1 and all(t > 0 for t in encode)
+    quantized = next(p for p in artifact.patterns if p.cut == 1 and p.activation_bits < 32)
+    lossless = next(p for p in artifact.patterns if p.cut == 1 and p.activation_bits == 32)
+    assert encode_seconds(artifact, quantized, profile) == encode[1]
+    assert encode_seconds(artifact, lossless, profile) == 0.0
+    assert encode_seconds(artifact, quantized, get_device("raspberry-pi-4")) == 0.0  # not measured

@@ -113,7 +113,7 @@ def _packbits_ops(x: np.ndarray, codes: np.ndarray, bits: int) -> dict[str, Call
 
 def _hqq_ops(x: np.ndarray, codes: np.ndarray, bits: int) -> dict[str, Callable[[], object]] | None:
     try:
-        from hqq.core.bitpack import BitPack
+        from hqq.core.bitpack import BitPack  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
     pack, unpack = {
@@ -190,7 +190,9 @@ def _table(doc: dict[str, object]) -> str:
     rows = doc["results"]
     assert isinstance(rows, list)
     impls = sorted({r["impl"] for r in rows}, key=lambda s: (not s.startswith("qpart"), s))
-    lines = [f"memcpy of {doc['elements']} float32: {float(doc['memcpy_s']) * 1e3:.2f} ms "
+    memcpy_s = doc["memcpy_s"]
+    assert isinstance(memcpy_s, float)
+    lines = [f"memcpy of {doc['elements']} float32: {memcpy_s * 1e3:.2f} ms "
              f"(ratios below are median_s / memcpy_s)", "",
              "| op | bits | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
     for op in OPS:

@@ -40,6 +40,20 @@ def pinned(cmd: list[str], core: str) -> list[str]:
     return ["taskset", "-c", core, *cmd] if two_cores() and shutil.which("taskset") else cmd
 
 
+def core_busy_seconds(core: str) -> float:
+    """Seconds ``core`` has spent busy so far, whoever ran (Linux /proc/stat: all but idle, iowait).
+
+    Beside a server's own CPU time it shows interference on its core: kernel work for the traffic,
+    other processes, and the hypervisor's steal on a shared machine.
+    """
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *ticks = line.split()
+        if name == f"cpu{core}":
+            values = [int(t) for t in ticks[:8]]  # user nice system idle iowait irq softirq steal
+            return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+    raise RuntimeError(f"no cpu{core} line in /proc/stat")
+
+
 @dataclass
 class Server:
     """A server process under test and the URL it answers on."""
@@ -91,18 +105,20 @@ def require_wrk() -> str:
 
 
 def wrk(url: str, body: bytes, content_type: str, clients: int, seconds: int,
-        prefix: list[str] | None = None) -> dict[str, Any]:
+        prefix: list[str] | None = None, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """POST ``body`` to ``url`` from ``clients`` connections for ``seconds``; wrk's summary.
 
-    ``prefix`` runs wrk inside something (``ip netns exec NAME``). Returns requests, throughput,
-    p50/p99 latency, error counts and the generator's CPU share of one core.
+    ``prefix`` runs wrk inside something (``ip netns exec NAME``); ``headers`` are sent with every
+    request besides ``Content-Type`` (e.g. ``Inference-Header-Content-Length``). Returns requests,
+    throughput, p50/p99 latency, error counts and the generator's CPU share of one core.
     """
+    extra = [f"{name}: {value}" for name, value in (headers or {}).items()]
     with tempfile.NamedTemporaryFile(prefix="qpart-body-", suffix=".bin") as f:
         f.write(body)
         f.flush()
         cmd = [*(prefix or []), *pinned([require_wrk(), "-t1", f"-c{clients}", f"-d{seconds}s",
                                           "--timeout", "30s", "-s", str(WRK_SCRIPT), url, "--",
-                                          f.name, content_type], GENERATOR_CORE)]
+                                          f.name, content_type, *extra], GENERATOR_CORE)]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 120)

@@ -1,5 +1,7 @@
 -- wrk script: POST the bytes of a file on every request, print a JSON summary at the end.
--- Usage: wrk -t1 -cN -dS --latency -s bench/wrk_post.lua URL -- BODY_FILE CONTENT_TYPE
+-- Usage: wrk -t1 -cN -dS --latency -s bench/wrk_post.lua URL -- BODY_FILE CONTENT_TYPE ['Name: value' ...]
+-- Arguments after the content type are extra request headers (e.g. the Open Inference Protocol's
+-- 'Inference-Header-Content-Length: 123' of a binary tensor body).
 local body_file, content_type
 
 function init(args)
@@ -10,6 +12,11 @@ function init(args)
   f:close()
   wrk.method = "POST"
   wrk.headers["Content-Type"] = content_type
+  for i = 3, #args do
+    local name, value = args[i]:match("^([^:]+):%s*(.*)$")
+    assert(name, "extra header '" .. args[i] .. "' is not of the form 'Name: value'")
+    wrk.headers[name] = value
+  end
 end
 
 function done(summary, latency, requests)

@@ -36,6 +36,12 @@ def route_label(path: str) -> str:
     return "other"
 
 
+# The rest of a refused body is still on its way: without "Connection: close" uvicorn keeps the
+# connection and reads (and drops) whatever the client goes on trickling, so one slow client
+# held a connection for as long as it liked after its 408 (RFC 9110 15.5.9: a 408 SHOULD close).
+_CLOSE = {"Connection": "close"}
+
+
 class _BodyGuard:
     """Wraps ``receive``: counts body bytes (413 past the limit) and bounds the body's arrival time
     (408). After the last body chunk, ``receive`` only waits for a disconnect, which a streaming
@@ -55,12 +61,14 @@ class _BodyGuard:
         try:
             message = await asyncio.wait_for(self._receive(), max(self._deadline - time.monotonic(), 0.001))
         except TimeoutError:
-            raise HTTPException(408, f"request body not received within {self._timeout} s") from None
+            raise HTTPException(408, f"request body not received within {self._timeout} s",
+                                headers=_CLOSE) from None
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             self._body_done = not message.get("more_body", False)
             if self.received > self._max_body:
-                raise HTTPException(413, f"request body exceeds the limit of {self._max_body} bytes")
+                raise HTTPException(413, f"request body exceeds the limit of {self._max_body} bytes",
+                                    headers=_CLOSE)
         return message
 
 

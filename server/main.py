@@ -37,9 +37,16 @@ class DrainingServer(uvicorn.Server):
         self._draining = True
         engine.draining = True
         log.info("signal %s: readiness is now 503; stopping in %.1f s", sig, self._drain_delay_s)
-        timer = threading.Timer(self._drain_delay_s, super().handle_exit, args=(sig, frame))
+        timer = threading.Timer(self._drain_delay_s, self._stop)
         timer.daemon = True
         timer.start()
+
+    def _stop(self) -> None:
+        # Not super().handle_exit: uvicorn (>= 0.29) records the signal there and raises it again
+        # once shut down, so even a clean drain ended in death by SIGTERM (status 143 in a
+        # container, an error to supervisors). The drain is the designed answer to SIGTERM: exit 0.
+        # A second signal still goes through uvicorn's handler (and is raised again).
+        self.should_exit = True
 
 
 def serve(settings: ServerSettings) -> None:

@@ -70,15 +70,21 @@ def _from_binary(tensor: InferInputTensor, size: object, blobs: memoryview, offs
     return np.frombuffer(blobs[offset : offset + size], dtype=dtype).reshape(tensor.shape)
 
 
+def _header_split(header_length: str, body_bytes: int) -> int:
+    """Where the JSON header ends, from the ``Inference-Header-Content-Length`` value."""
+    digits = header_length.lstrip("0") or "0"
+    # Lengths are compared before int(), which refuses strings of more than 4300 digits with a
+    # ValueError (CVE-2020-10735): a header of 5000 nines was a 500.
+    if (not (header_length.isascii() and header_length.isdigit()) or len(digits) > len(str(body_bytes))
+            or int(digits) > body_bytes):
+        raise BadRequestError(f"Inference-Header-Content-Length {header_length[:32]!r} does not fit a "
+                              f"body of {body_bytes} bytes")
+    return int(digits)
+
+
 def decode_request(body: bytes, header_length: str | None, *, max_elements: int) -> DecodedRequest:
     """Parse a v2 infer body (JSON, or JSON + binary blobs)."""
-    if header_length is not None:
-        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
-            raise BadRequestError(f"Inference-Header-Content-Length {header_length!r} does not fit a "
-                                  f"body of {len(body)} bytes")
-        split = int(header_length)
-    else:
-        split = len(body)
+    split = len(body) if header_length is None else _header_split(header_length, len(body))
     try:
         request = InferRequest.model_validate_json(body[:split])
     except ValidationError as exc:

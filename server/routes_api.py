@@ -39,15 +39,25 @@ async def model_info(model: str, engine: EngineDep,
     return engine.model_info(model, version)
 
 
+def _position(digits: str, size: int) -> int:
+    """A Range position, capped at ``size`` (every position past the end means the same).
+
+    int() refuses strings of more than 4300 digits (CVE-2020-10735) with a ValueError, which
+    was a 500 for a Range like ``bytes=999…9-``: numbers longer than ``size`` are capped unread.
+    """
+    digits = digits.lstrip("0") or "0"
+    return size if len(digits) > len(str(size)) else min(int(digits), size)
+
+
 def _parse_range(header: str, size: int) -> tuple[int, int]:
     match = _RANGE.match(header.strip())
     if not match or match.groups() == ("", ""):
         raise RangeNotSatisfiableError(f"unsupported Range '{header}'; use a single 'bytes=start-end'")
     start_s, end_s = match.groups()
     if start_s == "":
-        start, end = max(0, size - int(end_s)), size - 1
+        start, end = max(0, size - _position(end_s, size)), size - 1
     else:
-        start, end = int(start_s), (int(end_s) if end_s else size - 1)
+        start, end = _position(start_s, size), (_position(end_s, size) if end_s else size - 1)
     end = min(end, size - 1)
     if start > end or start >= size:
         raise RangeNotSatisfiableError(f"Range '{header}' is outside the segment's {size} bytes")

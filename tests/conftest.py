@@ -1,4 +1,5 @@
-"""Shared fixtures: the committed calibration artifacts, app instances, a live uvicorn server."""
+"""Shared fixtures: the committed calibration artifacts, app instances, a live uvicorn server and
+tail-inference load against it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,3 +110,60 @@ def live_server_factory() -> Iterator[type[LiveServer]]:
     yield Factory
     for server in started:
         server.stop()
+
+
+def tail_request(url: str, batch: int = 1, model: str = "fmnist-cnn") -> tuple[str, bytes]:
+    """A planned tail request against a live server: its infer URL and a random activation packet."""
+    from client.runtime import encode_for_plan
+
+    answer = httpx.post(f"{url}/v1/plan", json={"model": model, "accuracy_demand": 0.01, "rate_bps": 1e6},
+                        timeout=30)
+    assert answer.status_code == 200, answer.text
+    plan = answer.json()
+    assert plan["infer_url"], plan  # a plan with a tail to run
+    activation = np.random.default_rng(batch).random((batch, *plan["activation_shape"]), np.float32)
+    return plan["infer_url"], encode_for_plan(activation, plan)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request of a :class:`TailLoad`: when it was sent and answered (monotonic seconds)."""
+
+    sent_at: float
+    done_at: float
+    status: int | None  # None: no HTTP answer (the error says why)
+    error: str = ""
+
+
+class TailLoad:
+    """Clients POSTing a tail request back to back until stopped; a client stops at its first
+    transport error (after shutdown nothing listens any more)."""
+
+    def __init__(self, url: str, infer_url: str, packet: bytes, clients: int) -> None:
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(url, infer_url, packet), daemon=True)
+                         for _ in range(clients)]
+        for thread in self._threads:
+            thread.start()
+
+    def _client(self, url: str, infer_url: str, packet: bytes) -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            while not self._stop.is_set():
+                sent = time.monotonic()
+                try:
+                    status = client.post(infer_url, content=packet).status_code
+                except httpx.TransportError as exc:
+                    self.outcomes.append(Outcome(sent, time.monotonic(), None, repr(exc)))
+                    return
+                self.outcomes.append(Outcome(sent, time.monotonic(), status))
+
+    def statuses(self) -> list[int]:
+        """HTTP statuses received so far."""
+        return [o.status for o in list(self.outcomes) if o.status is not None]
+
+    def stop(self, timeout: float = 30) -> None:
+        """Let every client finish its request in flight, then end."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)

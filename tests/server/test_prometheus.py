@@ -8,10 +8,9 @@ import tempfile
 import time
 
 import httpx
-import numpy as np
 import pytest
 
-from tests.conftest import LiveServer, free_port
+from tests.conftest import LiveServer, free_port, tail_request
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +19,9 @@ pytestmark = pytest.mark.integration
 def server_with_traffic(cnn_only):
     server = LiveServer(cnn_only)
     server.wait_ready()
+    infer_url, packet = tail_request(server.url, batch=4)
     with httpx.Client(base_url=server.url) as c:
-        plan = c.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
-                                        "rate_bps": 1e6}).json()
-        from client.runtime import encode_for_plan
-
-        act = np.random.rand(4, *plan["activation_shape"]).astype(np.float32)
-        assert c.post(plan["infer_url"], content=encode_for_plan(act, plan)).status_code == 200
+        assert c.post(infer_url, content=packet).status_code == 200
         info = c.get("/v1/models/fmnist-cnn").json()
         seg = next(p["segment"] for p in info["patterns"] if p["segment"])
         assert c.get(seg["url"]).status_code == 200

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup data demo test test-numpy lint lint-deploy check bench artifacts clean
+.PHONY: setup data promtool demo test test-numpy lint lint-deploy check wrk bench bench-e2e bench-peer bench-load artifacts clean
 
 $(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,7 +24,11 @@ data:  ## install Fashion-MNIST from Debian when missing (needs root)
 demo: setup  ## serve the committed artifacts, run devices at several rates, print the table
 	$(VENV)/bin/qpart demo --artifacts artifacts
 
-test: setup  ## the test suite (the README's test command)
+promtool:  ## Prometheus and promtool for the metrics tests (Debian package prometheus; needs root)
+	@command -v promtool >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus; \
+	  else echo "install the Debian package prometheus (sudo apt-get install prometheus)"; exit 1; fi; }
+
+test: setup promtool  ## the test suite (the README's test command)
 	$(VENV)/bin/pytest
 
 test-numpy: setup  ## the in-process test suite again with the numpy reference kernels forced
@@ -43,12 +47,23 @@ lint-deploy: setup  ## hadolint, promtool and kubernetes-validate on the deploym
 
 check: lint lint-deploy test test-numpy  ## everything CI runs
 
-bench: setup  ## kernel and serving benchmarks (JSON in bench/results/; the load generator is wrk)
-	@command -v wrk >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq wrk; \
+wrk:  ## the load generator of the serving benchmarks (Debian package wrk; needs root)
+	@command -v wrk >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wrk; \
 	  else echo "install the Debian package wrk (sudo apt-get install wrk)"; exit 1; fi; }
+
+bench: setup wrk  ## kernel and serving benchmarks (JSON in bench/results/)
 	DISABLE_CUDA=1 $(PIP) install -q --no-deps hqq==0.2.8.post1
 	$(PY) -m bench.kernels --json bench/results/kernels.json
 	$(PY) -m bench.serve --json bench/results/serve.json
+
+bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link (root; about 15 min)
+	$(PY) -m bench.e2e --json bench/results/e2e.json
+
+bench-peer: setup wrk  ## /v2 infer vs KServe in its own venv, private namespace (root)
+	$(PY) -m bench.peer --json bench/results/peer.json
+
+bench-load: setup  ## 64 simulated devices for 3 minutes: errors, RSS, segment cache
+	$(PY) -m bench.load --json bench/results/load.json
 
 artifacts: setup  ## re-run the calibration of both reference models (about half an hour)
 	$(VENV)/bin/qpart calibrate --model fmnist-cnn --out artifacts/fmnist-cnn

@@ -352,7 +352,10 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
         energy = device.compute_energy_j(r["local"], flops) + device.power_tx_w * transfer
         js.append(w.time * t + w.energy * energy + w.cost * 1.0 * r["server"])
         ts.append(t)
-    return {"measured_J": statistics.median(js), "measured_time_s": statistics.median(ts)}
+    return {"measured_J": statistics.median(js), "measured_time_s": statistics.median(ts),
+            "measured_local_s": statistics.median(r["local"] for r in runs),
+            "measured_round_trip_s": statistics.median(r["round_trip"] for r in runs),
+            "measured_server_s": statistics.median(r["server"] for r in runs)}
 
 
 def run_cell(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
@@ -388,16 +391,21 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
                 downloaded.add(seg["id"])
             download_s[s] = fetched[seg["id"]]  # each strategy is charged its own download
         heads[s] = _head(model, p, model.segments[seg["id"]] if seg else None)
-    runs: dict[str, list[dict[str, float]]] = {s: [] for s in plans}
-    order = list(plans)
-    for i in range(reps):  # interleaved, rotating, so drift hits every strategy alike
-        for s in order[i % len(order):] + order[: i % len(order)]:
-            runs[s].append(run_once(client, url, model, plans[s], heads[s], images[i : i + 1], ratio, link))
+    # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
+    # repetition and its runs count for every strategy that chose it (otherwise two names for one
+    # plan would differ by measurement noise alone).
+    by_pattern = {p["pattern_id"]: s for s, p in reversed(plans.items())}
+    runs: dict[str, list[dict[str, float]]] = {pid: [] for pid in by_pattern}
+    order = list(by_pattern)
+    for i in range(reps):  # interleaved, rotating, so drift hits every pattern alike
+        for pid in order[i % len(order):] + order[: i % len(order)]:
+            s = by_pattern[pid]
+            runs[pid].append(run_once(client, url, model, plans[s], heads[s], images[i : i + 1], ratio, link))
     out = {}
     for s, p in plans.items():
         predicted = qplan["predicted"] if s == "qpart" else _predict(model, p, inputs)
         flops = model.artifact.cuts[p["cut"]].head_flops
-        m = measured_j(device, preset, flops, download_s[s], runs[s])
+        m = measured_j(device, preset, flops, download_s[s], runs[p["pattern_id"]])
         out[s] = {"predicted_J": predicted["objective"], "predicted_time_s": predicted["time_s"]["total"],
                   **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
                   "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}
@@ -416,7 +424,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
 def _view(client: httpx.Client, url: str, name: str, artifacts: Path) -> ModelView:
     info = client.get(f"{url}/v1/models/{name}").json()
     torch.set_num_threads(1)
-    host = measure_heads(name, warmup=2, repeats=9)
+    image = torch.from_numpy(load_split(Split.TEST, limit=1).images)
+    host = measure_heads(name, warmup=2, repeats=9, trained=True, x=image)  # what the device runs
     encode = measure_encodes(name, warmup=2, repeats=9)
     return ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
                      load_artifact(artifacts / name), host, encode, info["answer_bytes"])
@@ -425,7 +434,7 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path) -> ModelVi
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The grid; returns the JSON document."""
     devices = QUICK_DEVICES if args.quick else DEVICES
-    rates = QUICK_RATES_MBPS if args.quick else RATES_MBPS
+    rates = args.rate or (QUICK_RATES_MBPS if args.quick else RATES_MBPS)
     presets = QUICK_PRESETS if args.quick else PRESET_NAMES
     images = load_split(Split.TEST, limit=args.reps).images
     cells: list[dict[str, Any]] = []
@@ -541,8 +550,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"subset: devices {QUICK_DEVICES}, rates {QUICK_RATES_MBPS} Mbit/s, "
                              f"preset {QUICK_PRESETS} (both models, cold and warm)")
-    parser.add_argument("--reps", type=int, default=7, help="inferences per strategy and cell (median)")
+    parser.add_argument("--reps", type=int, default=11, help="inferences per strategy and cell (median)")
     parser.add_argument("--model", action="append", choices=MODELS, help="model(s) (default: both)")
+    parser.add_argument("--rate", action="append", type=float, help="rate(s) in Mbit/s (default: the grid's)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     args = parser.parse_args(argv)
     args.model = args.model or list(MODELS)

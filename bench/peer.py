@@ -1,6 +1,6 @@
 """The whole float model served by KServe's Python model server and by ``qpart serve``, side by side.
 
-``python -m bench.peer --json PATH [--seconds S] [--model fmnist-cnn]`` (as root)
+``python -m bench.peer --json PATH [--seconds S] [--rounds R] [--model fmnist-cnn]`` (as root)
 
 The peer is KServe (PyPI ``kserve``, pinned below) in its own virtualenv ``.venv-kserve``, created
 on first use with torch pinned first (the CPU build on local disk; an unpinned torch resolves to
@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -182,7 +183,7 @@ def _measured(server: Server, url: str, body: Body, clients: int, seconds: int) 
     return result
 
 
-def run(model: str, seconds: int, kserve_version: str) -> dict[str, Any]:
+def run(model: str, seconds: int, kserve_version: str, rounds: int = 3) -> dict[str, Any]:
     """Start both servers, verify them, measure every payload and client count; the JSON document."""
     from models.data import Split, load_split
 
@@ -200,18 +201,22 @@ def run(model: str, seconds: int, kserve_version: str) -> dict[str, Any]:
             for name in SERVERS:  # warm-up: allocator, first batches, lazy imports
                 for content, content_type, headers in bodies.values():
                     wrk(urls[name], content, content_type, 4, 1, headers=headers)
-            for payload in PAYLOADS:
-                for clients in CLIENTS:
-                    for name in SERVERS:  # back to back, so the shared machine's drift hits both
-                        r = _measured(servers[name], urls[name], bodies[payload], clients, seconds)
-                        runs.append({"server": name, "payload": payload, **r})
-                        print(_row(runs[-1]), file=sys.stderr)
+            for rnd in range(rounds):
+                for payload in PAYLOADS:
+                    for clients in CLIENTS:
+                        for name in SERVERS:  # back to back, so the shared machine's drift hits both
+                            r = _measured(servers[name], urls[name], bodies[payload], clients, seconds)
+                            runs.append({"server": name, "payload": payload, "round": rnd, **r})
+                            print(_row(runs[-1]), file=sys.stderr)
         finally:
             for s in servers.values():
                 s.stop()
-    ratio = {p: _pick(runs, "qpart", p, 32)["throughput_rps"] / _pick(runs, "kserve", p, 32)["throughput_rps"]
-             for p in PAYLOADS}
+    per_round = {p: [_pick(runs, "qpart", p, 32, r)["throughput_rps"]
+                     / _pick(runs, "kserve", p, 32, r)["throughput_rps"] for r in range(rounds)]
+                 for p in PAYLOADS}
+    ratio = {p: statistics.median(v) for p, v in per_round.items()}
     return {"kserve_version": kserve_version, "model": model, "runs": runs, "ratio_at_32": ratio,
+            "ratio_at_32_per_round": per_round, "rounds": rounds,
             "verification": verification, "seconds_per_run": seconds, "batch": 1,
             "setup": "private network namespace (unshare -n), all on 127.0.0.1; both servers pinned to core "
                      "0 with 1 torch thread, one uvicorn worker each, wrk pinned to core 1; qpart with its "
@@ -219,8 +224,10 @@ def run(model: str, seconds: int, kserve_version: str) -> dict[str, Any]:
                      "off), per-request log lines off; each pair measured back to back"}
 
 
-def _pick(runs: list[dict[str, Any]], server: ServerName, payload: Payload, clients: int) -> dict[str, Any]:
-    return next(r for r in runs if (r["server"], r["payload"], r["clients"]) == (server, payload, clients))
+def _pick(runs: list[dict[str, Any]], server: ServerName, payload: Payload, clients: int,
+          rnd: int) -> dict[str, Any]:
+    return next(r for r in runs
+                if (r["server"], r["payload"], r["clients"], r["round"]) == (server, payload, clients, rnd))
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -239,7 +246,8 @@ def print_table(doc: dict[str, Any]) -> None:
     for r in doc["runs"]:
         print(_row(r))
     for payload, ratio in doc["ratio_at_32"].items():
-        print(f"qpart/kserve throughput at 32 clients, {payload}: {ratio:.2f}x")
+        rounds = ", ".join(f"{r:.2f}" for r in doc["ratio_at_32_per_round"][payload])
+        print(f"qpart/kserve throughput at 32 clients, {payload}: {ratio:.2f}x (rounds: {rounds})")
     errors = sum(r["errors"] for r in doc["runs"])
     if errors:
         print(f"WARNING: {errors} failed requests (see 'errors' per run)")
@@ -252,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
     parser.add_argument("--seconds", type=int, default=5, help="duration of each load run (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the grid; the ratio is "
+                        "the median of the per-round ratios (default 3)")
     parser.add_argument("--model", default="fmnist-cnn", choices=("fmnist-cnn", "fmnist-resnet"),
                         help="model to serve on both (default fmnist-cnn)")
     args = parser.parse_args(args_in)
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     if kserve_version is None:
         raise SystemExit(f"kserve is not installed in {KSERVE_VENV}: run bench.peer outside a namespace "
                          f"once to create it")
-    doc = run(args.model, args.seconds, kserve_version)
+    doc = run(args.model, args.seconds, kserve_version, args.rounds)
     print_table(doc)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=2) + "\n")

@@ -216,13 +216,14 @@ def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndar
     p = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
     packet = encode_for_plan(image, model.plan_of(p))
     rtts = []
-    for _ in range(31):
+    for i in range(51):  # the first 20 are warm-up (first requests of a process run slow)
         start = time.perf_counter()
         r = client.post(url + p["infer_url"], content=packet)
         elapsed = time.perf_counter() - start
         r.raise_for_status()
         answer = r.json()
-        rtts.append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
+        if i >= 20:
+            rtts.append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
     return statistics.median(rtts)
 
 
@@ -317,8 +318,9 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
              head: torch.nn.Module, image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
     """One inference: head on the device (timed, scaled), upload, tail on the server."""
     x = torch.from_numpy(image)
-    # steady-state head time, as the profiler measures it (2 warm-up runs, median of 9)
-    host_head = median_latency(head, x, warmup=2, repeats=9) if plan["cut"] > 0 else 0.0
+    # steady-state head time, as the profiler measures it (median of 9), after 5 warm-up runs:
+    # the device just idled on the link and its first runs are slow (seen: up to 1.5x)
+    host_head = median_latency(head, x, warmup=5, repeats=9) if plan["cut"] > 0 else 0.0
     with torch.inference_mode():
         act = head(x).numpy() if plan["cut"] > 0 else image
     packet, host_encode = b"", 0.0
@@ -362,6 +364,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
              preset: str, link: Link, held: set[str], images: np.ndarray,
              reps: int) -> tuple[dict[str, Any], set[str]]:
     """Every strategy in one cell; returns the cell's strategies and the segments downloaded."""
+    # The server prices tails with what recent requests took: the same figures price the rest.
+    model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
     inputs = _inputs(device, preset, link, held)
     body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
             "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "weights": preset,

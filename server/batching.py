@@ -9,6 +9,7 @@ samples a request fails at once with :class:`OverloadedError` (503 + Retry-After
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import numpy as np
 from server.errors import OverloadedError
 
 RunFn = Callable[[np.ndarray], np.ndarray]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +39,12 @@ class BatchReport:
     size: int
     queue_s: list[float]
     compute_s: float
+
+
+def _fail(jobs: list[_Job], exc: BaseException) -> None:
+    for j in jobs:
+        if not j.future.done():
+            j.future.set_exception(exc)
 
 
 class Batcher:
@@ -114,18 +122,19 @@ class Batcher:
             await self._execute(key, jobs)
 
     async def _execute(self, key: str, jobs: list[_Job]) -> None:
-        batch = np.concatenate([j.inputs for j in jobs]) if len(jobs) > 1 else jobs[0].inputs
-        started = time.perf_counter()
-        queue_s = [started - j.enqueued for j in jobs]
-        self._waiting[key] -= batch.shape[0]
+        self._waiting[key] -= sum(j.inputs.shape[0] for j in jobs)
         try:
+            batch = np.concatenate([j.inputs for j in jobs]) if len(jobs) > 1 else jobs[0].inputs
+            started = time.perf_counter()
+            queue_s = [started - j.enqueued for j in jobs]
             out = await asyncio.get_running_loop().run_in_executor(self._pool, self._runs[key], batch)
+            compute_s = time.perf_counter() - started
+        except asyncio.CancelledError:  # closing: the batch in flight fails, it does not hang
+            _fail(jobs, self._closing_error())
+            raise
         except Exception as exc:  # a failing batch must fail its requests, not the collector
-            for j in jobs:
-                if not j.future.done():
-                    j.future.set_exception(exc)
+            _fail(jobs, exc)
             return
-        compute_s = time.perf_counter() - started
         offset = 0
         total = batch.shape[0]
         for j, q in zip(jobs, queue_s, strict=True):
@@ -135,16 +144,22 @@ class Batcher:
                 j.future.set_result((out[offset : offset + n], q, compute_s * n / total))
             offset += n
         if self._on_batch:
-            self._on_batch(BatchReport(key, batch.shape[0], queue_s, compute_s))
+            try:
+                self._on_batch(BatchReport(key, total, queue_s, compute_s))
+            except Exception:  # metrics must not take the collector down
+                log.exception("recording batch metrics failed")
+
+    def _closing_error(self) -> OverloadedError:
+        return OverloadedError("the server is shutting down; retry on another replica",
+                               self._retry_after)
 
     async def close(self) -> None:
-        """Stop the collectors (pending requests are cancelled)."""
+        """Stop the collectors; requests still queued or running fail with 503 + Retry-After."""
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         for queue in self._queues.values():  # nobody will run these: fail them instead of hanging
-            for job in queue:
-                job.future.cancel()
+            _fail(list(queue), self._closing_error())
         self._tasks.clear()
         self._queues.clear()
         self._arrived.clear()

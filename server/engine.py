@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import statistics
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -46,11 +44,6 @@ from server.schemas import (
 from server.segments import SegmentStore, build_segment
 from server.settings import ServerSettings
 
-# Planning prices a cut's server time with the median of its last LIVE_WINDOW requests once
-# LIVE_MIN have run (Engine.tail_seconds).
-LIVE_WINDOW = 64
-LIVE_MIN = 8
-
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
 _INLINE_DECODE_BYTES = 64 << 10
@@ -88,7 +81,6 @@ class Engine:
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
         self._tail_s: dict[tuple[str, str], list[float]] = {}
         self._answer_bytes: dict[tuple[str, str], int] = {}
-        self._live: dict[tuple[str, str, int], deque[float]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -263,21 +255,16 @@ class Engine:
         return gm
 
     def tail_seconds(self, model: LoadedModel) -> list[float]:
-        """Per cut, the server time a tail request takes on this server, per sample.
+        """Per cut, the tail's batch-1 time measured on this server at start-up (warm_up), through
+        the worker pool as requests run.
 
-        Once :data:`LIVE_MIN` requests of a cut have run: the median queue + compute seconds of
-        its last :data:`LIVE_WINDOW` requests (what requests get now, hand-overs and load
-        included). Before that, the batch-1 time through the worker pool timed at start-up; for
-        a model not warmed up, the artifact's figure (timed where the calibration ran).
+        The artifact's ``server_tail_s`` was measured where the calibration ran, with the plain
+        float tail; planning uses what this machine and this runner take. Falls back to the
+        artifact's figures for a model not warmed up. (Prices use compute only, not queueing:
+        the predicted-vs-measured metric and its alert compare against a fixed prediction.)
         """
-        base = self._tail_s.get((model.name, model.version),
+        return self._tail_s.get((model.name, model.version),
                                 [c.server_tail_s for c in model.artifact.cuts])
-        out = list(base)
-        for cut in range(len(out) - 1):
-            live = self._live.get((model.name, model.version, cut))
-            if live is not None and len(live) >= LIVE_MIN:
-                out[cut] = statistics.median(live)
-        return out
 
     def answer_bytes(self, model: LoadedModel) -> int:
         """Size of a tail answer for one sample (JSON, top 5), measured at start-up (0 before)."""
@@ -318,13 +305,10 @@ class Engine:
         run = self._runner(model, cut)
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
-                out, queue_s, compute_s = await self.batcher.submit(key, run, x)
+                return await self.batcher.submit(key, run, x)
         except TimeoutError as exc:
             raise DeadlineExceededError(
                 f"tail inference took longer than {self.settings.request_timeout_s} s") from exc
-        live = self._live.setdefault((model.name, model.version, cut), deque(maxlen=LIVE_WINDOW))
-        live.append((queue_s + compute_s) / max(1, len(x)))
-        return out, queue_s, compute_s
 
     async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
                          top_k: int = 5) -> TailResponse:

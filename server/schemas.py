@@ -152,8 +152,7 @@ class ModelInfo(_Strict):
     cuts: int
     levels: list[float]
     server_tail_s: list[float] = Field(
-        description="Per cut, server seconds per tail request as planning prices them now: the "
-                    "median of recent requests, or the start-up measurement before any ran.")
+        description="Per cut, the tail's batch-1 seconds measured on this server at start-up.")
     answer_bytes: int = Field(description="Bytes of a tail answer for one sample (JSON, top 5).")
     patterns: list[PatternInfo]
 

@@ -104,7 +104,7 @@ def test_with_no_delay_requests_queued_during_a_batch_form_the_next_one():
     assert [float(o[0][0, 0]) for o in outs[1:]] == [0, 1, 2, 3, 4]
 
 
-def test_close_fails_requests_still_queued_instead_of_leaving_them_hanging():
+def test_close_fails_queued_and_running_requests_with_503_instead_of_hanging():
     gate, gated = _gate()
 
     async def main():
@@ -118,8 +118,27 @@ def test_close_fails_requests_still_queued_instead_of_leaving_them_hanging():
             await asyncio.sleep(0.05)
             gate.set()
             await closing
-            with pytest.raises(asyncio.CancelledError):
+            with pytest.raises(OverloadedError):  # a 503 with Retry-After, not a hang or a 500
                 await asyncio.wait_for(queued, 2)
-            running.cancel()
+            with pytest.raises(OverloadedError):  # the batch that was running fails the same way
+                await asyncio.wait_for(running, 2)
 
     asyncio.run(main())
+
+
+def test_a_failing_metrics_callback_does_not_stop_the_collector(caplog):
+    def broken(report):
+        raise RuntimeError("metrics backend down")
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1,
+                              on_batch=broken)
+            first, _, _ = await asyncio.wait_for(batcher.submit("k", lambda b: b + 1, np.zeros((1, 1))), 2)
+            second, _, _ = await asyncio.wait_for(batcher.submit("k", lambda b: b + 2, np.zeros((1, 1))), 2)
+            await batcher.close()
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert first[0, 0] == 1 and second[0, 0] == 1  # the key's run function is the first one given
+    assert "recording batch metrics failed" in caplog.text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -48,26 +47,3 @@ def test_warm_up_measures_every_tail_on_this_machine(engine):
     assert measured[0] > measured[-2]
     assert engine.model_info("fmnist-cnn", None).server_tail_s == measured
 
-
-def test_planning_follows_what_requests_take_once_enough_have_run(cnn_only):
-    from server.engine import LIVE_MIN
-
-    settings = ServerSettings(artifacts=cnn_only)
-    store = SegmentStore(settings.segment_cache_bytes)
-    eng = Engine(settings, Catalog.load(cnn_only), store, Metrics(store, "test"))
-    model = eng.catalog.get("fmnist-cnn")
-    start_up = eng.tail_seconds(model)
-    x = np.zeros((1, *model.cuts[5].shape), dtype=np.float32)
-
-    async def requests(n):
-        took = []
-        for _ in range(n):
-            _, queue_s, compute_s = await eng._run_tail(model, 5, x)
-            took.append(queue_s + compute_s)
-        await eng.close()
-        return took
-
-    took = asyncio.run(requests(LIVE_MIN))
-    now = eng.tail_seconds(model)
-    assert now[5] == pytest.approx(float(np.median(took)))
-    assert now[:5] == start_up[:5] and now[6:] == start_up[6:]  # other cuts: no requests yet

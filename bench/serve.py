@@ -3,7 +3,8 @@
 ``python -m bench.serve [--json PATH] [--seconds S] [--rounds R] [--model M ...]``
 
 Two servers run side by side on loopback, both pinned to core 0 with one torch thread: batching on
-(``QPART_MAX_BATCH_SIZE=32``) and off (``=1``); every other setting is the default. The load
+(``QPART_MAX_BATCH_SIZE=32``, queue delay ``--delay``, default 0 as the server's) and off (``=1``);
+every other setting is the default. The load
 generator (wrk, :mod:`bench.loadgen`) runs on core 1: ``C`` clients, each on its own keep-alive
 connection, POST a real activation packet of the all-server plan (cut 0: the whole model runs on
 the server) back to back for ``S`` seconds. For every model, round and client count the two
@@ -37,9 +38,9 @@ MODELS = ("fmnist-cnn", "fmnist-resnet")
 CONFIGS = {True: 32, False: 1}  # batching -> QPART_MAX_BATCH_SIZE
 
 
-def _start(artifacts: Path, port: int, max_batch: int) -> Server:
+def _start(artifacts: Path, port: int, max_batch: int, delay_s: float) -> Server:
     env = {"QPART_PORT": str(port), "QPART_MAX_BATCH_SIZE": str(max_batch), "QPART_TORCH_THREADS": "1",
-           "QPART_MAX_QUEUE": "4096"}
+           "QPART_MAX_QUEUE": "4096", "QPART_MAX_QUEUE_DELAY_S": str(delay_s)}
     cmd = [sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)]
     return start_server(cmd, f"http://127.0.0.1:{port}", "/v2/health/ready", env)
 
@@ -102,10 +103,11 @@ def planner_p99(artifacts: Path, n: int = 2000) -> float:
     return float(np.percentile(times, 99))
 
 
-def run(artifacts: Path, seconds: int, rounds: int, models: list[str]) -> dict[str, Any]:
+def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
+        delay_s: float = 0.0) -> dict[str, Any]:
     """Both server configurations, every model, round and client count; the JSON document."""
     require_wrk()
-    servers = {batching: _start(artifacts, 18100 + max_batch, max_batch)
+    servers = {batching: _start(artifacts, 18100 + max_batch, max_batch, delay_s if batching else 0.0)
                for batching, max_batch in CONFIGS.items()}
     runs: list[dict[str, Any]] = []
     try:
@@ -145,6 +147,8 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str]) -> dict[s
     return {"runs": runs, "summary": summary, "batching_speedup_at_32": speedup,
             "plan_p99_s": planner_p99(artifacts), "plan_http_p99_s": http_plan["p99_s"],
             "seconds_per_run": seconds, "rounds": rounds, "cut": 0,
+            "configs": {"on": {"max_batch_size": 32, "max_queue_delay_s": delay_s},
+                        "off": {"max_batch_size": 1}},
             "note": "both servers pinned to core 0 (1 torch thread), wrk to core 1; speed-up = median "
                     "over rounds of on/off throughput measured back to back"}
 
@@ -156,10 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=int, default=5, help="duration of each load run")
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of the whole grid")
+    parser.add_argument("--delay", type=float, default=0.0,
+                        help="QPART_MAX_QUEUE_DELAY_S of the batching server (default 0, the server's)")
     parser.add_argument("--model", action="append", choices=MODELS, help="model(s) to load (default: both)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     args = parser.parse_args(argv)
-    doc = run(args.artifacts, args.seconds, args.rounds, args.model or list(MODELS))
+    doc = run(args.artifacts, args.seconds, args.rounds, args.model or list(MODELS), args.delay)
     print("model           clients  batching  req/s    p50 ms   p99 ms")
     for row in doc["summary"]:
         print(f"{row['model']:<15} {row['clients']:>7}  {row['batching']!s:<8} {row['throughput_rps']:7.1f}"

@@ -11,7 +11,8 @@ also prefetches a random segment listed by GET /v1/models, which later plans may
 real activation packet for the plan's cut (computed once per pattern with the real head on a
 test image) and read the answer; think for up to 20 ms. Everything stops at the deadline.
 
-Reported: throughput and p50/p99 latency per route, errors (anything but 2xx, and transport
+Reported: the generator's own CPU share (near 100%: it, not the server, sets the pace),
+throughput and p50/p99 latency per route, errors (anything but 2xx, and transport
 failures) apart from deliberate shedding (503/429 with Retry-After, counted apart), the server's
 RSS every second, and the segment cache's resident bytes against its budget every second (from
 ``/metrics``). RSS growth is measured from the end of the first minute to the end.
@@ -233,11 +234,14 @@ def main(argv: list[str] | None = None) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
     torch.set_num_threads(1)
+    cpu0 = time.process_time()
     try:
         stats, samples, wall = asyncio.run(drive(server, args.devices, args.seconds))
     finally:
         server.stop()
     doc = report(stats, samples, wall, args.devices)
+    # One core's worth (1.0) means the devices, not the server, set the pace (DESIGN §8).
+    doc["generator_cpu_share"] = (time.process_time() - cpu0) / wall
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     for route, r in doc["routes"].items():
@@ -250,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{doc['rss_first_minute_bytes'] / mib:.1f} MiB after the first minute -> "
           f"{doc['rss_end_bytes'] / mib:.1f} MiB at the end ({doc['rss_growth']:+.1%}); segment cache "
           f"max {doc['cache_resident_max_bytes'] / mib:.2f} MiB of {doc['cache_budget_bytes'] / mib:.2f} "
-          f"MiB budget ({doc['cache_over_budget_samples']} samples over)")
+          f"MiB budget ({doc['cache_over_budget_samples']} samples over); generator CPU "
+          f"{doc['generator_cpu_share']:.0%} of a core")
 
 
 if __name__ == "__main__":

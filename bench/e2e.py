@@ -62,7 +62,7 @@ import httpx
 import numpy as np
 import torch
 
-from bench.loadgen import GENERATOR_CORE, Server, start_server
+from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from client.profiler import measure_encodes, measure_heads
 from client.runtime import encode_for_plan, load_head
 from kernels.packing import packed_size
@@ -74,7 +74,6 @@ from server.planner import PlanInputs, price
 from server.schemas import PRESETS, WeightPreset
 
 REPO = Path(__file__).resolve().parent.parent
-NETNS_FLAG = "QPART_BENCH_NETNS"
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc")
 RATES_MBPS = (1.0, 5.0, 20.0, 100.0)
 MODELS = ("fmnist-cnn", "fmnist-resnet")
@@ -89,18 +88,6 @@ PORT = 18500
 
 
 # ---- the private, shaped network ----------------------------------------------------------------
-
-def enter_private_network(argv: list[str]) -> None:
-    """Re-run this command in a new network namespace (returns only when already inside)."""
-    if os.environ.get(NETNS_FLAG) == "1":
-        subprocess.run(["ip", "link", "set", "lo", "up", "mtu", "1500"], check=True)
-        return
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("tc") is None:
-        raise SystemExit("bench.e2e needs root, unshare (util-linux) and tc (iproute2): it shapes "
-                         "a private loopback with tc inside `unshare -n`")
-    env = {**os.environ, NETNS_FLAG: "1"}
-    os.execvpe("unshare", ["unshare", "-n", "--", sys.executable, "-m", "bench.e2e", *argv], env)
-
 
 def burst_bytes(rate_mbps: float) -> int:
     """The shaper's bucket: one packet, or 1 ms of data above 20 Mbit/s (where one packet's
@@ -566,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     args = parser.parse_args(argv)
     args.model = args.model or list(MODELS)
-    enter_private_network(argv)
+    enter_private_network("bench.e2e", argv, tools=("tc",), mtu=1500)
     doc = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")

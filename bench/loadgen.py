@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -94,6 +95,24 @@ def start_server(cmd: list[str], url: str, ready_path: str, env: dict[str, str] 
         time.sleep(0.3)
     proc.kill()
     raise RuntimeError(f"server not ready after {timeout_s:g} s: {' '.join(cmd)}")
+
+
+PRIVATE_NETWORK_FLAG = "QPART_BENCH_NETNS"
+
+
+def enter_private_network(module: str, argv: list[str], tools: tuple[str, ...] = (),
+                          mtu: int | None = None) -> None:
+    """Re-run ``python -m module argv`` in a new network namespace whose only interface is
+    loopback (brought up, with ``mtu`` if given); returns only once inside. Needs root."""
+    if os.environ.get(PRIVATE_NETWORK_FLAG) == "1":
+        subprocess.run(["ip", "link", "set", "lo", "up", *(["mtu", str(mtu)] if mtu else [])], check=True)
+        return
+    missing = [t for t in ("unshare", "ip", *tools) if shutil.which(t) is None]
+    if os.geteuid() != 0 or missing:
+        raise SystemExit(f"{module} runs its servers in a private network namespace (unshare -n): "
+                         f"run it as root{'; missing: ' + ', '.join(missing) if missing else ''}")
+    os.execvpe("unshare", ["unshare", "-n", "--", sys.executable, "-m", module, *argv],
+               {**os.environ, PRIVATE_NETWORK_FLAG: "1"})
 
 
 def require_wrk() -> str:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -44,7 +43,16 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from bench.loadgen import SERVER_CORE, Server, core_busy_seconds, require_wrk, start_server, wrk
+from bench.loadgen import (
+    PRIVATE_NETWORK_FLAG,
+    SERVER_CORE,
+    Server,
+    core_busy_seconds,
+    enter_private_network,
+    require_wrk,
+    start_server,
+    wrk,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 KSERVE_VENV = REPO / ".venv-kserve"
@@ -52,7 +60,6 @@ KSERVE_PYTHON = KSERVE_VENV / "bin" / "python"
 TORCH_PIN = "torch==2.13.0"
 KSERVE_PIN = "kserve==0.21.0"
 KSERVE_EXTRA = ("safetensors>=0.4",)  # what models.registry needs besides torch and numpy
-NETNS_ENV = "QPART_PEER_NETNS"
 
 Payload: TypeAlias = Literal["json", "binary"]
 ServerName: TypeAlias = Literal["qpart", "kserve"]
@@ -92,15 +99,6 @@ def ensure_kserve_venv() -> str:
     if not torch_version.startswith(TORCH_PIN.split("==")[1]):
         raise SystemExit(f"{KSERVE_VENV} holds torch {torch_version}, not {TORCH_PIN}: remove the folder")
     return _installed("kserve") or "unknown"
-
-
-def reexec_in_netns(argv: list[str]) -> int:
-    """Run this command again inside a new network namespace; its exit code."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        raise SystemExit(f"bench.peer runs its servers in a private network namespace: run it as root "
-                         f"(unshare -n), or from inside a namespace with {NETNS_ENV}=1")
-    cmd = ["unshare", "-n", "--", sys.executable, "-m", "bench.peer", *argv]
-    return subprocess.run(cmd, env={**os.environ, NETNS_ENV: "1"}, cwd=REPO, check=False).returncode
 
 
 def infer_bodies(image: npt.NDArray[np.float32]) -> dict[Payload, Body]:
@@ -188,7 +186,6 @@ def run(model: str, seconds: int, kserve_version: str, rounds: int = 3) -> dict[
     from models.data import Split, load_split
 
     require_wrk()
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     bodies = infer_bodies(load_split(Split.TEST, limit=1).images)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpart-peer-") as tmp:
@@ -265,9 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fmnist-cnn", choices=("fmnist-cnn", "fmnist-resnet"),
                         help="model to serve on both (default fmnist-cnn)")
     args = parser.parse_args(args_in)
-    if os.environ.get(NETNS_ENV) != "1":
+    if os.environ.get(PRIVATE_NETWORK_FLAG) != "1":
         ensure_kserve_venv()  # needs the package index: before the namespace cuts the network
-        raise SystemExit(reexec_in_netns(args_in))
+    enter_private_network("bench.peer", args_in)
     kserve_version = _installed("kserve")
     if kserve_version is None:
         raise SystemExit(f"kserve is not installed in {KSERVE_VENV}: run bench.peer outside a namespace "

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from client.runtime import encode_for_plan
+from kernels import activation_group
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from models.timing import median_latency
@@ -60,7 +61,7 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
     times = []
     for cut in cuts[:-1]:
         act = rng.random((1, *cut.shape), dtype=np.float32)
-        plan = {"activation_bits": 8, "group_size": _largest_divisor(cut.numel, largest_group)}
+        plan = {"activation_bits": 8, "group_size": activation_group(cut.numel, largest_group)}
         for _ in range(warmup):
             encode_for_plan(act, plan)
         samples = []
@@ -70,10 +71,6 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
             samples.append(time.perf_counter() - start)
         times.append(statistics.median(samples))
     return times
-
-
-def _largest_divisor(n: int, largest: int) -> int:
-    return next(g for g in range(min(largest, n), 0, -1) if n % g == 0)
 
 
 def profile_device(base: DeviceProfile, model: str, version: str, *, name: str | None = None,

@@ -18,7 +18,12 @@ from kernels.ops import (
     unpack_dequantize,
 )
 from kernels.packing import packed_size
-from kernels.quantization import DEFAULT_ACTIVATION_GROUP, QuantScheme, weight_group_size
+from kernels.quantization import (
+    DEFAULT_ACTIVATION_GROUP,
+    QuantScheme,
+    activation_group,
+    weight_group_size,
+)
 
 __all__ = [
     "DEFAULT_ACTIVATION_GROUP",
@@ -30,6 +35,7 @@ __all__ = [
     "QuantizationError",
     "TruncatedError",
     "WireFormatError",
+    "activation_group",
     "active_backend",
     "fake_quantize",
     "pack_codes",

@@ -54,6 +54,17 @@ def weight_group_size(shape: tuple[int, ...]) -> int:
     return max(1, numel // shape[0])
 
 
+def activation_group(numel: int, largest: int) -> int:
+    """Largest divisor of a sample's activation size not above ``largest``.
+
+    Groups then never straddle two samples, so a batch quantizes exactly like single samples.
+    """
+    for g in range(min(largest, numel), 0, -1):
+        if numel % g == 0:
+            return g
+    return 1
+
+
 def _as_flat_f32(x: npt.ArrayLike) -> F32Array:
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if flat.size == 0:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import fx, nn
 
-from kernels import QuantScheme, fake_quantize, weight_group_size
+from kernels import QuantScheme, activation_group, fake_quantize, weight_group_size
 from models.partition import Cut, cut_flops, cuts_of, prepare, split
 from profiles.artifacts import FLOAT_BITS
 
@@ -31,17 +31,6 @@ class TensorInfo:
     def params(self) -> int:
         """Number of elements."""
         return int(np.prod(self.shape))
-
-
-def activation_group(numel: int, largest: int) -> int:
-    """Largest divisor of a sample's activation size not above ``largest``.
-
-    Groups then never straddle two samples, so a batch quantizes exactly like single samples.
-    """
-    for g in range(min(largest, numel), 0, -1):
-        if numel % g == 0:
-            return g
-    return 1
 
 
 class ModelRunner:

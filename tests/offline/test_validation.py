@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offline.runner import activation_group
+from kernels import activation_group
 from offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
 from profiles.artifacts import AccuracyPoint
 

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.catalog import Catalog
 from server.engine import Engine
+from server.fastpath import InferFastPath
 from server.http_errors import install_error_handlers
 from server.limits import LimitsMiddleware
 from server.metrics import Metrics
@@ -87,6 +88,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         engine: Engine | None = getattr(app.state, "engine", None)
         return set(engine.catalog.names()) if engine is not None else set()
 
+    if settings.inference_fast_path:  # inside the limits middleware: same limits and metrics
+        app.add_middleware(InferFastPath, state=app.state)
     app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s, metrics=metrics, known_models=known_models)
     return app

@@ -6,6 +6,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from pydantic import SecretStr
 
 from server.engine import Engine
 from server.errors import ForbiddenError, UnauthorizedError
@@ -20,15 +21,18 @@ async def get_engine(request: Request) -> Engine:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
+def bearer_ok(token: SecretStr | None, authorization: str) -> bool:
+    """Whether an ``Authorization`` header value carries ``token`` (always, when no token is set)."""
+    if token is None:
+        return True
+    scheme, _, value = authorization.partition(" ")
+    expected = token.get_secret_value().encode()
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.encode(), expected)
+
+
 async def require_token(request: Request) -> None:
     """Checks ``Authorization: Bearer <token>`` when the server has a token configured."""
-    token = request.app.state.settings.auth_token
-    if token is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    expected = token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), expected):
+    if not bearer_ok(request.app.state.settings.auth_token, request.headers.get("authorization", "")):
         raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
 
 

@@ -28,19 +28,39 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+def server_error_response(exc: ServerError, method: str, path: str) -> JSONResponse:
+    """The answer to an error of the server's own tree."""
+    headers = dict(exc.headers or {})
+    if isinstance(exc, OverloadedError):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = "Bearer"
+    if exc.status >= 500:
+        log.warning("%s %s -> %d: %s", method, path, exc.status, exc)
+    return error_response(exc.status, str(exc), headers)
+
+
+def http_exception_response(exc: StarletteHTTPException, method: str, path: str) -> JSONResponse:
+    """The answer to a Starlette HTTPException (no route, 408 / 413 from the limits middleware)."""
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no route {method} {path}; see /docs for the API"
+    return error_response(exc.status_code, message, dict(exc.headers or {}))
+
+
+def disconnect_response() -> JSONResponse:
+    """The client hung up before its body arrived. Nobody reads this answer (uvicorn drops it);
+    its status is what the metrics record: nginx's 499, a client error. Left to the catch-all
+    handler, every abandoned upload logged two tracebacks and counted as a server error."""
+    return error_response(499, "the client closed the connection before its request body arrived")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that translate every error to ``{"error": ...}``."""
 
     @app.exception_handler(ServerError)
     async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
-        headers = dict(exc.headers or {})
-        if isinstance(exc, OverloadedError):
-            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-        if isinstance(exc, UnauthorizedError):
-            headers["WWW-Authenticate"] = "Bearer"
-        if exc.status >= 500:
-            log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc)
-        return error_response(exc.status, str(exc), headers)
+        return server_error_response(exc, request.method, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -48,17 +68,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404 and message == "Not Found":
-            message = f"no route {request.method} {request.url.path}; see /docs for the API"
-        return error_response(exc.status_code, message, dict(exc.headers or {}))
+        return http_exception_response(exc, request.method, request.url.path)
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
-        # The client hung up before its body arrived. Nobody reads this answer (uvicorn drops it);
-        # its status is what the metrics record: nginx's 499, a client error. Left to the handler
-        # below, every abandoned upload logged two tracebacks and counted as a server error.
-        return error_response(499, "the client closed the connection before its request body arrived")
+        return disconnect_response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

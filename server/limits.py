@@ -59,7 +59,10 @@ class _BodyGuard:
         if self._body_done:
             return await self._receive()
         try:
-            message = await asyncio.wait_for(self._receive(), max(self._deadline - time.monotonic(), 0.001))
+            # asyncio.timeout, not wait_for: wait_for wraps every receive in a new task (Python
+            # 3.11), measurable per request at a thousand requests per second.
+            async with asyncio.timeout(max(self._deadline - time.monotonic(), 0.001)):
+                message = await self._receive()
         except TimeoutError:
             raise HTTPException(408, f"request body not received within {self._timeout} s",
                                 headers=_CLOSE) from None

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.deps import EngineDep, read_body, require_admin, require_token
+from server.engine import Engine
 from server.errors import RangeNotSatisfiableError
 from server.schemas import SHA256_HEX, ErrorBody, JsonInt, ModelInfo, PlanRequest, PlanResponse, TailResponse
 
@@ -20,6 +21,8 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     s: {"model": ErrorBody} for s in (400, 401, 404, 413, 422, 503, 504)}
 _CHUNK = 64 * 1024
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+TOP_K_DEFAULT = 5
+TOP_K_MAX = 1000
 
 
 @router.post("/plan", response_model=PlanResponse, responses=_ERRORS,
@@ -115,11 +118,17 @@ def segment(
              summary="Run the tail on an uploaded activation packet")
 async def infer_tail(
     model: str, version: str, pattern_id: str, request: Request, engine: EngineDep,
-    top_k: Annotated[int, Query(ge=1, le=1000)] = 5,
-) -> TailResponse:
+    top_k: Annotated[int, Query(ge=1, le=TOP_K_MAX)] = TOP_K_DEFAULT,
+) -> Response:
     """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups."""
-    body = await read_body(request)
-    return await engine.infer_tail(model, version, pattern_id, body, top_k)
+    return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k)
+
+
+async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
+                              top_k: int) -> Response:
+    """The tail route's work after parsing; :mod:`server.fastpath` calls it too."""
+    result = await engine.infer_tail(model, version, pattern_id, body, top_k)
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 class CacheBudget(BaseModel):

@@ -7,6 +7,8 @@ packet of kernels/wire.py; request parameter ``pattern_id`` names the plan's pat
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -116,11 +118,14 @@ _INFER_DOC: dict[str, Any] = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}}}}}
 
 
-async def _infer(engine: Engine, request: Request, model: str, version: str | None) -> Response:
+async def infer_response(engine: Engine, model: str, version: str | None,
+                         read: Callable[[], Awaitable[bytes]], header_length: str | None) -> Response:
+    """The infer routes' work: ``read`` gives the body, ``header_length`` is the binary split header.
+    :mod:`server.fastpath` calls it too."""
     base, tail = _resolve(engine, model)
     engine.catalog.get(base, version)  # unknown model or version: 404 before the body is parsed
-    body = await read_body(request)
-    decoded = decode_request(body, request.headers.get(HEADER), max_elements=engine.settings.max_body_bytes)
+    body = await read()
+    decoded = decode_request(body, header_length, max_elements=engine.settings.max_body_bytes)
     if tail:
         logits, used = await _infer_tail(engine, base, version, decoded.request, decoded.arrays)
     else:
@@ -157,11 +162,12 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
              dependencies=[Depends(require_token)], summary="Inference (JSON or binary tensors)")
 async def infer(model: str, request: Request, engine: EngineDep) -> Response:
     """Open Inference Protocol infer; binary tensor data via Inference-Header-Content-Length."""
-    return await _infer(engine, request, model, None)
+    return await infer_response(engine, model, None, partial(read_body, request), request.headers.get(HEADER))
 
 
 @router.post("/models/{model}/versions/{version}/infer", responses=_ERRORS, openapi_extra=_INFER_DOC,
              dependencies=[Depends(require_token)], summary="Inference on one version")
 async def infer_version(model: str, version: str, request: Request, engine: EngineDep) -> Response:
     """Open Inference Protocol infer on a given version."""
-    return await _infer(engine, request, model, version)
+    return await infer_response(engine, model, version, partial(read_body, request),
+                                request.headers.get(HEADER))

@@ -32,4 +32,7 @@ class ServerSettings(BaseSettings):
     price_per_second: float = Field(1.0, ge=0, description="Server cost per second of tail compute (C).")
     graceful_timeout_s: float = Field(20.0, ge=0, description="Max wait for in-flight requests on shutdown.")
     drain_delay_s: float = Field(0.0, ge=0, description="After SIGTERM: readiness 503, then wait this long.")
+    inference_fast_path: bool = Field(
+        True, description="Serve well-formed infer POSTs straight from ASGI (false: via FastAPI's router; "
+                          "same answers, more CPU per request).")
     public_url: str = Field("", description="Base URL put into segment links (default: relative URLs).")

@@ -1,0 +1,111 @@
+"""The inference routes' common case served straight from ASGI, past FastAPI's router.
+
+At 32 clients FastAPI's routing, dependency solving and exit stacks were a third of the event
+loop's CPU per tail request (py-spy). For a POST to a tail or v2 infer route that is
+well-formed on its face (authorised, no query but a valid ``top_k``), this middleware calls the
+same handler the route calls, and maps errors through :mod:`server.http_errors` as the route
+would. Anything else falls through to FastAPI, which answers it (401, 422, ...) as documented.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from starlette.datastructures import State
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from server.deps import bearer_ok
+from server.engine import Engine
+from server.errors import ServerError
+from server.http_errors import disconnect_response, http_exception_response, server_error_response
+from server.limits import ASGIApp, Receive, Scope, Send
+from server.oip_codec import HEADER
+from server.routes_api import TOP_K_DEFAULT, TOP_K_MAX, tail_infer_response
+from server.routes_oip import infer_response
+
+# The routes' own paths ({param} is Starlette's [^/]+); a test checks they match the router.
+TAIL_PATH = re.compile(r"/v1/models/([^/]+)/versions/([^/]+)/patterns/([^/]+)/infer")
+V2_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+_TOP_K = re.compile(rb"top_k=([1-9][0-9]{0,3})")
+_HEADER = HEADER.lower().encode()
+
+Handler = Callable[[Receive], Awaitable[Response]]
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of a header, as Starlette's ``Headers.get`` gives it."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _top_k(query: bytes) -> int | None:
+    if not query:
+        return TOP_K_DEFAULT
+    match = _TOP_K.fullmatch(query)
+    k = int(match.group(1)) if match else 0
+    return k if 1 <= k <= TOP_K_MAX else None
+
+
+class InferFastPath:
+    """Serves well-formed tail and v2 infer POSTs itself; passes everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, *, state: State) -> None:
+        self.app = app
+        self.state = state
+
+    def _handler(self, scope: Scope) -> Handler | None:
+        engine: Engine | None = getattr(self.state, "engine", None)
+        path: str = scope["path"]
+        if engine is None or scope.get("root_path") or not path.endswith("/infer"):
+            return None
+        headers = scope["headers"]
+        if not bearer_ok(engine.settings.auth_token, _first(headers, b"authorization") or ""):
+            return None
+        if match := TAIL_PATH.fullmatch(path):
+            top_k = _top_k(scope["query_string"])
+            if top_k is None:
+                return None
+            model, version, pattern_id = match.groups()
+
+            async def tail(receive: Receive) -> Response:
+                body = await _read_body(receive)
+                return await tail_infer_response(engine, model, version, pattern_id, body, top_k)
+
+            return tail
+        if match := V2_PATH.fullmatch(path):
+            split = _first(headers, _HEADER)
+            model, version = match.groups()
+            return lambda receive: infer_response(engine, model, version, partial(_read_body, receive), split)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self._handler(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await handler(receive)
+        except ServerError as exc:
+            response = server_error_response(exc, "POST", scope["path"])
+        except HTTPException as exc:  # 408 / 413 from the limits middleware's body guard
+            response = http_exception_response(exc, "POST", scope["path"])
+        except ClientDisconnect:
+            response = disconnect_response()
+        await response(scope, receive, send)

@@ -1,0 +1,125 @@
+"""The inference fast path answers exactly as the FastAPI routes do, and falls through when unsure."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from starlette.routing import compile_path
+
+from client.runtime import encode_for_plan
+from server import fastpath
+from server.fastpath import TAIL_PATH, V2_PATH
+from tests.server.conftest import make_client
+
+TIMING = ("queue_s", "compute_s")
+
+
+def _plan(client, cut):
+    info = client.get("/v1/models/fmnist-cnn").json()
+    p = next(p for p in info["patterns"] if p["cut"] == cut and p["level"] == 0.01)
+    return {**p, "model": info["model"], "version": info["version"], "cuts": info["cuts"]}
+
+
+def _requests(client):
+    """(method path, body, headers) covering answers and errors of both infer routes."""
+    plan = _plan(client, 0)
+    url = plan["infer_url"]
+    image = np.random.default_rng(0).random((2, 1, 28, 28), dtype=np.float32)
+    packet = encode_for_plan(image, plan)
+    v2 = "/v2/models/fmnist-cnn/infer"
+    tensor = {"name": "input", "shape": [2, 1, 28, 28], "datatype": "FP32"}
+    as_json = json.dumps({"inputs": [{**tensor, "data": image.reshape(-1).tolist()}]}).encode()
+    raw = image.astype("<f4").tobytes()
+    head = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    binary = {"inference-header-content-length": str(len(head))}
+    version = plan["version"]
+    return [
+        (url, packet, {}),
+        (url + "?top_k=3", packet, {}),
+        (url + "?top_k=0", packet, {}),  # FastAPI's 422
+        (url + "?top_k=x&y=1", packet, {}),
+        (url, b"garbage", {}),
+        (url, packet[:-3], {}),
+        (url.replace(plan["pattern_id"], "nope"), packet, {}),
+        ("/v1/models/nope/versions/1/patterns/p/infer", packet, {}),
+        (v2, as_json, {}),
+        (f"/v2/models/fmnist-cnn/versions/{version}/infer", as_json, {}),
+        ("/v2/models/fmnist-cnn/versions/0/infer", as_json, {}),
+        (v2, head + raw, binary),
+        (v2, head + raw[:-4], binary),
+        (v2, head + raw, {"inference-header-content-length": "99999"}),
+        (v2, b"{not json", {}),
+        ("/v2/models/nope/infer", as_json, {}),
+        ("/v2/models/fmnist-cnn-tail/infer", as_json, {}),
+    ]
+
+
+def _answer(response):
+    kept = {k: v for k, v in response.headers.items()
+            if k in ("content-type", "inference-header-content-length", "retry-after", "www-authenticate")}
+    split = response.headers.get("inference-header-content-length")
+    if split is not None:
+        return response.status_code, json.loads(response.content[: int(split)]), kept
+    body = response.json()
+    for key in TIMING:
+        body.pop(key, None)
+    return response.status_code, body, kept
+
+
+def test_the_fast_path_answers_as_the_routes_do(cnn_only):
+    with make_client(cnn_only) as fast, make_client(cnn_only, inference_fast_path=False) as routed:
+        requests = _requests(fast)
+        statuses = set()
+        for path, body, headers in requests:
+            a = _answer(fast.post(path, content=body, headers=headers))
+            b = _answer(routed.post(path, content=body, headers=headers))
+            assert a == b, path
+            statuses.add(a[0])
+        assert {200, 400, 404, 422} <= statuses
+
+
+def test_well_formed_requests_take_the_fast_path_and_others_fall_through(cnn_only, monkeypatch):
+    reads = []
+    original = fastpath._read_body
+
+    async def counting(receive):
+        reads.append(1)
+        return await original(receive)
+
+    monkeypatch.setattr(fastpath, "_read_body", counting)
+    with make_client(cnn_only, auth_token="s3cret") as c:
+        token = {"Authorization": "Bearer s3cret"}
+        plan = _plan(c, 0)
+        packet = encode_for_plan(np.zeros((1, 1, 28, 28), dtype=np.float32), plan)
+        assert c.post(plan["infer_url"], content=packet, headers=token).status_code == 200
+        assert len(reads) == 1
+        denied = c.post(plan["infer_url"], content=packet)  # FastAPI's dependency answers
+        assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
+        assert c.post(plan["infer_url"] + "?top_k=1001", content=packet, headers=token).status_code == 422
+        assert len(reads) == 1
+
+
+def test_an_oversize_body_on_the_fast_path_is_a_413_that_closes(cnn_only):
+    with make_client(cnn_only, max_body_bytes=2048) as c:
+        plan = _plan(c, 0)
+        # No Content-Length: the body guard, not the declared-length check, must refuse it.
+        response = c.post(plan["infer_url"], content=iter([b"x" * 1500, b"x" * 1500]))
+        assert response.status_code == 413 and "limit" in response.json()["error"]
+        assert response.headers["connection"] == "close"
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/models/m/versions/1/patterns/p/infer", "/v2/models/m/infer", "/v2/models/m/versions/2/infer",
+    "/v2/models/m/versions/infer", "/v1/models/m/infer", "/v2/models/a/b/infer", "/v2/models//infer",
+])
+def test_the_fast_path_patterns_match_what_the_router_matches(cnn_only, path):
+    with make_client(cnn_only) as c:
+        paths = c.app.openapi()["paths"]
+        documented = [p for p, ops in paths.items() if "post" in ops and p.endswith("/infer")]
+        assert len(documented) == 3
+        routed = [p for p in documented if compile_path(p)[0].match(path)]
+        fast = bool(TAIL_PATH.fullmatch(path) or V2_PATH.fullmatch(path))
+        assert fast == bool(routed), routed

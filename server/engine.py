@@ -44,6 +44,7 @@ from server.schemas import (
 )
 from server.segments import SegmentStore, build_segment
 from server.settings import ServerSettings
+from server.tail_times import TailTimes
 
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
@@ -80,7 +81,7 @@ class Engine:
         self._by_segment: dict[str, SegmentIndex] = {}
         self._runs: dict[str, RunFn] = {}
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
-        self._tail_s: dict[tuple[str, str], list[float]] = {}
+        self.tail_times = TailTimes()
         self._answer_bytes: dict[tuple[str, str], int] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -93,7 +94,7 @@ class Engine:
                 for pattern in entry.model.artifact.patterns:
                     self._segment_for(entry.model, pattern)
                 with torch.inference_mode():
-                    self._tail_s[(entry.name, entry.version)] = self._measure_tails(entry.model)
+                    self.tail_times.set_profile(entry.name, entry.version, self._measure_tails(entry.model))
                 self._answer_bytes[(entry.name, entry.version)] = self._measure_answer(entry.model)
 
     @property
@@ -257,16 +258,22 @@ class Engine:
         return gm
 
     def tail_seconds(self, model: LoadedModel) -> list[float]:
-        """Per cut, the tail's batch-1 time measured on this server at start-up (warm_up), through
-        the worker pool as requests run.
+        """Per cut, what a lone request's tail takes on this server now: the batch-1 times measured
+        at start-up (warm_up) through the worker pool, scaled by what lone requests took lately
+        (:mod:`server.tail_times`).
 
         The artifact's ``server_tail_s`` was measured where the calibration ran, with the plain
         float tail; planning uses what this machine and this runner take. Falls back to the
-        artifact's figures for a model not warmed up. (Prices use compute only, not queueing:
-        the predicted-vs-measured metric and its alert compare against a fixed prediction.)
+        artifact's figures for a model not warmed up. Prices use compute only, not queueing.
         """
-        return self._tail_s.get((model.name, model.version),
-                                [c.server_tail_s for c in model.artifact.cuts])
+        live = self.tail_times.seconds(model.name, model.version)
+        return live if live is not None else [c.server_tail_s for c in model.artifact.cuts]
+
+    def _profiled_tail_s(self, model: LoadedModel, cut: int) -> float:
+        # The predicted-vs-measured metric and its drift alert compare against the start-up
+        # profile, not the live scale that follows the measurements.
+        profile = self.tail_times.profile(model.name, model.version)
+        return (profile if profile is not None else [c.server_tail_s for c in model.artifact.cuts])[cut]
 
     def answer_bytes(self, model: LoadedModel) -> int:
         """Size of a tail answer for one sample (JSON, top 5), measured at start-up (0 before)."""
@@ -327,7 +334,7 @@ class Engine:
         if not np.isfinite(logits).all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
-        predicted = self.tail_seconds(model)[pattern.cut] * len(x)
+        predicted = self._profiled_tail_s(model, pattern.cut) * len(x)
         self.metrics.server_time_predicted.labels(name).inc(predicted)
         self.metrics.server_time_measured.labels(name).inc(compute_s)
         return TailResponse(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
@@ -374,7 +381,10 @@ class Engine:
         return logits, model
 
     def _record_batch(self, report: BatchReport) -> None:
-        model = report.key.split("@", 1)[0]
+        model, rest = report.key.split("@", 1)  # key: name@version/c<cut>
+        version, cut = rest.rsplit("/c", 1)
+        self.tail_times.observe(model, version, int(cut), report.size, report.compute_s)
+        self.metrics.tail_scale.labels(model).set(self.tail_times.scale(model, version))
         self.metrics.tail_batch.labels(model).observe(report.size)
         self.metrics.tail_compute.labels(model).observe(report.compute_s)
         for q in report.queue_s:

@@ -72,6 +72,9 @@ class Metrics:
         self.server_time_measured = Counter(
             "qpart_tail_measured_seconds", "Measured server tail seconds of executed requests.",
             ["model"], registry=r)
+        self.tail_scale = Gauge(
+            "qpart_tail_time_scale", "Measured over profiled tail time of lone requests lately; "
+            "plans price tails at profile x scale.", ["model"], registry=r)
         self.in_flight = Gauge("qpart_in_flight_requests", "Requests being processed.", registry=r)
         self.queue_depth = Gauge("qpart_tail_queue_depth", "Tail samples waiting, all models.", registry=r)
         self.shed = Counter("qpart_shed_requests", "Requests refused by overload protection.",

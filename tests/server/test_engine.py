@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from server.batching import BatchReport
 from server.catalog import Catalog
 from server.engine import Engine
 from server.metrics import Metrics
@@ -46,4 +47,15 @@ def test_warm_up_measures_every_tail_on_this_machine(engine):
     # the whole model's tail takes longer than the tail after the last conv
     assert measured[0] > measured[-2]
     assert engine.model_info("fmnist-cnn", None).server_tail_s == measured
+
+
+def test_lone_requests_reprice_the_tails(engine):
+    model = engine.catalog.get("fmnist-cnn")
+    engine.warm_up()
+    profile = engine.tail_seconds(model)
+    key = f"{model.name}@{model.version}/c0"
+    for _ in range(40):  # an idle server: every lone request takes twice the profile
+        engine._record_batch(BatchReport(key, 1, [0.0], 2 * profile[0]))
+    assert engine.tail_seconds(model) == pytest.approx([2 * t for t in profile], rel=1e-3)
+    assert engine.model_info("fmnist-cnn", None).server_tail_s == engine.tail_seconds(model)
 

@@ -32,9 +32,14 @@ patterns at level 1.0, which no demand (< 1) ever admits, so the planner never s
 
 Cold cache: the device holds no segment, downloads count. Warm: it holds every segment it
 downloaded in the cold pass of the same cell. A plan is fetched once per cell and not counted
-(devices reuse plans while conditions hold). Each strategy runs ``--reps`` inferences on
-different test images, interleaved across strategies; the median is reported, plus the one
-download when cold. Measured ``J`` uses the cost model's weights and powers on measured times:
+(devices reuse plans while conditions hold). The strategies run in rounds, one inference each on
+the round's test image, in a fresh random order per round, until at least ``--reps`` rounds and
+``--cell-seconds`` have passed (at most ``--max-reps`` rounds); the median is reported, plus the
+one download when cold. A fixed count would leave the fast cells, where strategies differ by a
+tenth of a millisecond in 2-3 ms of noisy round trip (tenth to ninetieth percentile: 2.0 to
+3.3 ms at 100 Mbit/s), to a median of eleven.
+
+Measured ``J`` uses the cost model's weights and powers on measured times:
 ``J = w_t*T + w_e*(P_compute*T_local + P_tx*T_transfer) + w_c*price*T_server``, where
 ``T_server`` is the queue + compute time the server reports and ``T_transfer`` the rest of the
 round trip.
@@ -99,6 +104,11 @@ def burst_bytes(rate_mbps: float) -> int:
     return 1600 if rate_mbps <= 20 else int(rate_mbps * 1e6 / 8 * 0.001)
 
 
+def idle_gap_s(rate_mbps: float) -> float:
+    """How long the link idles before every measured transfer: the bucket's refill time + 1 ms."""
+    return burst_bytes(rate_mbps) * 8 / (rate_mbps * 1e6) + 0.001
+
+
 def quiet_link(rate_mbps: float | None) -> None:
     """Leave the token bucket empty, as a serial link is before a transfer starts.
 
@@ -111,7 +121,7 @@ def quiet_link(rate_mbps: float | None) -> None:
     if rate_mbps is None:
         return
     burst = burst_bytes(rate_mbps)
-    time.sleep(burst * 8 / (rate_mbps * 1e6) + 0.001)
+    time.sleep(idle_gap_s(rate_mbps))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _ in range(burst // 1514):  # one frame on lo: 1472 B + UDP, IP and link headers
             sock.sendto(bytes(1472), ("127.0.0.1", 9))
@@ -197,14 +207,22 @@ class ModelView:
         return next(p for p in self.artifact.patterns if p.pattern_id == pattern_id)
 
 
-def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarray) -> float:
+def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, idle_s: float) -> float:
     """The latency floor of one inference exchange on the unshaped link: median of 31 tail
     requests' round trips minus the server's reported queue + compute time. It holds what the
-    cost model has no term for: HTTP handling on both ends, decoding, the answer's parsing."""
+    cost model has no term for: HTTP handling on both ends, decoding, the answer's parsing.
+
+    Each request follows ``idle_s`` of silence, as every measured transfer does (quiet_link): a
+    server (and client) that idled for milliseconds answers slower than a busy one. Measured on
+    this VM (80 sequential CNN tail requests, median), the rest of an exchange took 0.9 ms back to
+    back, 1.6 ms after 3 ms idle and 2.4 ms after 20 ms: back-to-back probes priced the measured
+    exchanges at half their cost.
+    """
     p = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
     packet = encode_for_plan(image, model.plan_of(p))
     rtts = []
     for i in range(51):  # the first 20 are warm-up (first requests of a process run slow)
+        time.sleep(idle_s)
         start = time.perf_counter()
         r = client.post(url + p["infer_url"], content=packet)
         elapsed = time.perf_counter() - start
@@ -350,7 +368,7 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
 
 def run_cell(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
              preset: str, link: Link, held: set[str], images: np.ndarray,
-             reps: int) -> tuple[dict[str, Any], set[str]]:
+             reps: tuple[int, int, float]) -> tuple[dict[str, Any], set[str]]:
     """Every strategy in one cell; returns the cell's strategies and the segments downloaded."""
     # The server prices tails with what recent requests took: the same figures price the rest.
     model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
@@ -390,7 +408,11 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     runs: dict[str, list[dict[str, float]]] = {pid: [] for pid in by_pattern}
     order = list(by_pattern)
     rng = random.Random(f"{model.name}/{device.name}/{link.rate_mbps}/{preset}/{sorted(held)}")
-    for i in range(reps):
+    least, most, seconds = reps
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < most and (rounds < least or time.perf_counter() - started < seconds):
+        i, rounds = rounds % len(images), rounds + 1
         # Interleaved, in a fresh random order each time: a rotation keeps every pattern behind
         # the same predecessor (one ran always right after all-device's 14 head runs and a long
         # idle server, and measured up to 0.9 ms slower for it).
@@ -407,7 +429,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
                   **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
                   "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
-    cell = {"strategies": out, "best": best, "plan_s": plan_s,
+    cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": rounds,
             "best_any": min(out, key=lambda s: out[s]["measured_J"]),
             "qpart_regret": out["qpart"]["measured_J"] / out[best]["measured_J"] - 1.0,
             # the server's prediction for its plan equals this benchmark's pricing of it
@@ -428,12 +450,22 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path) -> ModelVi
                      load_artifact(artifacts / name), host, encode, info["answer_bytes"])
 
 
+def reprofile(model: ModelView) -> None:
+    """Measure the host's head times again. This shared machine's speed drifts over minutes
+    (seen: the whole CNN 34% faster twenty minutes after the profile), and a device's time is
+    host time x host FLOP/s / device FLOP/s: with a stale profile the planner's device times and
+    the measured ones run on different clocks."""
+    image = torch.from_numpy(load_split(Split.TEST, limit=1).images)
+    model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True, x=image)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The grid; returns the JSON document."""
     devices = QUICK_DEVICES if args.quick else DEVICES
     rates = args.rate or (QUICK_RATES_MBPS if args.quick else RATES_MBPS)
     presets = QUICK_PRESETS if args.quick else PRESET_NAMES
-    images = load_split(Split.TEST, limit=args.reps).images
+    images = load_split(Split.TEST, limit=args.max_reps).images
+    reps = (args.reps, args.max_reps, args.cell_seconds)
     cells: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
         write_artifacts(args.artifacts, list(args.model), Path(tmp))
@@ -446,22 +478,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with httpx.Client(timeout=300) as client:
                 url = server.url
                 views = [_view(client, url, m, Path(tmp)) for m in args.model]
-                profiles = {d: device_profile(d, views) for d in devices}
-                shape(None)
-                rtt = measure_rtt(client, url, views[0], images[:1])
                 for rate in rates:
+                    shape(None)
+                    rtt = measure_rtt(client, url, views[0], images[:1], idle_gap_s(rate))
                     shape(rate)
                     link = measure_link(client, url, views[0], rate, rtt)
                     print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s, "
                           f"RTT {link.rtt_s * 1e3:.2f} ms", file=sys.stderr)
                     for model in views:
                         for d in devices:
-                            profile, ratios = profiles[d]
+                            reprofile(model)  # before every device's cells: one clock for both
+                            profile, ratios = device_profile(d, [model])
                             for preset in presets:
                                 held: set[str] = set()
                                 for cache in ("cold", "warm"):
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
-                                                         preset, link, held, images, args.reps)
+                                                         preset, link, held, images, reps)
                                     held |= got
                                     cells.append({"device": d, "rate_mbps": rate, "model": model.name,
                                                   "preset": preset, "cache": cache,
@@ -470,7 +502,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     _progress(cells[-1])
         finally:
             server.stop()
-    return {"cells": cells, "summary": summarize(cells), "demand": DEMAND, "reps": args.reps,
+    return {"cells": cells, "summary": summarize(cells), "demand": DEMAND,
+            "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
             "quick": args.quick, "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}
 
 
@@ -496,13 +529,14 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(doc: dict[str, Any]) -> str:
     """One row per cell: the planner's measured J, the best strategy, the regret."""
-    lines = ["| model | device | Mbit/s | preset | cache | qpart cut | qpart J | best | best J | regret |"
-             + " " + " | ".join(STRATEGIES[1:]) + " |",
-             "|" + "---|" * (10 + len(STRATEGIES) - 1)]
+    lines = ["| model | device | Mbit/s | preset | cache | reps | qpart cut | qpart J | best | best J | "
+             "regret | " + " | ".join(STRATEGIES[1:]) + " |",
+             "|" + "---|" * (11 + len(STRATEGIES) - 1)]
     for c in doc["cells"]:
         s = c["strategies"]
         others = " | ".join(f"{s[k]['measured_J']:.4g}" for k in STRATEGIES[1:])
         lines.append(f"| {c['model']} | {c['device']} | {c['rate_mbps']:g} | {c['preset']} | {c['cache']} | "
+                     f"{c['reps']} | "
                      f"{s['qpart']['cut']} | {s['qpart']['measured_J']:.4g} | {c['best']} | "
                      f"{s[c['best']]['measured_J']:.4g} | {c['qpart_regret']:+.1%} | {others} |")
     sm = doc["summary"]
@@ -547,7 +581,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"subset: devices {QUICK_DEVICES}, rates {QUICK_RATES_MBPS} Mbit/s, "
                              f"preset {QUICK_PRESETS} (both models, cold and warm)")
-    parser.add_argument("--reps", type=int, default=11, help="inferences per strategy and cell (median)")
+    parser.add_argument("--reps", type=int, default=11,
+                        help="least inferences per strategy and cell (the median is reported)")
+    parser.add_argument("--cell-seconds", type=float, default=6.0,
+                        help="keep measuring a cell's strategies for at least this long (default 6)")
+    parser.add_argument("--max-reps", type=int, default=400, help="most inferences per strategy and cell")
     parser.add_argument("--model", action="append", choices=MODELS, help="model(s) (default: both)")
     parser.add_argument("--rate", action="append", type=float, help="rate(s) in Mbit/s (default: the grid's)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from bench.e2e import EXTRA_LEVEL, burst_bytes, meets_demand, with_baselines
+import pytest
+
+from bench.e2e import (
+    EXTRA_LEVEL,
+    STRATEGIES,
+    burst_bytes,
+    idle_gap_s,
+    markdown,
+    meets_demand,
+    with_baselines,
+)
 from profiles.artifacts import load_artifact
 from server.planner import allowed_patterns
 
@@ -33,3 +43,19 @@ def test_a_published_pattern_competes_only_if_its_test_drop_keeps_the_demand():
 def test_the_shaper_bucket_is_one_packet_on_slow_links():
     assert burst_bytes(1.0) == burst_bytes(20.0) == 1600
     assert burst_bytes(100.0) == 12500
+
+
+def test_rtt_probes_idle_as_long_as_measured_transfers_do():
+    # quiet_link waits for the bucket to refill plus 1 ms; the RTT probes wait the same
+    assert idle_gap_s(1.0) == pytest.approx(1600 * 8 / 1e6 + 0.001)
+    assert idle_gap_s(100.0) == pytest.approx(12500 * 8 / 100e6 + 0.001)
+
+
+def test_the_table_names_each_cells_repetitions():
+    cell = {"model": "m", "device": "d", "rate_mbps": 1.0, "preset": "p", "cache": "cold", "reps": 37,
+            "best": "qpart", "qpart_regret": 0.0,
+            "strategies": {s: {"measured_J": 1.0, "cut": 0} for s in STRATEGIES}}
+    summary = {"cells": 1, "max_regret": 0.0, "cells_regret_over_5pct": 0, "median_time_error": 0.1,
+               "cells_qpart_beats": {}}
+    row = markdown({"cells": [cell], "summary": summary}).splitlines()[2]
+    assert "| cold | 37 | 0 |" in row

@@ -1,0 +1,111 @@
+"""How the shaped link prices upload size: cut-0 tail requests of every activation encoding.
+
+``python -m bench.uplink --rate 100 [--rounds 200] [--model fmnist-cnn] [--json PATH]`` (root)
+
+Inside the private network namespace of :mod:`bench.e2e`, with its shaper and its
+``quiet_link`` before every request, the same image is uploaded at cut 0 with every activation
+bit width the artifact has (3 to 8 bits, float32), round after round in a fresh random order.
+A real link at ``R`` bit/s adds ``8 * bytes / R`` per request; on this machine's ``tbf`` the
+difference between the largest and the smallest upload shows how much of that the emulation
+reproduces (the planner's cost model assumes all of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.e2e import quiet_link, shape, write_artifacts
+from bench.loadgen import GENERATOR_CORE, enter_private_network, start_server
+from client.runtime import encode_for_plan
+
+REPO = Path(__file__).resolve().parent.parent
+PORT = 18600
+WARMUP_ROUNDS = 10
+IMAGE = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
+
+
+def _packets(client: httpx.Client, url: str, model: str) -> dict[int, tuple[str, dict[str, Any], bytes]]:
+    info = client.get(f"{url}/v1/models/{model}").json()
+    out: dict[int, tuple[str, dict[str, Any], bytes]] = {}
+    for p in info["patterns"]:
+        if p["cut"] == 0 and p["activation_bits"] not in out:
+            plan = {**p, "model": model, "version": info["version"], "cuts": info["cuts"]}
+            out[p["activation_bits"]] = (p["infer_url"], plan, encode_for_plan(IMAGE, plan))
+    return out
+
+
+def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str, Any]:
+    """Round trips per encoding at ``rate_mbps``; the JSON document."""
+    with tempfile.TemporaryDirectory(prefix="qpart-uplink-") as tmp:
+        write_artifacts(artifacts, [model], Path(tmp))
+        server = start_server([sys.executable, "-m", "qpart", "serve", "--artifacts", tmp],
+                              f"http://127.0.0.1:{PORT}", "/v2/health/ready",
+                              {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1"})
+        os.sched_setaffinity(0, {int(GENERATOR_CORE)})
+        try:
+            with httpx.Client(timeout=60) as client:
+                packets = _packets(client, server.url, model)
+                shape(rate_mbps)
+                times: dict[int, list[float]] = {b: [] for b in packets}
+                order = list(packets)
+                rng = random.Random(0)
+                for i in range(rounds + WARMUP_ROUNDS):
+                    rng.shuffle(order)
+                    for bits in order:
+                        url, plan, packet = packets[bits]
+                        for _ in range(3):  # as bench.e2e's device encodes before each upload
+                            encode_for_plan(IMAGE, plan)
+                        quiet_link(rate_mbps)
+                        start = time.perf_counter()
+                        client.post(server.url + url, content=packet).raise_for_status()
+                        if i >= WARMUP_ROUNDS:
+                            times[bits].append(time.perf_counter() - start)
+        finally:
+            shape(None)
+            server.stop()
+    rows: list[dict[str, Any]] = [{"activation_bits": b, "upload_bytes": len(packets[b][2]),
+             "round_trip_median_s": statistics.median(t),
+             "round_trip_deciles_s": statistics.quantiles(t, n=10)} for b, t in sorted(times.items())]
+    small, large = min(rows, key=lambda r: r["upload_bytes"]), max(rows, key=lambda r: r["upload_bytes"])
+    return {"rate_mbps": rate_mbps, "rounds": rounds, "model": model, "encodings": rows,
+            "largest_minus_smallest_s": large["round_trip_median_s"] - small["round_trip_median_s"],
+            "wire_difference_s": 8 * (large["upload_bytes"] - small["upload_bytes"]) / (rate_mbps * 1e6)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, required=True, help="shaped rate in Mbit/s")
+    parser.add_argument("--rounds", type=int, default=200, help="measured rounds (default 200)")
+    parser.add_argument("--model", default="fmnist-cnn")
+    parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    enter_private_network("bench.uplink", argv, tools=("tc",), mtu=1500)
+    doc = run(args.rate, args.rounds, args.model, args.artifacts)
+    for r in doc["encodings"]:
+        print(f"{r['activation_bits']:2d} bits, {r['upload_bytes']:5d} B: round trip "
+              f"{r['round_trip_median_s'] * 1e3:.3f} ms (median)")
+    print(f"largest - smallest upload: {doc['largest_minus_smallest_s'] * 1e3:+.3f} ms measured, "
+          f"{doc['wire_difference_s'] * 1e3:+.3f} ms on a real {args.rate:g} Mbit/s wire")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -259,8 +259,8 @@ class Engine:
 
     def tail_seconds(self, model: LoadedModel) -> list[float]:
         """Per cut, what a lone request's tail takes on this server now: the batch-1 times measured
-        at start-up (warm_up) through the worker pool, scaled by what lone requests took lately
-        (:mod:`server.tail_times`).
+        at start-up (warm_up) through the worker pool, plus what lone requests took beyond them
+        lately (:mod:`server.tail_times`).
 
         The artifact's ``server_tail_s`` was measured where the calibration ran, with the plain
         float tail; planning uses what this machine and this runner take. Falls back to the
@@ -268,12 +268,6 @@ class Engine:
         """
         live = self.tail_times.seconds(model.name, model.version)
         return live if live is not None else [c.server_tail_s for c in model.artifact.cuts]
-
-    def _profiled_tail_s(self, model: LoadedModel, cut: int) -> float:
-        # The predicted-vs-measured metric and its drift alert compare against the start-up
-        # profile, not the live scale that follows the measurements.
-        profile = self.tail_times.profile(model.name, model.version)
-        return (profile if profile is not None else [c.server_tail_s for c in model.artifact.cuts])[cut]
 
     def answer_bytes(self, model: LoadedModel) -> int:
         """Size of a tail answer for one sample (JSON, top 5), measured at start-up (0 before)."""
@@ -334,7 +328,7 @@ class Engine:
         if not np.isfinite(logits).all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
-        predicted = self._profiled_tail_s(model, pattern.cut) * len(x)
+        predicted = self.tail_seconds(model)[pattern.cut] * len(x)  # what a plan priced it at
         self.metrics.server_time_predicted.labels(name).inc(predicted)
         self.metrics.server_time_measured.labels(name).inc(compute_s)
         # model_construct: the fields are this function's own floats and strings, and
@@ -386,7 +380,7 @@ class Engine:
         model, rest = report.key.split("@", 1)  # key: name@version/c<cut>
         version, cut = rest.rsplit("/c", 1)
         self.tail_times.observe(model, version, int(cut), report.size, report.compute_s)
-        self.metrics.tail_scale.labels(model).set(self.tail_times.scale(model, version))
+        self.metrics.tail_extra.labels(model, version).set(self.tail_times.extra(model, version))
         self.metrics.tail_batch.labels(model).observe(report.size)
         self.metrics.tail_compute.labels(model).observe(report.compute_s)
         for q in report.queue_s:

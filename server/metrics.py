@@ -67,14 +67,14 @@ class Metrics:
         self.plan_bytes = Histogram("qpart_plan_transfer_bytes", "Predicted bytes per planned request.",
                                     ["model"], buckets=_BYTES, registry=r)
         self.server_time_predicted = Counter(
-            "qpart_tail_predicted_seconds", "Predicted server tail seconds of executed requests.",
-            ["model"], registry=r)
+            "qpart_tail_predicted_seconds", "Server tail seconds that plans price executed requests at "
+            "(the start-up profile plus the live extra).", ["model"], registry=r)
         self.server_time_measured = Counter(
             "qpart_tail_measured_seconds", "Measured server tail seconds of executed requests.",
             ["model"], registry=r)
-        self.tail_scale = Gauge(
-            "qpart_tail_time_scale", "Measured over profiled tail time of lone requests lately; "
-            "plans price tails at profile x scale.", ["model"], registry=r)
+        self.tail_extra = Gauge(
+            "qpart_tail_extra_seconds", "Seconds lone tail requests took beyond the start-up profile "
+            "lately; plans price each tail at profile + this.", ["model", "version"], registry=r)
         self.in_flight = Gauge("qpart_in_flight_requests", "Requests being processed.", registry=r)
         self.queue_depth = Gauge("qpart_tail_queue_depth", "Tail samples waiting, all models.", registry=r)
         self.shed = Counter("qpart_shed_requests", "Requests refused by overload protection.",

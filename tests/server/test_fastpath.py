@@ -100,6 +100,11 @@ def test_well_formed_requests_take_the_fast_path_and_others_fall_through(cnn_onl
         assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
         assert c.post(plan["infer_url"] + "?top_k=1001", content=packet, headers=token).status_code == 422
         assert len(reads) == 1
+        v2 = {"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [0.0] * 784}]}
+        assert c.post("/v2/models/fmnist-cnn/infer", json=v2, headers=token).status_code == 200
+        assert len(reads) == 2
+        assert c.post("/v2/models/fmnist-cnn/infer", json=v2).status_code == 401
+        assert len(reads) == 2
 
 
 def test_an_oversize_body_on_the_fast_path_is_a_413_that_closes(cnn_only):

@@ -36,6 +36,10 @@ def route_label(path: str) -> str:
     return "other"
 
 
+# The request-state key under which a route names the model a request was for, when the path
+# does not (Starlette's request.state is scope["state"], a per-request copy in uvicorn).
+MODEL_STATE_KEY = "qpart_model"
+
 # The rest of a refused body is still on its way: without "Connection: close" uvicorn keeps the
 # connection and reads (and drops) whatever the client goes on trickling, so one slow client
 # held a connection for as long as it liked after its 408 (RFC 9110 15.5.9: a 408 SHOULD close).
@@ -86,12 +90,15 @@ class LimitsMiddleware:
         self.metrics = metrics
         self.known_models = known_models
 
-    def _model_label(self, path: str) -> str:
+    def _model_label(self, path: str, state: object) -> str:
         parts = path.split("/")
         if len(parts) > 3 and parts[2] == "models":
-            name = parts[3].removesuffix("-tail")
-            return name if name in self.known_models() else "unknown"
-        return ""
+            name: str | None = parts[3].removesuffix("-tail")
+        else:  # a route with the model in its body records it in the request state (plan)
+            name = state.get(MODEL_STATE_KEY) if isinstance(state, dict) else None
+        if name is None:
+            return ""
+        return name if name in self.known_models() else "unknown"
 
     async def _refuse_declared_length(self, scope: Scope, send: Send) -> bool:
         length = dict(scope.get("headers") or []).get(b"content-length")
@@ -133,14 +140,14 @@ class LimitsMiddleware:
             self.metrics.in_flight.dec()
             self.metrics.bytes_received.labels(route).inc(guard.received)
             self.metrics.request_duration.labels(route).observe(time.perf_counter() - started)
-            self._count(route, scope.get("path", ""), status)
+            self._count(route, self._model_label(scope.get("path", ""), scope.get("state")), status)
 
-    def _count(self, route: str, path: str, status: int) -> None:
+    def _count(self, route: str, model: str, status: int) -> None:
         outcome = "ok" if status < 400 else ("client_error" if status < 500 else "server_error")
         if status in (429, 503):
             outcome = "shed"
             self.metrics.shed.labels(route).inc()
-        self.metrics.requests.labels(route, self._model_label(path), outcome).inc()
+        self.metrics.requests.labels(route, model, outcome).inc()
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from server.deps import EngineDep, read_body, require_admin, require_token
 from server.engine import Engine
 from server.errors import RangeNotSatisfiableError
+from server.limits import MODEL_STATE_KEY
 from server.schemas import SHA256_HEX, ErrorBody, JsonInt, ModelInfo, PlanRequest, PlanResponse, TailResponse
 
 router = APIRouter(prefix="/v1")
@@ -27,8 +28,9 @@ TOP_K_MAX = 1000
 
 @router.post("/plan", response_model=PlanResponse, responses=_ERRORS,
              dependencies=[Depends(require_token)], summary="Plan a request: cut, bits, costs")
-async def plan(body: PlanRequest, engine: EngineDep) -> PlanResponse:
+async def plan(body: PlanRequest, engine: EngineDep, request: Request) -> PlanResponse:
     """Choose the cut and bit pattern that minimise the weighted time/energy/cost for this device."""
+    setattr(request.state, MODEL_STATE_KEY, body.model)  # the requests metric's model label
     # Plain CPU work of about a millisecond that holds the GIL: a worker thread would not let the
     # event loop run meanwhile, only add a thread handover per request. Same for the routes below.
     return engine.plan(body)

@@ -208,3 +208,13 @@ def test_extreme_but_finite_figures_never_give_a_500(client):
                                                                           "power_compute_w": 1e3,
                                                                           "power_tx_w": 1e3}})
     assert response.status_code in (200, 422)
+
+
+def test_plan_requests_are_counted_under_their_model(cnn_only):
+    with make_client(cnn_only) as c:
+        _plan(c)
+        unknown = {"model": "nope", "accuracy_demand": 0.01, "rate_bps": 1e6}
+        assert c.post("/v1/plan", json=unknown).status_code == 404
+        text = c.get("/metrics").text
+        assert 'qpart_requests_total{model="fmnist-cnn",outcome="ok",route="plan"} 1.0' in text
+        assert 'qpart_requests_total{model="unknown",outcome="client_error",route="plan"} 1.0' in text

@@ -440,23 +440,26 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
 
 # ---- the grid -----------------------------------------------------------------------------------
 
-def _view(client: httpx.Client, url: str, name: str, artifacts: Path) -> ModelView:
+def _host_heads(name: str, image: np.ndarray) -> list[float]:
+    """This machine's head time per cut for the trained model on ``image`` (what the device runs)."""
+    return measure_heads(name, warmup=2, repeats=9, trained=True, x=torch.from_numpy(image))
+
+
+def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.ndarray) -> ModelView:
     info = client.get(f"{url}/v1/models/{name}").json()
     torch.set_num_threads(1)
-    image = torch.from_numpy(load_split(Split.TEST, limit=1).images)
-    host = measure_heads(name, warmup=2, repeats=9, trained=True, x=image)  # what the device runs
+    host = _host_heads(name, image)
     encode = measure_encodes(name, warmup=2, repeats=9)
     return ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
                      load_artifact(artifacts / name), host, encode, info["answer_bytes"])
 
 
-def reprofile(model: ModelView) -> None:
+def reprofile(model: ModelView, image: np.ndarray) -> None:
     """Measure the host's head times again. This shared machine's speed drifts over minutes
     (seen: the whole CNN 34% faster twenty minutes after the profile), and a device's time is
     host time x host FLOP/s / device FLOP/s: with a stale profile the planner's device times and
     the measured ones run on different clocks."""
-    image = torch.from_numpy(load_split(Split.TEST, limit=1).images)
-    model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True, x=image)
+    model.host_head_s = _host_heads(model.name, image)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -477,7 +480,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             with httpx.Client(timeout=300) as client:
                 url = server.url
-                views = [_view(client, url, m, Path(tmp)) for m in args.model]
+                views = [_view(client, url, m, Path(tmp), images[:1]) for m in args.model]
                 for rate in rates:
                     shape(None)
                     rtt = measure_rtt(client, url, views[0], images[:1], idle_gap_s(rate))
@@ -487,7 +490,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           f"RTT {link.rtt_s * 1e3:.2f} ms", file=sys.stderr)
                     for model in views:
                         for d in devices:
-                            reprofile(model)  # before every device's cells: one clock for both
+                            reprofile(model, images[:1])  # before every device's cells: one clock for both
                             profile, ratios = device_profile(d, [model])
                             for preset in presets:
                                 held: set[str] = set()

@@ -15,10 +15,10 @@ from functools import partial
 
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from server.deps import bearer_ok
+from server.deps import bearer_ok, read_body
 from server.engine import Engine
 from server.errors import ServerError
 from server.http_errors import disconnect_response, http_exception_response, server_error_response
@@ -36,15 +36,8 @@ _HEADER = HEADER.lower().encode()
 Handler = Callable[[Receive], Awaitable[Response]]
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    return await read_body(Request(scope, receive))  # the routes' own body reading
 
 
 def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
@@ -78,6 +71,7 @@ class InferFastPath:
         headers = scope["headers"]
         if not bearer_ok(engine.settings.auth_token, _first(headers, b"authorization") or ""):
             return None
+        read = partial(_read_body, scope)
         if match := TAIL_PATH.fullmatch(path):
             top_k = _top_k(scope["query_string"])
             if top_k is None:
@@ -85,14 +79,14 @@ class InferFastPath:
             model, version, pattern_id = match.groups()
 
             async def tail(receive: Receive) -> Response:
-                body = await _read_body(receive)
+                body = await read(receive)
                 return await tail_infer_response(engine, model, version, pattern_id, body, top_k)
 
             return tail
         if match := V2_PATH.fullmatch(path):
             split = _first(headers, _HEADER)
             model, version = match.groups()
-            return lambda receive: infer_response(engine, model, version, partial(_read_body, receive), split)
+            return lambda receive: infer_response(engine, model, version, partial(read, receive), split)
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

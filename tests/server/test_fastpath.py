@@ -85,9 +85,9 @@ def test_well_formed_requests_take_the_fast_path_and_others_fall_through(cnn_onl
     reads = []
     original = fastpath._read_body
 
-    async def counting(receive):
+    async def counting(scope, receive):
         reads.append(1)
-        return await original(receive)
+        return await original(scope, receive)
 
     monkeypatch.setattr(fastpath, "_read_body", counting)
     with make_client(cnn_only, auth_token="s3cret") as c:

@@ -53,9 +53,7 @@ import math
 import os
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +65,7 @@ import httpx
 import numpy as np
 import torch
 
+from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from client.profiler import measure_encodes, measure_heads
 from client.runtime import encode_for_plan, load_head
@@ -90,50 +89,6 @@ QUICK_DEVICES = ("raspberry-pi-4", "phone-soc")
 QUICK_RATES_MBPS = (1.0, 20.0)
 QUICK_PRESETS = ("latency-first",)
 PORT = 18500
-
-
-# ---- the private, shaped network ----------------------------------------------------------------
-
-def burst_bytes(rate_mbps: float) -> int:
-    """The shaper's bucket: one packet, or 1 ms of data above 20 Mbit/s (where one packet's
-    bucket under-delivers: 77 of 100 Mbit/s measured).
-
-    A larger bucket lets a short exchange through at memory speed whenever the link was idle
-    (with 16 KiB, a 1.8 KB tail request at 1 Mbit/s took 4 ms instead of 15): not a link.
-    """
-    return 1600 if rate_mbps <= 20 else int(rate_mbps * 1e6 / 8 * 0.001)
-
-
-def idle_gap_s(rate_mbps: float) -> float:
-    """How long the link idles before every measured transfer: the bucket's refill time + 1 ms."""
-    return burst_bytes(rate_mbps) * 8 / (rate_mbps * 1e6) + 0.001
-
-
-def quiet_link(rate_mbps: float | None) -> None:
-    """Leave the token bucket empty, as a serial link is before a transfer starts.
-
-    A token bucket that refilled while the link was idle lets its burst through at memory speed
-    (at 1 Mbit/s one 1.5 KB packet: 12 ms of a 15 ms exchange, varying with how long the device
-    computed before). So before every measured transfer: wait until the bucket is surely full,
-    then spend it on filler datagrams to the discard port (nobody listens; they only pass the
-    shaper). The transfer then starts with an empty bucket and is paced at the rate throughout.
-    """
-    if rate_mbps is None:
-        return
-    burst = burst_bytes(rate_mbps)
-    time.sleep(idle_gap_s(rate_mbps))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _ in range(burst // 1514):  # one frame on lo: 1472 B + UDP, IP and link headers
-            sock.sendto(bytes(1472), ("127.0.0.1", 9))
-
-
-def shape(rate_mbps: float | None) -> None:
-    """Token bucket on loopback at ``rate`` (None: remove the shaper)."""
-    if rate_mbps is None:
-        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], check=False, capture_output=True)
-        return
-    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{rate_mbps}mbit",
-                    "burst", str(burst_bytes(rate_mbps)), "latency", "1s"], check=True)
 
 
 # ---- artifacts with the baselines' patterns -----------------------------------------------------
@@ -181,6 +136,7 @@ class Link:
     rate_mbps: float
     goodput_bps: float
     rtt_s: float
+    wire: ShapedLink  # the shaped link itself, set to rate_mbps
 
 
 @dataclass
@@ -212,7 +168,7 @@ def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndar
     requests' round trips minus the server's reported queue + compute time. It holds what the
     cost model has no term for: HTTP handling on both ends, decoding, the answer's parsing.
 
-    Each request follows ``idle_s`` of silence, as every measured transfer does (quiet_link): a
+    Each request follows ``idle_s`` of silence, as every measured transfer does (ShapedLink.quiet): a
     server (and client) that idled for milliseconds answers slower than a busy one. Measured on
     this VM (80 sequential CNN tail requests, median), the rest of an exchange took 0.9 ms back to
     back, 1.6 ms after 3 ms idle and 2.4 ms after 20 ms: back-to-back probes priced the measured
@@ -233,19 +189,32 @@ def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndar
     return statistics.median(rtts)
 
 
-def measure_link(client: httpx.Client, url: str, model: ModelView, rate_mbps: float, rtt: float) -> Link:
+def probe_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, wire: ShapedLink,
+              rate_mbps: float) -> float:
+    """:func:`measure_rtt` on the unshaped link, idling as transfers at ``rate_mbps`` do; the link
+    is left shaped at ``rate_mbps``."""
+    wire.set_rate(None)
+    rtt = measure_rtt(client, url, model, image, idle_gap_s(rate_mbps))
+    wire.set_rate(rate_mbps)
+    return rtt
+
+
+def measure_link(client: httpx.Client, url: str, model: ModelView, wire: ShapedLink, rtt: float) -> Link:
     """Goodput at the shaped rate: ranged downloads of ~2 s of data (payload bits per second;
     shorter ones read low, TCP's slow start weighs more)."""
     biggest = max((p["segment"] for p in model.patterns if p["segment"]), key=lambda s: s["size_bytes"])
+    rate_mbps = wire.rate_mbps
+    if rate_mbps is None:
+        raise ValueError("measure_link needs a shaped link")
     n = min(biggest["size_bytes"], max(256 * 1024, int(rate_mbps * 1e6 / 8 * 2)))
     rates = []
     for _ in range(2):
-        quiet_link(rate_mbps)
+        wire.quiet()
         start = time.perf_counter()
         r = client.get(url + biggest["url"], headers={"Range": f"bytes=0-{n - 1}"})
         r.raise_for_status()
         rates.append(len(r.content) * 8 / max(1e-6, time.perf_counter() - start - rtt))
-    return Link(rate_mbps, statistics.median(rates), rtt)
+    return Link(rate_mbps, statistics.median(rates), rtt, wire)
 
 
 def host_flops_per_s(model: ModelView) -> float:
@@ -340,7 +309,7 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     local = (host_head + host_encode) * ratio
     if plan["cut"] == model.cuts - 1:
         return {"local": local, "round_trip": 0.0, "server": 0.0}
-    quiet_link(link.rate_mbps)
+    link.wire.quiet()
     start = time.perf_counter()
     r = client.post(url + plan["infer_url"], content=packet)
     round_trip = time.perf_counter() - start
@@ -392,7 +361,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
         download_s[s] = 0.0
         if seg and seg["id"] not in held:  # not on the device: download it (once per cell)
             if seg["id"] not in fetched:
-                quiet_link(link.rate_mbps)
+                link.wire.quiet()
                 start = time.perf_counter()
                 r = client.get(url + seg["url"])
                 fetched[seg["id"]] = time.perf_counter() - start
@@ -477,15 +446,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server: Server = start_server([sys.executable, "-m", "qpart", "serve", "--artifacts", tmp],
                                       f"http://127.0.0.1:{PORT}", "/v2/health/ready", env)
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
+        wire = ShapedLink()
         try:
-            with httpx.Client(timeout=300) as client:
+            with wire.client(timeout=300) as client:
                 url = server.url
                 views = [_view(client, url, m, Path(tmp), images[:1]) for m in args.model]
                 for rate in rates:
-                    shape(None)
-                    rtt = measure_rtt(client, url, views[0], images[:1], idle_gap_s(rate))
-                    shape(rate)
-                    link = measure_link(client, url, views[0], rate, rtt)
+                    rtt = probe_rtt(client, url, views[0], images[:1], wire, rate)
+                    link = measure_link(client, url, views[0], wire, rtt)
                     print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s, "
                           f"RTT {link.rtt_s * 1e3:.2f} ms", file=sys.stderr)
                     for model in views:
@@ -495,6 +463,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             for preset in presets:
                                 held: set[str] = set()
                                 for cache in ("cold", "warm"):
+                                    # the exchange's overhead drifts too (the same cut-0 exchange
+                                    # took 2.1 to 3.1 ms across one rate's cells): probed per cell
+                                    link.rtt_s = probe_rtt(client, url, model, images[:1], wire, rate)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps)
                                     held |= got
@@ -504,6 +475,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                   "speed_ratio": ratios[model.name], **cell})
                                     _progress(cells[-1])
         finally:
+            wire.set_rate(None)
+            wire.close()
             server.stop()
     return {"cells": cells, "summary": summarize(cells), "demand": DEMAND,
             "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},

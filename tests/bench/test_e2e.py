@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from bench import e2e
 from bench.e2e import (
     EXTRA_LEVEL,
     STRATEGIES,
-    burst_bytes,
-    idle_gap_s,
     markdown,
     meets_demand,
     with_baselines,
@@ -37,20 +34,6 @@ def test_a_published_pattern_competes_only_if_its_test_drop_keeps_the_demand():
     assert not meets_demand("qpart-paper", {"test_drop": 0.011})
     assert not meets_demand("qpart-paper", {"test_drop": None})
     assert meets_demand("all-server", {"test_drop": 0.0})
-
-
-def test_the_shaper_bucket_is_one_packet_on_slow_links():
-    assert burst_bytes(1.0) == burst_bytes(20.0) == 1600
-    assert burst_bytes(100.0) == 12500
-
-
-def test_quiet_link_idles_for_the_gap_the_rtt_probes_use(monkeypatch):
-    slept = []
-    monkeypatch.setattr(e2e.time, "sleep", slept.append)
-    e2e.quiet_link(100.0)
-    e2e.quiet_link(1.0)
-    assert slept == [idle_gap_s(100.0), idle_gap_s(1.0)]
-    assert idle_gap_s(1.0) > idle_gap_s(100.0) > 0.001  # the bucket's refill time + 1 ms
 
 
 def test_the_table_names_each_cells_repetitions():

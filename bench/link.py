@@ -1,0 +1,141 @@
+"""The rate-shaped link of the end-to-end benchmarks, and an HTTP client that starts every
+measured request on an empty token bucket.
+
+``tc``'s token bucket (``tbf``) is the only shaper this kernel has. Unlike a serial link it
+lends credit: while the link idles, the bucket refills (up to its burst), and that many bytes
+then pass at memory speed. So before every measured transfer the device empties the bucket with
+filler datagrams (:meth:`ShapedLink.quiet`). Emptying it early is not enough: the bucket refills
+at the link rate during the client's own work between the filler and the request's first byte
+(building the request, the connection pool, h11). At 100 Mbit/s that work (~0.2 ms) refilled
+2.5 KB: a 3,164 B upload then measured 0.07 ms above a 354 B one, where a real 100 Mbit/s wire
+adds 0.22 ms (``bench/results/uplink-100.json`` before this module). :meth:`ShapedLink.client`
+returns an httpx client whose socket writes the filler right before a quieted request's first
+write, so the request meets a bucket emptied microseconds earlier.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+import httpx
+
+FRAME_BYTES = 1514  # one full frame on lo at MTU 1500: 1472 B of UDP payload + UDP, IP, link headers
+FILLER = bytes(FRAME_BYTES - 42)
+DISCARD = ("127.0.0.1", 9)  # nobody listens: the datagrams only pass the shaper
+
+
+def burst_bytes(rate_mbps: float) -> int:
+    """The shaper's bucket: one packet up to 20 Mbit/s, two frames above.
+
+    The bucket caps the credit a transfer can meet, so it is as small as still delivers the rate.
+    With one packet, the shaper's timer wakes late after each one, and 100 Mbit/s delivered
+    86 Mbit/s of TCP payload; two frames delivered 93.6, eight 95.9 (the ceiling at MTU 1500 is
+    95.6: 1448 of 1514 B are payload). Measured in a private namespace, 400 kB transfers.
+    """
+    return 1600 if rate_mbps <= 20 else 2 * FRAME_BYTES
+
+
+def idle_gap_s(rate_mbps: float) -> float:
+    """How long the link idles before every measured transfer: the bucket's refill time + 1 ms."""
+    return burst_bytes(rate_mbps) * 8 / (rate_mbps * 1e6) + 0.001
+
+
+def shape(rate_mbps: float | None) -> None:
+    """Token bucket on loopback at ``rate`` (None: remove the shaper)."""
+    if rate_mbps is None:
+        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], check=False, capture_output=True)
+        return
+    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{rate_mbps}mbit",
+                    "burst", str(burst_bytes(rate_mbps)), "latency", "1s"], check=True)
+
+
+class ShapedLink:
+    """The device's side of the shaped link at one rate (``None``: unshaped, nothing to do)."""
+
+    def __init__(self, rate_mbps: float | None = None) -> None:
+        self.rate_mbps = rate_mbps
+        self._armed = False
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def set_rate(self, rate_mbps: float | None) -> None:
+        """Shape loopback at ``rate_mbps`` (None: unshaped) from now on."""
+        shape(rate_mbps)
+        self.rate_mbps = rate_mbps
+
+    def quiet(self) -> None:
+        """Idle until the bucket is surely full, and have the next request's first write empty it.
+
+        The link idles as a serial link does between transfers (the device computed meanwhile);
+        the next request through :meth:`client` then starts on an empty bucket and is paced at
+        the rate throughout. Without a request the bucket stays full.
+        """
+        if self.rate_mbps is None:
+            return
+        time.sleep(idle_gap_s(self.rate_mbps))
+        self._armed = True
+
+    def before_write(self) -> None:
+        """Spend the bucket (called by the client's socket right before it writes)."""
+        if not self._armed or self.rate_mbps is None:
+            return
+        self._armed = False
+        for _ in range(burst_bytes(self.rate_mbps) // FRAME_BYTES):
+            self._sock.sendto(FILLER, DISCARD)
+
+    def client(self, timeout: float) -> httpx.Client:
+        """An httpx client whose requests honour :meth:`quiet`."""
+        return httpx.Client(timeout=timeout, transport=_QuietTransport(self))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _QuietStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream, link: ShapedLink) -> None:
+        self._inner, self._link = inner, link
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._link.before_write()
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        raise NotImplementedError("the benchmark link is plain HTTP")
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _QuietBackend(httpcore.NetworkBackend):
+    def __init__(self, link: ShapedLink) -> None:
+        self._inner, self._link = httpcore.SyncBackend(), link
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _QuietStream(stream, self._link)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _QuietTransport(httpx.HTTPTransport):
+    """httpx's own transport over a connection pool on :class:`_QuietBackend`. httpx takes no
+    network backend argument; its transport keeps the pool in ``_pool``, which is replaced."""
+
+    def __init__(self, link: ShapedLink) -> None:
+        super().__init__()
+        self._pool = httpcore.ConnectionPool(network_backend=_QuietBackend(link))

@@ -80,12 +80,14 @@ def _chunks(data: bytes, start: int, end: int, sent: Callable[[int], None],
     done()
 
 
-@router.get("/segments/{segment_id}", responses={**_ERRORS, 206: {}, 304: {}, 416: {"model": ErrorBody}},
-            response_class=Response, summary="Download a head segment by content id")
+@router.api_route("/segments/{segment_id}", methods=["GET", "HEAD"],
+                  responses={**_ERRORS, 206: {}, 304: {}, 416: {"model": ErrorBody}},
+                  response_class=Response, summary="Download a head segment by content id")
 def segment(
     segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep
 ) -> Response:
-    """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range."""
+    """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range.
+    HEAD answers with the same status and headers (size, ETag, Content-Range) and no body."""
     started = time.perf_counter()
     data, index, hit = engine.segment(segment_id)
     etag = f'"{segment_id}"'
@@ -107,6 +109,8 @@ def segment(
         status = 206
         headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
     headers["Content-Length"] = str(end - start + 1)
+    if request.method == "HEAD":
+        return Response(status_code=status, headers=headers)
     chunks = _chunks(data, start, end, lambda n: engine.metrics.segment_bytes.labels(index.model).inc(n),
                      lambda: engine.metrics.segment_stream.observe(time.perf_counter() - started))
     return StreamingResponse(chunks, status_code=status, headers=headers)

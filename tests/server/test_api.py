@@ -118,6 +118,22 @@ def test_segment_has_strong_etag_304_and_range(client):
     assert client.get(seg["url"], headers={"Range": f"bytes={len(full.content)}-"}).status_code == 416
 
 
+def test_segment_head_gives_the_get_headers_without_a_body(client):
+    seg = _segment_plan(client)["segment"]
+    full = client.get(seg["url"])
+    head = client.head(seg["url"])
+    assert head.status_code == 200 and head.content == b""
+    for name in ("etag", "content-length", "cache-control", "accept-ranges", "content-type"):
+        assert head.headers[name] == full.headers[name], name
+    assert int(head.headers["content-length"]) == seg["size_bytes"]
+    part = client.head(seg["url"], headers={"Range": "bytes=10-99"})
+    assert part.status_code == 206 and part.content == b""
+    assert part.headers["content-range"] == f"bytes 10-99/{seg['size_bytes']}"
+    assert part.headers["content-length"] == "90"
+    assert client.head(seg["url"], headers={"If-None-Match": f'"{seg["id"]}"'}).status_code == 304
+    assert client.head("/v1/segments/" + "0" * 64).status_code == 404
+
+
 def test_unknown_segment_is_404(client):
     assert client.get("/v1/segments/" + "0" * 64).status_code == 404
     assert client.get("/v1/segments/not-a-hash").status_code == 422

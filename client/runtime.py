@@ -20,8 +20,8 @@ from client.errors import SegmentError, ServerRejectedError
 from client.segment_cache import SegmentCache
 from client.settings import DeviceSettings
 from client.transport import Transport
-from kernels import KernelError, QuantScheme, quantize_pack, unpack_dequantize
-from kernels.wire import decode_segment, encode_activation, encode_float_activation
+from kernels import KernelError, unpack_dequantize
+from kernels.wire import decode_segment, encode_float_activation, encode_quantized_activation
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from profiles.devices import DeviceProfile
@@ -83,7 +83,7 @@ def encode_for_plan(activation: np.ndarray, plan: dict[str, Any]) -> bytes:
     bits = int(plan["activation_bits"])
     if bits >= FLOAT_BITS:
         return encode_float_activation(activation)
-    return encode_activation(quantize_pack(activation, QuantScheme(bits, int(plan["group_size"]))))
+    return encode_quantized_activation(activation, bits, int(plan["group_size"]))
 
 
 class DeviceRuntime:

@@ -176,6 +176,21 @@ def quantize_pack(
     return PackedTensor(shape, scheme, scales, mins, data)
 
 
+def quantize_pack_into(flat: F32Array, scheme: QuantScheme, out: U8Array, scales: F32Array,
+                       mins: F32Array) -> None:
+    """:func:`quantize_pack` of a flat, C-contiguous float32 array into caller-owned buffers
+    (``packed_size(n, bits)`` bytes of codes, one scale and min per group), with no checks beyond
+    the kernel's own: for callers that lay the buffers out themselves (the activation packet)."""
+    if _NATIVE is not None:
+        try:
+            _NATIVE.quantize_pack(flat, scheme.bits, scheme.group_size, out, scales, mins)
+        except ValueError as exc:
+            raise QuantizationError(str(exc)) from exc
+        return
+    codes, scales[:], mins[:] = quantize_numpy(flat, scheme)
+    pack_codes(codes, scheme.bits, out=out, backend=Backend.NUMPY)
+
+
 def unpack_dequantize(
     packed: PackedTensor, *, out: F32Array | None = None, backend: Backend | None = None
 ) -> F32Array:
@@ -205,6 +220,20 @@ def unpack_dequantize(
     codes = unpack_codes_numpy(packed.data, scheme.bits, n)
     out.reshape(-1)[:] = dequantize_numpy(codes, packed.scales, packed.mins, scheme.group_size)
     return out
+
+
+def unpack_dequantize_into(codes: U8Array, scheme: QuantScheme, scales: F32Array, mins: F32Array,
+                           out: F32Array) -> None:
+    """:func:`unpack_dequantize` from caller-checked buffers (sizes agree with ``out.size``; the
+    kernel checks them again) into a flat float32 ``out``: for parsers that validated a packet."""
+    if _NATIVE is not None:
+        try:
+            _NATIVE.unpack_dequantize(codes, scheme.bits, scheme.group_size, scales, mins, out)
+        except ValueError as exc:
+            raise QuantizationError(str(exc)) from exc
+        return
+    values = unpack_codes_numpy(codes, scheme.bits, out.size)
+    out[:] = dequantize_numpy(values, scales.astype(np.float32), mins.astype(np.float32), scheme.group_size)
 
 
 def fake_quantize(x: npt.ArrayLike, scheme: QuantScheme) -> F32Array:

@@ -23,10 +23,12 @@ descriptors and ``content_sha256``; a quantized tensor ``W`` travels as ``W.code
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -34,8 +36,14 @@ import numpy as np
 import numpy.typing as npt
 import safetensors
 
-from kernels.errors import OversizeError, TruncatedError, WireFormatError
-from kernels.ops import PackedTensor, unpack_dequantize
+from kernels.errors import OversizeError, QuantizationError, TruncatedError, WireFormatError
+from kernels.ops import (
+    PackedTensor,
+    quantize_pack,
+    quantize_pack_into,
+    unpack_dequantize,
+    unpack_dequantize_into,
+)
 from kernels.packing import packed_size
 from kernels.quantization import QuantScheme
 
@@ -46,6 +54,7 @@ MAX_NDIM = 8
 DEFAULT_MAX_ELEMENTS = 1 << 26
 DEFAULT_MAX_SEGMENT_BYTES = 1 << 30
 _HEAD = struct.Struct("<4sBBHI")
+_DIMS = {n: struct.Struct(f"<{n}I") for n in range(1, MAX_NDIM + 1)}
 
 
 # ---- activation packet ---------------------------------------------------------------------
@@ -65,6 +74,40 @@ def encode_activation(packed: PackedTensor) -> bytes:
     ])
 
 
+def encode_quantized_activation(x: npt.ArrayLike, bits: int, group_size: int) -> bytes:
+    """Quantize and pack ``x`` straight into an activation packet: the bytes of
+    ``encode_activation(quantize_pack(x, QuantScheme(bits, group_size)))``, written into one
+    buffer with no intermediate arrays. It runs on the device before every upload, and most of
+    the composed version's time was Python around a sub-microsecond kernel (784 floats at
+    4 bits, one thread: 6.6 us composed, the kernel alone 0.65 us)."""
+    arr = np.ascontiguousarray(x, dtype=np.float32)
+    if sys.byteorder != "little":  # the buffers below are views in native byte order
+        return encode_activation(quantize_pack(arr, QuantScheme(bits, group_size)))
+    scheme = _scheme(bits, group_size)
+    ndim, n = arr.ndim, arr.size
+    if not 1 <= ndim <= MAX_NDIM:
+        raise WireFormatError(f"an activation needs 1..{MAX_NDIM} dimensions, got {ndim}")
+    if n == 0:
+        raise QuantizationError("cannot quantize an empty tensor")
+    groups = scheme.groups(n)
+    scales_at = _HEAD.size + 4 * ndim
+    mins_at = scales_at + 4 * groups
+    codes_at = mins_at + 4 * groups
+    codes = packed_size(n, bits)
+    buf = bytearray(codes_at + codes)
+    _HEAD.pack_into(buf, 0, ACTIVATION_MAGIC, bits, ndim, 0, group_size)
+    _DIMS[ndim].pack_into(buf, _HEAD.size, *arr.shape)
+    quantize_pack_into(arr.reshape(-1), scheme, np.frombuffer(buf, np.uint8, codes, codes_at),
+                       np.frombuffer(buf, np.float32, groups, scales_at),
+                       np.frombuffer(buf, np.float32, groups, mins_at))
+    return bytes(buf)
+
+
+@functools.lru_cache(maxsize=256)
+def _scheme(bits: int, group_size: int) -> QuantScheme:
+    return QuantScheme(bits, group_size)  # validates; cached: a device encodes with few schemes
+
+
 FLOAT_BITS = 32
 
 
@@ -82,7 +125,7 @@ def _read_dims(data: bytes | memoryview, ndim: int, max_elements: int) -> tuple[
     offset = _HEAD.size + 4 * ndim
     if len(data) < offset:
         raise TruncatedError(f"activation packet ends inside its {ndim} dimensions")
-    shape = struct.unpack_from(f"<{ndim}I", data, _HEAD.size)
+    shape = _DIMS[ndim].unpack_from(data, _HEAD.size)
     numel = math.prod(shape)
     if min(shape) < 1 or numel > max_elements:
         raise OversizeError(f"shape {shape} has {numel} elements; allowed 1..{max_elements}")
@@ -104,13 +147,33 @@ def decode_activation_array(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEM
         if not np.isfinite(arr).all():
             raise WireFormatError("float activation holds NaN or infinity")
         return arr.reshape(shape), FLOAT_BITS, 0
-    packed = decode_activation(data, max_elements=max_elements)
-    return unpack_dequantize(packed), packed.scheme.bits, packed.scheme.group_size
+    view = memoryview(data)
+    shape, bits, group, params, codes_at = _parse_quantized(view, max_elements)
+    if sys.byteorder != "little":  # the views below are little-endian floats
+        packed = decode_activation(data, max_elements=max_elements)
+        return unpack_dequantize(packed), bits, group
+    groups = params.size // 2
+    out = np.empty(shape, dtype=np.float32)
+    # read-only views of the packet straight into the kernel: nothing copied but the result
+    unpack_dequantize_into(np.frombuffer(view, dtype=np.uint8, offset=codes_at), _scheme(bits, group),
+                           params[:groups], params[groups:], out.reshape(-1))
+    return out, bits, group
 
 
 def decode_activation(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> PackedTensor:
     """Parse and validate an activation packet; raises :class:`WireFormatError` on any defect."""
     view = memoryview(data)
+    shape, bits, group, params, codes_at = _parse_quantized(view, max_elements)
+    groups = params.size // 2
+    codes = np.frombuffer(view, dtype=np.uint8, count=len(view) - codes_at, offset=codes_at).copy()
+    return PackedTensor(shape, _scheme(bits, group), params[:groups].astype(np.float32),
+                        params[groups:].astype(np.float32), codes)
+
+
+def _parse_quantized(view: memoryview, max_elements: int) -> tuple[
+        tuple[int, ...], int, int, npt.NDArray[np.float32], int]:
+    """Header, sizes and parameters of a quantized packet, every field checked:
+    ``(shape, bits, group_size, scales then mins (a read-only view), offset of the codes)``."""
     if len(view) < _HEAD.size:
         raise TruncatedError(f"activation packet is {len(view)} bytes, its header needs {_HEAD.size}")
     magic, bits, ndim, flags, group = _HEAD.unpack_from(view, 0)
@@ -125,18 +188,15 @@ def decode_activation(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEMENTS) 
     if group > numel:
         raise WireFormatError(f"group_size {group} exceeds the {numel} elements of the packet")
     groups = (numel + group - 1) // group
-    body = packed_size(numel, bits)
-    want = offset + 8 * groups + body
+    want = offset + 8 * groups + packed_size(numel, bits)
     if len(view) != want:
         cls = TruncatedError if len(view) < want else WireFormatError
         raise cls(f"activation packet is {len(view)} bytes; shape {shape} at {bits} bits with "
                   f"group {group} needs {want}")
-    scales = np.frombuffer(view, dtype="<f4", count=groups, offset=offset).astype(np.float32)
-    mins = np.frombuffer(view, dtype="<f4", count=groups, offset=offset + 4 * groups).astype(np.float32)
-    if not (np.isfinite(scales).all() and np.isfinite(mins).all() and (scales > 0).all()):
+    params = np.frombuffer(view, dtype="<f4", count=2 * groups, offset=offset)
+    if not (np.isfinite(params).all() and (params[:groups] > 0).all()):
         raise WireFormatError("scales must be finite and positive, mins finite")
-    codes = np.frombuffer(view, dtype=np.uint8, count=body, offset=offset + 8 * groups).copy()
-    return PackedTensor(tuple(shape), QuantScheme(bits, group), scales, mins, codes)
+    return tuple(shape), bits, group, params, offset + 8 * groups
 
 
 # ---- head segment --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernels import (
+    KernelError,
     OversizeError,
     QuantScheme,
     TruncatedError,
@@ -25,6 +26,7 @@ from kernels.wire import (
     decode_segment,
     encode_activation,
     encode_float_activation,
+    encode_quantized_activation,
     encode_segment,
 )
 
@@ -32,6 +34,26 @@ from kernels.wire import (
 def _activation(shape=(2, 3, 5), bits=3, group=7):
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     return x, quantize_pack(x, QuantScheme(bits, group))
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), bits=st.integers(1, 8),
+       group=st.integers(1, 300), seed=st.integers(0, 2**16), scale=st.sampled_from([1e-3, 1.0, 1e4]))
+def test_the_one_buffer_encoder_writes_the_composed_packet_byte_for_byte(shape, bits, group, seed, scale):
+    x = (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+    assert encode_quantized_activation(x, bits, group) == encode_activation(quantize_pack(x, QuantScheme(bits, group)))
+
+
+def test_the_one_buffer_encoder_refuses_what_the_composed_one_refuses():
+    with pytest.raises(WireFormatError):
+        encode_quantized_activation(np.zeros((1,) * 9, np.float32), 4, 8)
+    for bits, group in ((0, 8), (9, 8), (4, 0)):
+        with pytest.raises(KernelError):
+            encode_quantized_activation(np.zeros(8, np.float32), bits, group)
+    with pytest.raises(KernelError):
+        encode_quantized_activation(np.zeros(0, np.float32), 4, 8)
+    with pytest.raises(KernelError):
+        encode_quantized_activation(np.array([0.0, np.nan, 1.0], np.float32), 4, 8)
 
 
 def test_activation_packet_round_trips():

@@ -424,11 +424,12 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
 
 
 def reprofile(model: ModelView, image: np.ndarray) -> None:
-    """Measure the host's head times again. This shared machine's speed drifts over minutes
-    (seen: the whole CNN 34% faster twenty minutes after the profile), and a device's time is
-    host time x host FLOP/s / device FLOP/s: with a stale profile the planner's device times and
+    """Measure the host's head and encode times again. This shared machine's speed drifts over
+    minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a device's time
+    is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's device times and
     the measured ones run on different clocks."""
     model.host_head_s = _host_heads(model.name, image)
+    model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -458,13 +459,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           f"RTT {link.rtt_s * 1e3:.2f} ms", file=sys.stderr)
                     for model in views:
                         for d in devices:
-                            reprofile(model, images[:1])  # before every device's cells: one clock for both
-                            profile, ratios = device_profile(d, [model])
                             for preset in presets:
                                 held: set[str] = set()
                                 for cache in ("cold", "warm"):
-                                    # the exchange's overhead drifts too (the same cut-0 exchange
-                                    # took 2.1 to 3.1 ms across one rate's cells): probed per cell
+                                    # Before every cell, one clock for prediction and measurement:
+                                    # host head times (an all-device run took 2.25 ms where its
+                                    # profile, taken three cells earlier, said 1.62) and the
+                                    # exchange's overhead (one cut-0 exchange took 2.1 to 3.1 ms
+                                    # across one rate's cells).
+                                    reprofile(model, images[:1])
+                                    profile, ratios = device_profile(d, [model])
                                     link.rtt_s = probe_rtt(client, url, model, images[:1], wire, rate)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps)

@@ -124,12 +124,17 @@ class Engine:
                 self.store.put(digest, data)
         return self._by_pattern[key]
 
-    def segment(self, segment_id: str) -> tuple[bytes, SegmentIndex, bool]:
-        """The bytes of a segment by content id (from the cache or rebuilt and verified), its
-        index entry, and whether the cache held it."""
+    def segment_index(self, segment_id: str) -> SegmentIndex:
+        """Where a segment comes from and its size, without building or caching it."""
         index = self._by_segment.get(segment_id)
         if index is None:
             raise NotFoundError(f"no segment with id '{segment_id}'; ask for a plan to get a segment id")
+        return index
+
+    def segment(self, segment_id: str) -> tuple[bytes, SegmentIndex, bool]:
+        """The bytes of a segment by content id (from the cache or rebuilt and verified), its
+        index entry, and whether the cache held it."""
+        index = self.segment_index(segment_id)
         model = self.catalog.get(index.model, index.version)
         pattern = model.patterns[index.pattern_id]
         head = model.parts[pattern.cut][0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -80,40 +80,60 @@ def _chunks(data: bytes, start: int, end: int, sent: Callable[[int], None],
     done()
 
 
-@router.api_route("/segments/{segment_id}", methods=["GET", "HEAD"],
-                  responses={**_ERRORS, 206: {}, 304: {}, 416: {"model": ErrorBody}},
-                  response_class=Response, summary="Download a head segment by content id")
-def segment(
-    segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep
-) -> Response:
-    """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range.
-    HEAD answers with the same status and headers (size, ETag, Content-Range) and no body."""
-    started = time.perf_counter()
-    data, index, hit = engine.segment(segment_id)
+_SEGMENT_RESPONSES: dict[int | str, dict[str, Any]] = {**_ERRORS, 206: {}, 304: {}, 416: {"model": ErrorBody}}
+
+
+def _segment_headers(segment_id: str, size: int, request: Request) -> tuple[int, int, int, dict[str, str]]:
+    """Status, byte range and headers of a segment answer (GET and HEAD alike): 304 (no range) on
+    a matching If-None-Match, 206 on a Range, :class:`RangeNotSatisfiableError` (416) on a bad one."""
     etag = f'"{segment_id}"'
     headers = {"ETag": etag, "Cache-Control": "public, max-age=31536000, immutable",
-               "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
-               "X-Cache": "hit" if hit else "miss"}
+               "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
     inm = request.headers.get("if-none-match")
     if inm is not None and (inm.strip() == "*" or etag in [t.strip().removeprefix("W/")
                                                              for t in inm.split(",")]):
-        return Response(status_code=304, headers=headers)
-    status, start, end = 200, 0, len(data) - 1
+        return 304, 0, -1, headers
+    status, start, end = 200, 0, size - 1
     rng = request.headers.get("range")
     if rng is not None:
         try:
-            start, end = _parse_range(rng, len(data))
+            start, end = _parse_range(rng, size)
         except RangeNotSatisfiableError as exc:
-            exc.headers = {"Content-Range": f"bytes */{len(data)}"}
+            exc.headers = {"Content-Range": f"bytes */{size}"}
             raise
         status = 206
-        headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     headers["Content-Length"] = str(end - start + 1)
-    if request.method == "HEAD":
-        return Response(status_code=status, headers=headers)
+    return status, start, end, headers
+
+
+@router.get("/segments/{segment_id}", responses=_SEGMENT_RESPONSES, response_class=Response,
+            operation_id="get_segment", summary="Download a head segment by content id")
+def segment(
+    segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep
+) -> Response:
+    """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range."""
+    started = time.perf_counter()
+    data, index, hit = engine.segment(segment_id)
+    status, start, end, headers = _segment_headers(segment_id, len(data), request)
+    if status == 304:
+        return Response(status_code=304, headers=headers)
+    headers["X-Cache"] = "hit" if hit else "miss"
     chunks = _chunks(data, start, end, lambda n: engine.metrics.segment_bytes.labels(index.model).inc(n),
                      lambda: engine.metrics.segment_stream.observe(time.perf_counter() - started))
     return StreamingResponse(chunks, status_code=status, headers=headers)
+
+
+@router.head("/segments/{segment_id}", responses=_SEGMENT_RESPONSES, response_class=Response,
+             operation_id="head_segment", summary="A head segment's size and ETag, without the body")
+def segment_head(
+    segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep
+) -> Response:
+    """The GET's status and headers (size, ETag, Content-Range), from the segment index alone: a
+    HEAD neither builds nor caches the segment, nor counts as a use of it."""
+    status, _start, _end, headers = _segment_headers(segment_id, engine.segment_index(segment_id).size,
+                                                     request)
+    return Response(status_code=status, headers=headers)
 
 
 @router.post("/models/{model}/versions/{version}/patterns/{pattern_id}/infer",

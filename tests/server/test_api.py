@@ -131,7 +131,20 @@ def test_segment_head_gives_the_get_headers_without_a_body(client):
     assert part.headers["content-range"] == f"bytes 10-99/{seg['size_bytes']}"
     assert part.headers["content-length"] == "90"
     assert client.head(seg["url"], headers={"If-None-Match": f'"{seg["id"]}"'}).status_code == 304
+    beyond = client.head(seg["url"], headers={"Range": f"bytes={seg['size_bytes']}-"})
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{seg['size_bytes']}"
     assert client.head("/v1/segments/" + "0" * 64).status_code == 404
+
+
+def test_a_head_request_neither_builds_nor_caches_a_segment(client):
+    seg = _segment_plan(client)["segment"]
+    before = client.get("/metrics").text
+    assert client.head(seg["url"]).status_code == 200
+    after = client.get("/metrics").text
+    for family in ("qpart_segment_cache_hits_total", "qpart_segment_cache_misses_total",
+                   "qpart_segment_cache_resident_bytes", "qpart_segment_cache_entries"):
+        lines = [[row for row in text.splitlines() if row.startswith(family)] for text in (before, after)]
+        assert lines[0] == lines[1] and lines[0], family
 
 
 def test_unknown_segment_is_404(client):

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from httpcore._backends.sync import SyncStream
 
 from bench import link
 from bench.link import FRAME_BYTES, ShapedLink, burst_bytes, idle_gap_s
@@ -55,26 +56,41 @@ def test_a_quieted_request_empties_the_bucket_right_before_its_first_write(monke
     events: list[str] = []
     monkeypatch.setattr(link.time, "sleep", lambda s: events.append(f"sleep {s}"))
     wire = ShapedLink(100.0)
+    sink = wire._sink_address
     wire.close()
     monkeypatch.setattr(wire, "_sock", _Recorder(events))
-    inner_write = link._QuietStream.write
+    socket_write = SyncStream.write
 
-    def write(self: link._QuietStream, buffer: bytes, timeout: float | None = None) -> None:
-        events.append("write")
-        inner_write(self, buffer, timeout)
+    def write(self: SyncStream, buffer: bytes, timeout: float | None = None) -> None:
+        events.append("socket write")  # the bytes leaving for the wire
+        socket_write(self, buffer, timeout)
 
-    monkeypatch.setattr(link._QuietStream, "write", write)
+    monkeypatch.setattr(SyncStream, "write", write)
     with wire.client(timeout=5) as client:
         assert client.post(echo_url, content=b"a" * 3000).content == b"a" * 3000  # not quieted
-        assert "filler" not in " ".join(events)
+        assert not any(e.startswith("filler") for e in events)
         events.clear()
         wire.quiet()
         assert events == [f"sleep {idle_gap_s(100.0)}"]  # nothing sent until the request
         assert client.post(echo_url, content=b"b" * 3000).content == b"b" * 3000
-    frame = f"filler {FRAME_BYTES - 42} 9"
-    # the filler goes out inside the first write (headers), once; the body follows unpadded
-    assert events[1:4] == ["write", frame, frame]
-    assert events.count(frame) == 2 and events.count("write") >= 2
+    frame = f"filler {FRAME_BYTES - 42} {sink[1]}"
+    # both filler frames go out before the request's first byte, once; the body follows unpadded
+    assert events[1:4] == [frame, frame, "socket write"]
+    assert events.count(frame) == 2 and events.count("socket write") >= 2
+
+
+def test_a_quiet_that_no_request_followed_does_not_outlive_a_rate_change(monkeypatch, echo_url):
+    events: list[str] = []
+    monkeypatch.setattr(link.time, "sleep", lambda s: None)
+    monkeypatch.setattr(link, "shape", lambda rate: None)
+    wire = ShapedLink(100.0)
+    wire.close()
+    monkeypatch.setattr(wire, "_sock", _Recorder(events))
+    with wire.client(timeout=5) as client:
+        wire.quiet()
+        wire.set_rate(20.0)
+        assert client.post(echo_url, content=b"d").content == b"d"
+    assert events == []
 
 
 def test_an_unshaped_link_neither_idles_nor_sends_filler(monkeypatch, echo_url):

@@ -67,6 +67,7 @@ import torch
 
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
+from bench.shaped_server import CONTROL_PORT_ENV
 from client.profiler import measure_encodes, measure_heads
 from client.runtime import encode_for_plan, load_head
 from kernels.packing import packed_size
@@ -89,6 +90,7 @@ QUICK_DEVICES = ("raspberry-pi-4", "phone-soc")
 QUICK_RATES_MBPS = (1.0, 20.0)
 QUICK_PRESETS = ("latency-first",)
 PORT = 18500
+FILLER_PORT = 18501  # bench.shaped_server's orders (filler frames per response)
 
 
 # ---- artifacts with the baselines' patterns -----------------------------------------------------
@@ -442,12 +444,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cells: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
         write_artifacts(args.artifacts, list(args.model), Path(tmp))
-        env = {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1",
+        env = {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1", CONTROL_PORT_ENV: str(FILLER_PORT),
                "QPART_SEGMENT_CACHE_BYTES": str(256 << 20)}
-        server: Server = start_server([sys.executable, "-m", "qpart", "serve", "--artifacts", tmp],
+        server: Server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp],
                                       f"http://127.0.0.1:{PORT}", "/v2/health/ready", env)
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
-        wire = ShapedLink()
+        wire = ShapedLink(server_control_port=FILLER_PORT)
         try:
             with wire.client(timeout=300) as client:
                 url = server.url

@@ -26,7 +26,17 @@ import httpcore
 import httpx
 
 FRAME_BYTES = 1514  # one full frame on lo at MTU 1500: 1472 B of UDP payload + UDP, IP, link headers
-FILLER = bytes(FRAME_BYTES - 42)
+UDP_OVERHEAD = 42  # UDP 8 + IPv4 20 + Ethernet 14 bytes around a datagram's payload
+MIN_FRAME_BYTES = UDP_OVERHEAD + 18  # Ethernet's smallest payload is 46 B: 18 B of UDP payload
+
+
+def spend(sock: socket.socket, sink: tuple[str, int], wire_bytes: int) -> None:
+    """Send datagrams to ``sink`` that take ``wire_bytes`` on the wire, in frames of at most
+    :data:`FRAME_BYTES` (a remainder under the smallest frame is not sent)."""
+    while wire_bytes >= MIN_FRAME_BYTES:
+        frame = min(wire_bytes, FRAME_BYTES)
+        sock.sendto(bytes(frame - UDP_OVERHEAD), sink)
+        wire_bytes -= frame
 
 
 def burst_bytes(rate_mbps: float) -> int:
@@ -58,9 +68,10 @@ def shape(rate_mbps: float | None) -> None:
 class ShapedLink:
     """The device's side of the shaped link at one rate (``None``: unshaped, nothing to do)."""
 
-    def __init__(self, rate_mbps: float | None = None) -> None:
+    def __init__(self, rate_mbps: float | None = None, server_control_port: int | None = None) -> None:
         self.rate_mbps = rate_mbps
         self._armed = False
+        self._server_control = server_control_port  # bench.shaped_server's orders port, if any
         # The filler goes to a socket of our own that is never read: datagrams to a closed port
         # would each draw a 590 B ICMP "port unreachable" through the same shaper, queued ahead
         # of the measured request (4.7 ms at 1 Mbit/s). Once the sink's buffer is full the kernel
@@ -71,10 +82,15 @@ class ShapedLink:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def set_rate(self, rate_mbps: float | None) -> None:
-        """Shape loopback at ``rate_mbps`` (None: unshaped) from now on."""
+        """Shape loopback at ``rate_mbps`` (None: unshaped) from now on, and tell the server's
+        filler layer (:mod:`bench.shaped_server`) the rate and the bucket."""
         shape(rate_mbps)
         self.rate_mbps = rate_mbps
         self._armed = False
+        if self._server_control is not None:
+            order = "0 0" if rate_mbps is None else f"{rate_mbps} {burst_bytes(rate_mbps)}"
+            self._sock.sendto(order.encode("ascii"), ("127.0.0.1", self._server_control))
+            time.sleep(0.05)  # delivered before any measured response (it crosses the shaper too)
 
     def quiet(self) -> None:
         """Idle until the bucket is surely full, and have the next request's first write empty it.
@@ -93,8 +109,7 @@ class ShapedLink:
         armed, self._armed = self._armed, False
         if not armed or self.rate_mbps is None:
             return
-        for _ in range(burst_bytes(self.rate_mbps) // FRAME_BYTES):
-            self._sock.sendto(FILLER, self._sink_address)
+        spend(self._sock, self._sink_address, burst_bytes(self.rate_mbps))
 
     def client(self, timeout: float) -> httpx.Client:
         """An httpx client whose requests honour :meth:`quiet`."""

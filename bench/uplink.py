@@ -30,10 +30,12 @@ import numpy as np
 from bench.e2e import write_artifacts
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, enter_private_network, start_server
+from bench.shaped_server import CONTROL_PORT_ENV
 from client.runtime import encode_for_plan
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = 18600
+FILLER_PORT = 18601  # bench.shaped_server's orders (filler frames per response)
 WARMUP_ROUNDS = 10
 IMAGE = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
 
@@ -52,11 +54,12 @@ def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str,
     """Round trips per encoding at ``rate_mbps``; the JSON document."""
     with tempfile.TemporaryDirectory(prefix="qpart-uplink-") as tmp:
         write_artifacts(artifacts, [model], Path(tmp))
-        server = start_server([sys.executable, "-m", "qpart", "serve", "--artifacts", tmp],
+        server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp],
                               f"http://127.0.0.1:{PORT}", "/v2/health/ready",
-                              {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1"})
+                              {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1",
+                               CONTROL_PORT_ENV: str(FILLER_PORT)})
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
-        wire = ShapedLink()
+        wire = ShapedLink(server_control_port=FILLER_PORT)
         try:
             with wire.client(timeout=60) as client:
                 packets = _packets(client, server.url, model)

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from server.app import create_app
+from server.engine import Engine
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -29,8 +32,7 @@ class DrainingServer(uvicorn.Server):
         self._draining = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        app = self.config.loaded_app
-        engine = getattr(getattr(getattr(app, "app", app), "state", None), "engine", None)
+        engine = _engine_of(self.config.loaded_app)
         if self._draining or engine is None:
             super().handle_exit(sig, frame)
             return
@@ -49,10 +51,26 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(settings: ServerSettings) -> None:
-    """Run until a signal; blocks."""
+def _engine_of(app: object) -> Engine | None:
+    """The engine of the FastAPI app inside ``app``'s chain of ``.app`` wrappers (uvicorn's
+    proxy-headers layer, a harness's), if any."""
+    for _ in range(8):
+        engine = getattr(getattr(app, "state", None), "engine", None)
+        if isinstance(engine, Engine):
+            return engine
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = None) -> None:
+    """Run until a signal; blocks. ``wrap`` puts an outer ASGI layer around the app (test and
+    benchmark harnesses; a wrapper that keeps the app as ``.app`` keeps the drain working)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    app: ASGIApp = create_app(settings)
+    if wrap is not None:
+        app = wrap(app)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             # uvicorn reads None as "wait forever": always pass a bound.
                             timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),

@@ -27,7 +27,7 @@ import httpx
 
 FRAME_BYTES = 1514  # one full frame on lo at MTU 1500: 1472 B of UDP payload + UDP, IP, link headers
 UDP_OVERHEAD = 42  # UDP 8 + IPv4 20 + Ethernet 14 bytes around a datagram's payload
-MIN_FRAME_BYTES = UDP_OVERHEAD + 18  # Ethernet's smallest payload is 46 B: 18 B of UDP payload
+MIN_FRAME_BYTES = UDP_OVERHEAD + 18  # the smallest filler frame sent (lo has no minimum; 60 B as Ethernet)
 
 
 def spend(sock: socket.socket, sink: tuple[str, int], wire_bytes: int) -> None:

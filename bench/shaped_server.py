@@ -67,10 +67,14 @@ class ResponseFiller:
     def _read_orders(self) -> None:
         while self._control is not None:
             try:
-                order = self._control.recv(64).decode("ascii").split()
+                order = self._control.recv(64)
             except BlockingIOError:
                 return
-            self._bytes_per_s, self._bucket = float(order[0]) * 1e6 / 8, int(order[1])
+            try:
+                rate, bucket = order.decode("ascii").split()
+                self._bytes_per_s, self._bucket = float(rate) * 1e6 / 8, int(bucket)
+            except ValueError:  # not an order of bench.link's: keep the last one
+                continue
 
     def saved_bytes(self, idle_s: float) -> int:
         """What the bucket holds after ``idle_s`` of refilling from empty (0 when unshaped)."""

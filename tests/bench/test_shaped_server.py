@@ -6,7 +6,7 @@ import asyncio
 import socket
 import time
 
-from bench import shaped_server
+from bench import link, shaped_server
 from bench.link import FRAME_BYTES, UDP_OVERHEAD, spend
 from bench.shaped_server import ResponseFiller
 
@@ -79,3 +79,53 @@ def test_the_filler_goes_out_before_the_answer_sized_by_the_time_since_the_body_
     filler.close()
     # 1.2 ms at 1 Mbit/s: 150 B saved, spent as one 150 B frame right before the answer
     assert events == ["filler 150", "http.response.start", "http.response.body"]
+
+
+def test_the_body_counts_as_arrived_at_its_last_chunk_and_bad_orders_are_ignored(monkeypatch):
+    port = _free_udp_port()
+    events: list[str] = []
+    # each chunk arrives 1 ms after the one before; the answer starts 0.8 ms after the last
+    now = [10.0]
+    chunks = iter([{"type": "http.request", "body": b"a", "more_body": True},
+                   {"type": "http.request", "body": b"b", "more_body": False}])
+
+    async def app(scope, receive, send):
+        await receive()
+        await receive()
+        now[0] += 0.0008
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    filler = ResponseFiller(app, port)
+    filler._sock.close()
+    monkeypatch.setattr(filler, "_sock", _Recorder(events))
+    monkeypatch.setattr(shaped_server.time, "perf_counter", lambda: now[0])
+    _order(port, "1.0 1600")
+    _order(port, "not an order")
+
+    async def receive():
+        now[0] += 0.001
+        return next(chunks)
+
+    async def send(message):
+        events.append(message["type"])
+
+    asyncio.run(filler({"type": "http"}, receive, send))
+    assert events == ["filler 100", "http.response.start"]  # 0.8 ms at 1 Mbit/s, not 1.8 ms
+    monkeypatch.undo()
+    filler.close()
+
+
+def test_a_rate_change_orders_the_server_layer(monkeypatch):
+    port = _free_udp_port()
+    monkeypatch.setattr(link, "shape", lambda rate: None)
+    monkeypatch.setattr(link.time, "sleep", lambda s: None)
+    filler = ResponseFiller(lambda *a: None, port)  # type: ignore[arg-type]
+    wire = link.ShapedLink(server_control_port=port)
+    wire.set_rate(5.0)
+    time.sleep(0.05)
+    assert filler.saved_bytes(1.0) == link.burst_bytes(5.0)
+    wire.set_rate(None)
+    time.sleep(0.05)
+    assert filler.saved_bytes(1.0) == 0
+    wire.close()
+    filler.close()

@@ -10,6 +10,8 @@ connection, POST a real activation packet of the all-server plan (cut 0: the who
 the server) back to back for ``S`` seconds. For every model, round and client count the two
 servers are measured one right after the other, so that the machine's drift (it is shared and
 noisy) hits both alike; the speed-up reported is the median over rounds of the per-round ratio.
+Each run also reports, from the server's own metrics over the run, the mean batch size and the
+batch compute time per sample inside the server.
 
 The planner's own p99 is timed in process over varied requests (``Engine.plan``: no HTTP), and
 once more over HTTP from one client.
@@ -28,6 +30,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import Server, require_wrk, start_server, wrk
 from server.schemas import WeightPreset
@@ -58,11 +61,31 @@ def _packet(url: str, model: str) -> tuple[str, bytes]:
     return f"{url}{plan['infer_url']}", encode_for_plan(image, plan)
 
 
+def _tail_sums(server: Server, model: str) -> tuple[float, float, float]:
+    """From the server's /metrics: (batches run, samples in them, seconds of batch compute)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("model") == model and sample.name in (
+                    "qpart_tail_batch_size_count", "qpart_tail_batch_size_sum",
+                    "qpart_tail_compute_duration_seconds_sum"):
+                found[sample.name] = sample.value
+    return (found.get("qpart_tail_batch_size_count", 0.0), found.get("qpart_tail_batch_size_sum", 0.0),
+            found.get("qpart_tail_compute_duration_seconds_sum", 0.0))
+
+
 def _measured(server: Server, url: str, body: bytes, content_type: str, clients: int,
-              seconds: int) -> dict[str, Any]:
+              seconds: int, model: str) -> dict[str, Any]:
+    """wrk's figures, the server's CPU share, and from its own metrics the mean batch size and
+    the compute time per sample inside the server over the run."""
+    before = _tail_sums(server, model)
     cpu0, t0 = server.cpu_seconds(), time.perf_counter()
     result = wrk(url, body, content_type, clients, seconds)
     result["server_cpu_share"] = (server.cpu_seconds() - cpu0) / (time.perf_counter() - t0)
+    batches, samples, compute = (b - a for a, b in zip(before, _tail_sums(server, model), strict=True))
+    result["mean_batch"] = samples / batches if batches else None
+    result["server_compute_s_per_sample"] = compute / samples if samples else None
     return result
 
 
@@ -117,11 +140,14 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
         for rnd, model, clients in itertools.product(range(rounds), models, CLIENTS):
             for batching in (True, False):
                 url, packet = targets[(batching, model)]
-                r = _measured(servers[batching], url, packet, "application/octet-stream", clients, seconds)
+                r = _measured(servers[batching], url, packet, "application/octet-stream", clients, seconds,
+                              model)
                 runs.append({"model": model, "round": rnd, "batching": batching, **r})
                 print(f"round {rnd} {model:<14} batching={batching!s:<5} clients={clients:>2} "
                       f"{r['throughput_rps']:7.1f} req/s  p50 {r['p50_s'] * 1e3:6.1f} ms  "
                       f"p99 {r['p99_s'] * 1e3:6.1f} ms  server CPU {r['server_cpu_share']:.0%}  "
+                      f"batch {r['mean_batch'] or 0:4.1f}  compute/sample "
+                      f"{(r['server_compute_s_per_sample'] or 0) * 1e6:5.0f} us  "
                       f"generator CPU {r['generator_cpu_share']:.0%}", file=sys.stderr)
         http_plan = wrk(f"{servers[True].url}/v1/plan",
                         json.dumps(plan_requests(1)[0]).encode(), "application/json", 1, seconds)

@@ -161,29 +161,22 @@ def quantize_pack(
     flat = arr.reshape(-1)
     if flat.size == 0:
         raise QuantizationError("cannot quantize an empty tensor")
-    if _use_native(backend):
-        groups = scheme.groups(flat.size)
-        out = _out_u8(out, packed_size(flat.size, scheme.bits))
-        scales = np.empty(groups, dtype=np.float32)
-        mins = np.empty(groups, dtype=np.float32)
-        try:
-            _NATIVE.quantize_pack(flat, scheme.bits, scheme.group_size, out, scales, mins)  # type: ignore[union-attr]
-        except ValueError as exc:
-            raise QuantizationError(str(exc)) from exc
-        return PackedTensor(shape, scheme, scales, mins, out)
-    codes, scales, mins = quantize_numpy(flat, scheme)
-    data = pack_codes(codes, scheme.bits, out=out, backend=Backend.NUMPY)
-    return PackedTensor(shape, scheme, scales, mins, data)
+    groups = scheme.groups(flat.size)
+    out = _out_u8(out, packed_size(flat.size, scheme.bits))
+    scales = np.empty(groups, dtype=np.float32)
+    mins = np.empty(groups, dtype=np.float32)
+    quantize_pack_into(flat, scheme, out, scales, mins, backend=backend)
+    return PackedTensor(shape, scheme, scales, mins, out)
 
 
 def quantize_pack_into(flat: F32Array, scheme: QuantScheme, out: U8Array, scales: F32Array,
-                       mins: F32Array) -> None:
+                       mins: F32Array, *, backend: Backend | None = None) -> None:
     """:func:`quantize_pack` of a flat, C-contiguous float32 array into caller-owned buffers
     (``packed_size(n, bits)`` bytes of codes, one scale and min per group), with no checks beyond
     the kernel's own: for callers that lay the buffers out themselves (the activation packet)."""
-    if _NATIVE is not None:
+    if _use_native(backend):
         try:
-            _NATIVE.quantize_pack(flat, scheme.bits, scheme.group_size, out, scales, mins)
+            _NATIVE.quantize_pack(flat, scheme.bits, scheme.group_size, out, scales, mins)  # type: ignore[union-attr]
         except ValueError as exc:
             raise QuantizationError(str(exc)) from exc
         return
@@ -207,28 +200,20 @@ def unpack_dequantize(
         out = np.empty(packed.shape, dtype=np.float32)
     elif out.dtype != np.float32 or out.size != n or not out.flags.c_contiguous:
         raise QuantizationError("out must be a C-contiguous float32 array of the tensor's size")
-    if _use_native(backend):
-        try:
-            _NATIVE.unpack_dequantize(  # type: ignore[union-attr]
-                np.ascontiguousarray(packed.data), scheme.bits, scheme.group_size,
-                np.ascontiguousarray(packed.scales, dtype=np.float32),
-                np.ascontiguousarray(packed.mins, dtype=np.float32), out.reshape(-1),
-            )
-        except ValueError as exc:
-            raise QuantizationError(str(exc)) from exc
-        return out
-    codes = unpack_codes_numpy(packed.data, scheme.bits, n)
-    out.reshape(-1)[:] = dequantize_numpy(codes, packed.scales, packed.mins, scheme.group_size)
+    unpack_dequantize_into(np.ascontiguousarray(packed.data), scheme,
+                           np.ascontiguousarray(packed.scales, dtype=np.float32),
+                           np.ascontiguousarray(packed.mins, dtype=np.float32), out.reshape(-1),
+                           backend=backend)
     return out
 
 
 def unpack_dequantize_into(codes: U8Array, scheme: QuantScheme, scales: F32Array, mins: F32Array,
-                           out: F32Array) -> None:
+                           out: F32Array, *, backend: Backend | None = None) -> None:
     """:func:`unpack_dequantize` from caller-checked buffers (sizes agree with ``out.size``; the
     kernel checks them again) into a flat float32 ``out``: for parsers that validated a packet."""
-    if _NATIVE is not None:
+    if _use_native(backend):
         try:
-            _NATIVE.unpack_dequantize(codes, scheme.bits, scheme.group_size, scales, mins, out)
+            _NATIVE.unpack_dequantize(codes, scheme.bits, scheme.group_size, scales, mins, out)  # type: ignore[union-attr]
         except ValueError as exc:
             raise QuantizationError(str(exc)) from exc
         return

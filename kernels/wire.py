@@ -41,7 +41,6 @@ from kernels.ops import (
     PackedTensor,
     quantize_pack,
     quantize_pack_into,
-    unpack_dequantize,
     unpack_dequantize_into,
 )
 from kernels.packing import packed_size
@@ -149,12 +148,11 @@ def decode_activation_array(data: bytes, *, max_elements: int = DEFAULT_MAX_ELEM
         return arr.reshape(shape), FLOAT_BITS, 0
     view = memoryview(data)
     shape, bits, group, params, codes_at = _parse_quantized(view, max_elements)
-    if sys.byteorder != "little":  # the views below are little-endian floats
-        packed = decode_activation(data, max_elements=max_elements)
-        return unpack_dequantize(packed), bits, group
+    # Read-only views of the packet straight into the kernel: nothing is copied but the result
+    # (the little-endian parameters are converted only on a big-endian host).
+    params = np.ascontiguousarray(params, dtype=np.float32)
     groups = params.size // 2
     out = np.empty(shape, dtype=np.float32)
-    # read-only views of the packet straight into the kernel: nothing copied but the result
     unpack_dequantize_into(np.frombuffer(view, dtype=np.uint8, offset=codes_at), _scheme(bits, group),
                            params[:groups], params[groups:], out.reshape(-1))
     return out, bits, group

@@ -14,7 +14,6 @@ sharing per-request overheads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
+from bench import write_json
 from models.data import Split, load_split
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<14} batch {row['batch']:>2}: {row['seconds_per_sample'] * 1e6:7.1f} us/sample, "
                   f"{row['flops_per_s'] / 1e9:5.1f} GFLOP/s, x{row['speedup_over_batch_1']:.2f} over batch 1")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.json, doc)
 
 
 if __name__ == "__main__":

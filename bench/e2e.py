@@ -48,7 +48,6 @@ round trip.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -65,6 +64,7 @@ import httpx
 import numpy as np
 import torch
 
+from bench import write_json
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
@@ -575,8 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     args.model = args.model or list(MODELS)
     enter_private_network("bench.e2e", argv, tools=("tc",), mtu=1500)
     doc = run(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.json, doc)
     args.json.with_suffix(".md").write_text(markdown(doc))
     plot(doc, args.json.with_suffix(".png"))
     print(markdown(doc))

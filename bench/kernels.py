@@ -16,7 +16,6 @@ Peers (benchmark-only):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -31,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
+from bench import write_json
 from kernels import (
     Backend,
     QuantScheme,
@@ -219,8 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = run(args.elements, args.repeats)
     print(_table(doc))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(args.json, doc, indent=2)
 
 
 if __name__ == "__main__":

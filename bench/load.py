@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import os
 import random
 import statistics
@@ -39,6 +38,7 @@ import httpx
 import numpy as np
 import torch
 
+from bench import write_json
 from bench.loadgen import GENERATOR_CORE, Server, start_server
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
@@ -246,8 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = report(stats, samples, wall, args.devices)
     # One core's worth (1.0) means the devices, not the server, set the pace (DESIGN §8).
     doc["generator_cpu_share"] = (time.process_time() - cpu0) / wall
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.json, doc)
     for route, r in doc["routes"].items():
         p50 = f"{r['p50_s'] * 1e3:.1f}" if r["p50_s"] is not None else "-"
         p99 = f"{r['p99_s'] * 1e3:.1f}" if r["p99_s"] is not None else "-"

@@ -43,6 +43,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from bench import write_json
 from bench.loadgen import (
     PRIVATE_NETWORK_FLAG,
     SERVER_CORE,
@@ -271,8 +272,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"once to create it")
     doc = run(args.model, args.seconds, kserve_version, args.rounds)
     print_table(doc)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.json, doc, indent=2)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import write_json
 from bench.loadgen import Server, require_wrk, start_server, wrk
 from server.schemas import WeightPreset
 
@@ -202,8 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"planner p99: {doc['plan_p99_s'] * 1e3:.2f} ms in process, "
           f"{doc['plan_http_p99_s'] * 1e3:.2f} ms over HTTP")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(args.json, doc, indent=2)
 
 
 if __name__ == "__main__":

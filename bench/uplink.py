@@ -14,7 +14,6 @@ reproduces (the planner's cost model assumes all of it).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench import write_json
 from bench.e2e import write_artifacts
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, enter_private_network, start_server
@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{doc['transfer_largest_minus_smallest_s'] * 1e3:+.3f} ms), "
           f"{doc['wire_difference_s'] * 1e3:+.3f} ms on a real {args.rate:g} Mbit/s wire")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.json, doc)
 
 
 if __name__ == "__main__":

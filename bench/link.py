@@ -30,13 +30,29 @@ UDP_OVERHEAD = 42  # UDP 8 + IPv4 20 + Ethernet 14 bytes around a datagram's pay
 MIN_FRAME_BYTES = UDP_OVERHEAD + 18  # the smallest filler frame sent (lo has no minimum; 60 B as Ethernet)
 
 
-def spend(sock: socket.socket, sink: tuple[str, int], wire_bytes: int) -> None:
-    """Send datagrams to ``sink`` that take ``wire_bytes`` on the wire, in frames of at most
-    :data:`FRAME_BYTES` (a remainder under the smallest frame is not sent)."""
-    while wire_bytes >= MIN_FRAME_BYTES:
-        frame = min(wire_bytes, FRAME_BYTES)
-        sock.sendto(bytes(frame - UDP_OVERHEAD), sink)
-        wire_bytes -= frame
+class Filler:
+    """Filler datagrams that spend the shaper's bucket, sent to a socket of our own that is never
+    read: datagrams to a closed port would each draw a 590 B ICMP "port unreachable" through the
+    same shaper, queued ahead of the measured transfer (4.7 ms at 1 Mbit/s). Once the sink's
+    buffer is full the kernel drops what arrives, silently."""
+
+    def __init__(self) -> None:
+        self._sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sink.bind(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self._sink.getsockname()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # also sends bench.link's orders
+
+    def spend(self, wire_bytes: int) -> None:
+        """Send datagrams that take ``wire_bytes`` on the wire, in frames of at most
+        :data:`FRAME_BYTES` (a remainder under the smallest frame is not sent)."""
+        while wire_bytes >= MIN_FRAME_BYTES:
+            frame = min(wire_bytes, FRAME_BYTES)
+            self.sock.sendto(bytes(frame - UDP_OVERHEAD), self.address)
+            wire_bytes -= frame
+
+    def close(self) -> None:
+        self.sock.close()
+        self._sink.close()
 
 
 def burst_bytes(rate_mbps: float) -> int:
@@ -72,14 +88,7 @@ class ShapedLink:
         self.rate_mbps = rate_mbps
         self._armed = False
         self._server_control = server_control_port  # bench.shaped_server's orders port, if any
-        # The filler goes to a socket of our own that is never read: datagrams to a closed port
-        # would each draw a 590 B ICMP "port unreachable" through the same shaper, queued ahead
-        # of the measured request (4.7 ms at 1 Mbit/s). Once the sink's buffer is full the kernel
-        # drops what arrives, silently.
-        self._sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sink.bind(("127.0.0.1", 0))
-        self._sink_address = self._sink.getsockname()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._filler = Filler()
 
     def set_rate(self, rate_mbps: float | None) -> None:
         """Shape loopback at ``rate_mbps`` (None: unshaped) from now on, and tell the server's
@@ -89,7 +98,7 @@ class ShapedLink:
         self._armed = False
         if self._server_control is not None:
             order = "0 0" if rate_mbps is None else f"{rate_mbps} {burst_bytes(rate_mbps)}"
-            self._sock.sendto(order.encode("ascii"), ("127.0.0.1", self._server_control))
+            self._filler.sock.sendto(order.encode("ascii"), ("127.0.0.1", self._server_control))
             time.sleep(0.05)  # delivered before any measured response (it crosses the shaper too)
 
     def quiet(self) -> None:
@@ -109,15 +118,14 @@ class ShapedLink:
         armed, self._armed = self._armed, False
         if not armed or self.rate_mbps is None:
             return
-        spend(self._sock, self._sink_address, burst_bytes(self.rate_mbps))
+        self._filler.spend(burst_bytes(self.rate_mbps))
 
     def client(self, timeout: float) -> httpx.Client:
         """An httpx client whose requests honour :meth:`quiet`."""
         return httpx.Client(timeout=timeout, transport=_QuietTransport(self))
 
     def close(self) -> None:
-        self._sock.close()
-        self._sink.close()
+        self._filler.close()
 
 
 class _QuietStream(httpcore.NetworkStream):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bench.link import spend
+from bench.link import Filler
 from server.main import serve
 from server.settings import ServerSettings
 
@@ -53,16 +53,13 @@ class ResponseFiller:
             self._control = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self._control.bind(("127.0.0.1", control_port))
             self._control.setblocking(False)
-        self._sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sink.bind(("127.0.0.1", 0))
-        self._sink_address = self._sink.getsockname()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._filler = Filler()
 
     def close(self) -> None:
         """Close the layer's sockets (the process's end does it otherwise)."""
-        for sock in (self._control, self._sink, self._sock):
-            if sock is not None:
-                sock.close()
+        if self._control is not None:
+            self._control.close()
+        self._filler.close()
 
     def _read_orders(self) -> None:
         while self._control is not None:
@@ -96,7 +93,7 @@ class ResponseFiller:
 
         async def send_after_filler(message: Message) -> None:
             if message["type"] == "http.response.start":
-                spend(self._sock, self._sink_address, self.saved_bytes(time.perf_counter() - body_done))
+                self._filler.spend(self.saved_bytes(time.perf_counter() - body_done))
             await send(message)
 
         await self.app(scope, timed_receive, send_after_filler)

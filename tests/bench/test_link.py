@@ -56,9 +56,9 @@ def test_a_quieted_request_empties_the_bucket_right_before_its_first_write(monke
     events: list[str] = []
     monkeypatch.setattr(link.time, "sleep", lambda s: events.append(f"sleep {s}"))
     wire = ShapedLink(100.0)
-    sink = wire._sink_address
+    sink = wire._filler.address
     wire.close()
-    monkeypatch.setattr(wire, "_sock", _Recorder(events))
+    monkeypatch.setattr(wire._filler, "sock", _Recorder(events))
     socket_write = SyncStream.write
 
     def write(self: SyncStream, buffer: bytes, timeout: float | None = None) -> None:
@@ -85,7 +85,7 @@ def test_a_quiet_that_no_request_followed_does_not_outlive_a_rate_change(monkeyp
     monkeypatch.setattr(link, "shape", lambda rate: None)
     wire = ShapedLink(100.0)
     wire.close()
-    monkeypatch.setattr(wire, "_sock", _Recorder(events))
+    monkeypatch.setattr(wire._filler, "sock", _Recorder(events))
     with wire.client(timeout=5) as client:
         wire.quiet()
         wire.set_rate(20.0)
@@ -98,7 +98,7 @@ def test_an_unshaped_link_neither_idles_nor_sends_filler(monkeypatch, echo_url):
     monkeypatch.setattr(link.time, "sleep", lambda s: events.append("sleep"))
     wire = ShapedLink(None)
     wire.close()
-    monkeypatch.setattr(wire, "_sock", _Recorder(events))
+    monkeypatch.setattr(wire._filler, "sock", _Recorder(events))
     with wire.client(timeout=5) as client:
         wire.quiet()
         assert client.post(echo_url, content=b"c").content == b"c"

@@ -7,7 +7,7 @@ import socket
 import time
 
 from bench import link, shaped_server
-from bench.link import FRAME_BYTES, UDP_OVERHEAD, spend
+from bench.link import FRAME_BYTES, UDP_OVERHEAD, Filler
 from bench.shaped_server import ResponseFiller
 
 
@@ -33,10 +33,13 @@ def _order(port: int, text: str) -> None:
 
 def test_spend_sends_whole_frames_then_the_remainder_and_drops_what_no_frame_can_carry():
     events: list[str] = []
-    spend(_Recorder(events), ("127.0.0.1", 9), 1600)  # type: ignore[arg-type]
+    filler = Filler()
+    filler.close()
+    filler.sock = _Recorder(events)  # type: ignore[assignment]
+    filler.spend(1600)
     assert events == [f"filler {FRAME_BYTES}", "filler 86"]
     events.clear()
-    spend(_Recorder(events), ("127.0.0.1", 9), 59)  # type: ignore[arg-type]
+    filler.spend(59)
     assert events == []
 
 
@@ -63,8 +66,8 @@ def test_the_filler_goes_out_before_the_answer_sized_by_the_time_since_the_body_
         await send({"type": "http.response.body", "body": b"ok"})
 
     filler = ResponseFiller(app, port)
-    filler._sock.close()
-    monkeypatch.setattr(filler, "_sock", _Recorder(events))
+    filler._filler.sock.close()
+    monkeypatch.setattr(filler._filler, "sock", _Recorder(events))
     monkeypatch.setattr(shaped_server.time, "perf_counter", lambda: next(clock))
     _order(port, "1.0 1600")
 
@@ -96,8 +99,8 @@ def test_the_body_counts_as_arrived_at_its_last_chunk_and_bad_orders_are_ignored
         await send({"type": "http.response.start", "status": 200, "headers": []})
 
     filler = ResponseFiller(app, port)
-    filler._sock.close()
-    monkeypatch.setattr(filler, "_sock", _Recorder(events))
+    filler._filler.sock.close()
+    monkeypatch.setattr(filler._filler, "sock", _Recorder(events))
     monkeypatch.setattr(shaped_server.time, "perf_counter", lambda: now[0])
     _order(port, "1.0 1600")
     _order(port, "not an order")

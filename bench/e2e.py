@@ -411,18 +411,13 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
 
 # ---- the grid -----------------------------------------------------------------------------------
 
-def _host_heads(name: str, image: np.ndarray) -> list[float]:
-    """This machine's head time per cut for the trained model on ``image`` (what the device runs)."""
-    return measure_heads(name, warmup=2, repeats=9, trained=True, x=torch.from_numpy(image))
-
-
 def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.ndarray) -> ModelView:
     info = client.get(f"{url}/v1/models/{name}").json()
     torch.set_num_threads(1)
-    host = _host_heads(name, image)
-    encode = measure_encodes(name, warmup=2, repeats=9)
-    return ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
-                     load_artifact(artifacts / name), host, encode, info["answer_bytes"])
+    view = ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
+                     load_artifact(artifacts / name), [], [], info["answer_bytes"])
+    reprofile(view, image)
+    return view
 
 
 def reprofile(model: ModelView, image: np.ndarray) -> None:
@@ -430,7 +425,9 @@ def reprofile(model: ModelView, image: np.ndarray) -> None:
     minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a device's time
     is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's device times and
     the measured ones run on different clocks."""
-    model.host_head_s = _host_heads(model.name, image)
+    # the trained model on a real image: what the device runs
+    model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True,
+                                      x=torch.from_numpy(image))
     model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9)
 
 

@@ -139,6 +139,7 @@ class Link:
     goodput_bps: float
     rtt_s: float
     wire: ShapedLink  # the shaped link itself, set to rate_mbps
+    overlap_s: float = 0.0  # upload time the server's request handling hides (probe_overlap)
 
 
 @dataclass
@@ -201,6 +202,36 @@ def probe_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarra
     return rtt
 
 
+def probe_overlap(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, link: Link,
+                  rounds: int = 15) -> float:
+    """How much of an upload's body time the server's request handling hides, at the shaped rate.
+
+    The server parses a request's headers and dispatches it while the body is still arriving. The
+    device uploads the image at cut 0 as float32 and with the fewest bits, alternately, each after
+    :meth:`ShapedLink.quiet`; the larger body's extra wire time (at the measured goodput) less its
+    extra round trip (after the server's reported queue + compute) is the overlap, median over
+    ``rounds`` pairs, within [0, the extra wire time].
+    """
+    cut0 = [p for p in model.patterns if p["cut"] == 0]
+    small = min(cut0, key=lambda p: p["activation_bits"])
+    large = max(cut0, key=lambda p: p["activation_bits"])
+    packets = [(p["infer_url"], encode_for_plan(image, model.plan_of(p))) for p in (small, large)]
+    extra_wire = (len(packets[1][1]) - len(packets[0][1])) * 8 / link.goodput_bps
+    hidden = []
+    for _ in range(rounds):
+        rests = []
+        for path, packet in packets:
+            link.wire.quiet()
+            start = time.perf_counter()
+            r = client.post(url + path, content=packet)
+            elapsed = time.perf_counter() - start
+            r.raise_for_status()
+            answer = r.json()
+            rests.append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
+        hidden.append(extra_wire - (rests[1] - rests[0]))
+    return min(max(statistics.median(hidden), 0.0), extra_wire)
+
+
 def measure_link(client: httpx.Client, url: str, model: ModelView, wire: ShapedLink, rtt: float) -> Link:
     """Goodput at the shaped rate: ranged downloads of ~2 s of data (payload bits per second;
     shorter ones read low, TCP's slow start weighs more)."""
@@ -244,7 +275,7 @@ class Choice:
 
 def _inputs(device: DeviceProfile, preset: str, link: Link, held: set[str]) -> PlanInputs:
     return PlanInputs(device, PRESETS[WeightPreset(preset)], link.goodput_bps, link.rtt_s, 1, 1.0,
-                      frozenset(held))
+                      frozenset(held), link.overlap_s)
 
 
 def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[str, Any]:
@@ -345,7 +376,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
     inputs = _inputs(device, preset, link, held)
     body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
-            "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "weights": preset,
+            "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_overlap_s": link.overlap_s,
+            "weights": preset,
             "device": device.model_dump(mode="json"), "held_segments": sorted(held)}
     start = time.perf_counter()
     plan = client.post(f"{url}/v1/plan", json=body)
@@ -469,12 +501,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     reprofile(model, images[:1])
                                     profile, ratios = device_profile(d, [model])
                                     link.rtt_s = probe_rtt(client, url, model, images[:1], wire, rate)
+                                    link.overlap_s = probe_overlap(client, url, model, images[:1], link)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps)
                                     held |= got
                                     cells.append({"device": d, "rate_mbps": rate, "model": model.name,
                                                   "preset": preset, "cache": cache,
                                                   "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
+                                                  "upload_overlap_s": link.overlap_s,
                                                   "speed_ratio": ratios[model.name], **cell})
                                     _progress(cells[-1])
         finally:

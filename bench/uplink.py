@@ -14,12 +14,15 @@ reproduces (the planner's cost model assumes all of it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +53,20 @@ def _packets(client: httpx.Client, url: str, model: str) -> dict[int, tuple[str,
     return out
 
 
-def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str, Any]:
-    """Round trips per encoding at ``rate_mbps``; the JSON document."""
+@dataclass
+class Session:
+    """The shaped link, a client on it, the server's URL and its cut-0 packets by bit width."""
+
+    wire: ShapedLink
+    client: httpx.Client
+    url: str
+    packets: dict[int, tuple[str, dict[str, Any], bytes]]
+
+
+@contextlib.contextmanager
+def shaped_session(model: str, artifacts: Path) -> Iterator[Session]:
+    """bench.shaped_server with ``model`` on :data:`PORT`, this process on the generator's core,
+    and an unshaped :class:`ShapedLink` whose rate the caller sets; all undone on exit."""
     with tempfile.TemporaryDirectory(prefix="qpart-uplink-") as tmp:
         write_artifacts(artifacts, [model], Path(tmp))
         server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp],
@@ -62,31 +77,37 @@ def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str,
         wire = ShapedLink(server_control_port=FILLER_PORT)
         try:
             with wire.client(timeout=60) as client:
-                packets = _packets(client, server.url, model)
-                wire.set_rate(rate_mbps)
-                times: dict[int, list[float]] = {b: [] for b in packets}
-                rests: dict[int, list[float]] = {b: [] for b in packets}
-                order = list(packets)
-                rng = random.Random(0)
-                for i in range(rounds + WARMUP_ROUNDS):
-                    rng.shuffle(order)
-                    for bits in order:
-                        url, plan, packet = packets[bits]
-                        for _ in range(3):  # as bench.e2e's device encodes before each upload
-                            encode_for_plan(IMAGE, plan)
-                        wire.quiet()
-                        start = time.perf_counter()
-                        r = client.post(server.url + url, content=packet)
-                        elapsed = time.perf_counter() - start
-                        r.raise_for_status()
-                        if i >= WARMUP_ROUNDS:
-                            times[bits].append(elapsed)
-                            answer = r.json()
-                            rests[bits].append(elapsed - answer["queue_s"] - answer["compute_s"])
+                yield Session(wire, client, server.url, _packets(client, server.url, model))
         finally:
             wire.set_rate(None)
             wire.close()
             server.stop()
+
+
+def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str, Any]:
+    """Round trips per encoding at ``rate_mbps``; the JSON document."""
+    with shaped_session(model, artifacts) as session:
+        packets = session.packets
+        session.wire.set_rate(rate_mbps)
+        times: dict[int, list[float]] = {b: [] for b in packets}
+        rests: dict[int, list[float]] = {b: [] for b in packets}
+        order = list(packets)
+        rng = random.Random(0)
+        for i in range(rounds + WARMUP_ROUNDS):
+            rng.shuffle(order)
+            for bits in order:
+                url, plan, packet = packets[bits]
+                for _ in range(3):  # as bench.e2e's device encodes before each upload
+                    encode_for_plan(IMAGE, plan)
+                session.wire.quiet()
+                start = time.perf_counter()
+                r = session.client.post(session.url + url, content=packet)
+                elapsed = time.perf_counter() - start
+                r.raise_for_status()
+                if i >= WARMUP_ROUNDS:
+                    times[bits].append(elapsed)
+                    answer = r.json()
+                    rests[bits].append(elapsed - answer["queue_s"] - answer["compute_s"])
     rows: list[dict[str, Any]] = [{"activation_bits": b, "upload_bytes": len(packets[b][2]),
              "round_trip_median_s": statistics.median(t),
              "round_trip_deciles_s": statistics.quantiles(t, n=10),
@@ -98,17 +119,21 @@ def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str,
             "wire_difference_s": 8 * (large["upload_bytes"] - small["upload_bytes"]) / (rate_mbps * 1e6)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point."""
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def link_arguments(doc: str | None, rounds: int) -> argparse.ArgumentParser:
+    """The shaped-link benchmarks' options: rate, rounds, model, artifacts, JSON output."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, required=True, help="shaped rate in Mbit/s")
-    parser.add_argument("--rounds", type=int, default=200, help="measured rounds (default 200)")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"measured rounds (default {rounds})")
     parser.add_argument("--model", default="fmnist-cnn")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = link_arguments(__doc__, rounds=200).parse_args(argv)
     enter_private_network("bench.uplink", argv, tools=("tc",), mtu=1500)
     doc = run(args.rate, args.rounds, args.model, args.artifacts)
     for r in doc["encodings"]:

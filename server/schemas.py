@@ -69,6 +69,9 @@ class PlanRequest(_Strict):
         default_factory=list, max_length=256, description="Segment ids the device already caches.")
     batch: JsonInt = Field(1, ge=1, le=1024, description="Samples per inference with this plan.")
     rtt_s: float | None = Field(None, ge=0, le=10, description="Round-trip time (default: profile's).")
+    upload_overlap_s: float = Field(
+        0.0, ge=0, le=1, description="Seconds of an upload's body time that the server's request "
+        "handling hides (it starts on the headers); measured by the device, default none.")
 
 
 class TimeBreakdown(_Strict):

@@ -31,6 +31,14 @@ def test_plan_returns_costs_and_baselines(client):
     assert plan["predicted"]["objective"] <= plan["all_device"]["objective"] + 1e-12
 
 
+def test_an_upload_overlap_prices_the_same_upload_cheaper(client):
+    plain = _plan(client, rate_bps=1e5)
+    hidden = _plan(client, rate_bps=1e5, upload_overlap_s=0.005)
+    # The all-server plan uploads the input: its transfer sheds the hidden 5 ms (its body takes longer).
+    before, after = plain["all_server"]["time_s"]["transfer"], hidden["all_server"]["time_s"]["transfer"]
+    assert after == pytest.approx(before - 0.005)
+
+
 def test_a_demand_tighter_than_every_level_gets_a_lossless_plan(client):
     plan = _plan(client, accuracy_demand=0.0001)
     assert plan["level"] == 0
@@ -77,6 +85,8 @@ def test_unknown_model_is_a_404_with_an_error_body(client):
     {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "device": {"name": "x"}},
     {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "batch": True},
     {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "surprise": 1},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_overlap_s": -0.001},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_overlap_s": 5},
 ])
 def test_malformed_plans_are_4xx_with_an_error_body(client, body):
     response = client.post("/v1/plan", json=body)

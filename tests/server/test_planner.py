@@ -1,4 +1,5 @@
-"""The cost model's transfer term: bodies, one round trip and one header allowance per exchange."""
+"""The cost model's transfer term: bodies, one round trip and one header allowance per exchange,
+and the upload time the server's request handling hides."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ def artifact(artifacts_dir):
     return load_artifact(artifacts_dir / "fmnist-cnn")
 
 
-def _inputs(held=frozenset()):
-    return PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.LATENCY_FIRST], 8e6, 0.01, 1, 1.0,
-                      frozenset(held))
+def _inputs(held=frozenset(), overlap=0.0, batch=1):
+    return PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.LATENCY_FIRST], 8e6, 0.01, batch, 1.0,
+                      frozenset(held), overlap)
 
 
 @pytest.mark.parametrize("held", [False, True])
@@ -40,3 +41,24 @@ def test_the_last_cut_only_downloads(artifact, held):
     wire = 9000 + HTTP_EXCHANGE_BYTES
     assert costs.time_s.transfer == pytest.approx(0 if held else wire * 8 / 8e6 + 0.01)
     assert costs.time_s.server == 0 and costs.server_cost == 0
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_overlap_hides_only_the_activation_body_and_never_more(artifact, batch):
+    p = next(p for p in artifact.patterns if p.cut == 3 and p.level == 0.01)
+    body_s = p.activation_bytes * batch * 8 / 8e6
+    base = price(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, answer_bytes=600)
+    part = price(artifact, p, "seg", 5000, _inputs(overlap=body_s / 4, batch=batch), 0.001, answer_bytes=600)
+    assert part.time_s.transfer == pytest.approx(base.time_s.transfer - body_s / 4)
+    assert part.energy_j.transfer == pytest.approx(get_device("phone-soc").power_tx_w * part.time_s.transfer)
+    # More overlap than body: the segment download, headers, answer and round trips still count.
+    whole = price(artifact, p, "seg", 5000, _inputs(overlap=10.0, batch=batch), 0.001, answer_bytes=600)
+    assert whole.time_s.transfer == pytest.approx(base.time_s.transfer - body_s)
+    assert whole.transfer_bytes == base.transfer_bytes
+
+
+def test_the_overlap_changes_nothing_without_an_upload(artifact):
+    last = len(artifact.cuts) - 1
+    p = next(p for p in artifact.patterns if p.cut == last and p.level == 0)
+    base = price(artifact, p, "seg", 9000, _inputs(), 0.5)
+    assert price(artifact, p, "seg", 9000, _inputs(overlap=1.0), 0.5) == base

@@ -55,6 +55,11 @@ def core_busy_seconds(core: str) -> float:
     raise RuntimeError(f"no cpu{core} line in /proc/stat")
 
 
+def _cpu_seconds(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Server:
     """A server process under test and the URL it answers on."""
@@ -64,8 +69,18 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU the process has used so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_seconds(Path(f"/proc/{self.proc.pid}/stat"))
+
+    def thread_cpu_seconds(self) -> dict[int, float]:
+        """User + system CPU per thread so far (thread id -> seconds; the main thread's id is the
+        process id). Threads that ended are gone from the table."""
+        out = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                out[int(task.name)] = _cpu_seconds(task / "stat")
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+        return out
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 30 s."""

@@ -11,7 +11,10 @@ the server) back to back for ``S`` seconds. For every model, round and client co
 servers are measured one right after the other, so that the machine's drift (it is shared and
 noisy) hits both alike; the speed-up reported is the median over rounds of the per-round ratio.
 Each run also reports, from the server's own metrics over the run, the mean batch size and the
-batch compute time per sample inside the server.
+batch compute time per sample inside the server, and from /proc the server's CPU per request in
+its event loop's thread and in its tail workers. Once a round, a bare uvicorn app
+(:mod:`bench.floor_server`) takes the same load: the HTTP floor that no server on this stack goes
+below. :func:`cpu_at_32` sets these side by side.
 
 The planner's own p99 is timed in process over varied requests (``Engine.plan``: no HTTP), and
 once more over HTTP from one client.
@@ -25,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,23 @@ def _start(artifacts: Path, port: int, max_batch: int, delay_s: float) -> Server
            "QPART_MAX_QUEUE": "4096", "QPART_MAX_QUEUE_DELAY_S": str(delay_s)}
     cmd = [sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)]
     return start_server(cmd, f"http://127.0.0.1:{port}", "/v2/health/ready", env)
+
+
+def _start_floor(port: int) -> Server:
+    cmd = [sys.executable, "-m", "bench.floor_server", "--port", str(port)]
+    return start_server(cmd, f"http://127.0.0.1:{port}", "/", {})
+
+
+def _floor_run(floor: Server, server: Server, target: tuple[str, bytes], clients: int,
+               seconds: int) -> dict[str, Any]:
+    """The floor server under the load ``server`` takes at ``target`` (its URL and packet)."""
+    url, packet = target
+    path = url.removeprefix(server.url)
+    f = _cpu_split(floor, lambda: wrk(floor.url + path, packet, "application/octet-stream", clients, seconds))
+    print(f"HTTP floor (bare uvicorn app) clients={clients:>2} {f['throughput_rps']:7.1f} req/s  "
+          f"CPU/request {f['cpu_s_per_request'] * 1e6:5.0f} us  server CPU {f['server_cpu_share']:.0%}  "
+          f"generator CPU {f['generator_cpu_share']:.0%}", file=sys.stderr)
+    return f
 
 
 def _packet(url: str, model: str) -> tuple[str, bytes]:
@@ -81,12 +102,27 @@ def _measured(server: Server, url: str, body: bytes, content_type: str, clients:
     """wrk's figures, the server's CPU share, and from its own metrics the mean batch size and
     the compute time per sample inside the server over the run."""
     before = _tail_sums(server, model)
-    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
-    result = wrk(url, body, content_type, clients, seconds)
-    result["server_cpu_share"] = (server.cpu_seconds() - cpu0) / (time.perf_counter() - t0)
+    result = _cpu_split(server, lambda: wrk(url, body, content_type, clients, seconds))
     batches, samples, compute = (b - a for a, b in zip(before, _tail_sums(server, model), strict=True))
     result["mean_batch"] = samples / batches if batches else None
     result["server_compute_s_per_sample"] = compute / samples if samples else None
+    return result
+
+
+def _cpu_split(server: Server, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``load()``'s wrk figures plus the server's CPU share of a core and its CPU per answered
+    request: in total, in the event loop's thread (the main one) and in all other threads (the
+    tail workers)."""
+    threads0, cpu0, t0 = server.thread_cpu_seconds(), server.cpu_seconds(), time.perf_counter()
+    result = load()
+    threads1, cpu1 = server.thread_cpu_seconds(), server.cpu_seconds()
+    result["server_cpu_share"] = (cpu1 - cpu0) / (time.perf_counter() - t0)
+    pid = server.proc.pid
+    answered = max(1, result["requests"] - result["non_2xx"])
+    loop = threads1.get(pid, 0.0) - threads0.get(pid, 0.0)
+    result["cpu_s_per_request"] = (cpu1 - cpu0) / answered
+    result["loop_cpu_s_per_request"] = loop / answered
+    result["worker_cpu_s_per_request"] = (cpu1 - cpu0 - loop) / answered
     return result
 
 
@@ -127,18 +163,49 @@ def planner_p99(artifacts: Path, n: int = 2000) -> float:
     return float(np.percentile(times, 99))
 
 
+def cpu_at_32(runs: list[dict[str, Any]], floors: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Where a request's server CPU goes at 32 clients, medians over rounds, and what batching
+    could still gain from it.
+
+    Both servers saturate their core, so throughput is one over CPU per request. Work that both
+    configurations do per request (HTTP, routing, decoding, the answer) lowers both: for the
+    speed-up to reach 2x that way, it would have to shed ``2 x on - off`` seconds per request
+    (``shared_saving_for_2x_s``), which only the event loop's work above the HTTP floor
+    (``on_loop_above_floor_s``) can give.
+    """
+    keys = ("cpu_s_per_request", "loop_cpu_s_per_request", "worker_cpu_s_per_request")
+    floor = statistics.median(f["cpu_s_per_request"] for f in floors) if floors else None
+    out: dict[str, Any] = {"http_floor_cpu_s_per_request": floor}
+    for model in models:
+        row: dict[str, Any] = {}
+        for batching, name in ((True, "on"), (False, "off")):
+            rows = [r for r in runs if (r["model"], r["batching"], r["clients"]) == (model, batching, 32)]
+            row[name] = {k: statistics.median(r[k] for r in rows) for k in keys}
+        on, off = row["on"]["cpu_s_per_request"], row["off"]["cpu_s_per_request"]
+        row["cpu_ratio"] = off / on
+        row["shared_saving_for_2x_s"] = 2 * on - off
+        row["on_loop_above_floor_s"] = None if floor is None else row["on"]["loop_cpu_s_per_request"] - floor
+        out[model] = row
+    return out
+
+
 def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
         delay_s: float = 0.0) -> dict[str, Any]:
     """Both server configurations, every model, round and client count; the JSON document."""
     require_wrk()
     servers = {batching: _start(artifacts, 18100 + max_batch, max_batch, delay_s if batching else 0.0)
                for batching, max_batch in CONFIGS.items()}
+    floor = _start_floor(18099)
     runs: list[dict[str, Any]] = []
+    floors: list[dict[str, Any]] = []
     try:
         targets = {(b, m): _packet(s.url, m) for b, s in servers.items() for m in models}
         for url, packet in targets.values():  # warm-up: first batches, allocator
             wrk(url, packet, "application/octet-stream", 4, 1)
         for rnd, model, clients in itertools.product(range(rounds), models, CLIENTS):
+            if model == models[0] and clients == CLIENTS[-1]:  # once a round: the same packet, same load
+                floors.append({"round": rnd, **_floor_run(floor, servers[True], targets[(True, model)],
+                                                          clients, seconds)})
             for batching in (True, False):
                 url, packet = targets[(batching, model)]
                 r = _measured(servers[batching], url, packet, "application/octet-stream", clients, seconds,
@@ -149,11 +216,13 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
                       f"p99 {r['p99_s'] * 1e3:6.1f} ms  server CPU {r['server_cpu_share']:.0%}  "
                       f"batch {r['mean_batch'] or 0:4.1f}  compute/sample "
                       f"{(r['server_compute_s_per_sample'] or 0) * 1e6:5.0f} us  "
+                      f"CPU/request {r['cpu_s_per_request'] * 1e6:5.0f} us (loop "
+                      f"{r['loop_cpu_s_per_request'] * 1e6:4.0f})  "
                       f"generator CPU {r['generator_cpu_share']:.0%}", file=sys.stderr)
         http_plan = wrk(f"{servers[True].url}/v1/plan",
                         json.dumps(plan_requests(1)[0]).encode(), "application/json", 1, seconds)
     finally:
-        for server in servers.values():
+        for server in (*servers.values(), floor):
             server.stop()
 
     def pick(model: str, batching: bool, clients: int) -> list[dict[str, Any]]:
@@ -172,6 +241,7 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
         ratios = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(on, off, strict=True)]
         speedup[model] = {"median": statistics.median(ratios), "per_round": ratios}
     return {"runs": runs, "summary": summary, "batching_speedup_at_32": speedup,
+            "cpu_per_request_at_32": cpu_at_32(runs, floors, models), "http_floor_runs": floors,
             "plan_p99_s": planner_p99(artifacts), "plan_http_p99_s": http_plan["p99_s"],
             "seconds_per_run": seconds, "rounds": rounds, "cut": 0,
             "configs": {"on": {"max_batch_size": 32, "max_queue_delay_s": delay_s},
@@ -200,6 +270,19 @@ def main(argv: list[str] | None = None) -> None:
     for model, s in doc["batching_speedup_at_32"].items():
         print(f"{model}: batching speed-up at 32 clients {s['median']:.2f}x "
               f"(rounds: {', '.join(f'{r:.2f}' for r in s['per_round'])})")
+    cpu = doc["cpu_per_request_at_32"]
+    us = 1e6
+    for model in doc["batching_speedup_at_32"]:
+        c = cpu[model]
+        on, off = c["on"], c["off"]
+        print(f"{model}: server CPU per request at 32 clients: on {on['cpu_s_per_request'] * us:.0f} us "
+              f"(event loop {on['loop_cpu_s_per_request'] * us:.0f}, workers "
+              f"{on['worker_cpu_s_per_request'] * us:.0f}), off {off['cpu_s_per_request'] * us:.0f} us "
+              f"(event loop {off['loop_cpu_s_per_request'] * us:.0f}, workers "
+              f"{off['worker_cpu_s_per_request'] * us:.0f}); 2x needs "
+              f"{c['shared_saving_for_2x_s'] * us:.0f} us less shared work, the batched event loop "
+              f"has {(c['on_loop_above_floor_s'] or 0) * us:.0f} us above the HTTP floor "
+              f"({(cpu['http_floor_cpu_s_per_request'] or 0) * us:.0f} us)")
     print(f"planner p99: {doc['plan_p99_s'] * 1e3:.2f} ms in process, "
           f"{doc['plan_http_p99_s'] * 1e3:.2f} ms over HTTP")
     if args.json:

@@ -12,7 +12,11 @@ Device compute is this machine's measured time scaled by the profile's speed: wi
 host's FLOP/s (the whole model's FLOPs over its measured batch-1 time) and ``F`` the profile's
 ``flops_per_s``, a head that takes ``t`` here takes ``t * H / F`` on the device. The device
 profile sent to the planner carries per-cut head times measured the same way (the profiler of
-``qpart device profile``), so prediction and measurement use one clock.
+``qpart device profile``), so prediction and measurement use one clock. Before every cell the
+device also measures its link as a device in the field can, on the link itself
+(:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) and how much of an upload
+the server's request handling hides (``upload_overlap_s``). Its plan request carries the median
+of its last three probes at this rate and model (:data:`PROBE_WINDOW`).
 
 Strategies per cell (model, device, rate, weight preset, cache state):
 
@@ -56,6 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,7 +144,7 @@ class Link:
     goodput_bps: float
     rtt_s: float
     wire: ShapedLink  # the shaped link itself, set to rate_mbps
-    overlap_s: float = 0.0  # upload time the server's request handling hides (probe_overlap)
+    overlap_s: float = 0.0  # upload time the server's request handling hides (probe_exchange)
 
 
 @dataclass
@@ -202,34 +207,52 @@ def probe_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarra
     return rtt
 
 
-def probe_overlap(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, link: Link,
-                  rounds: int = 15) -> float:
-    """How much of an upload's body time the server's request handling hides, at the shaped rate.
+# A device smooths its link estimates as TCP smooths its RTT: the median of its last probes (one
+# per cell, same rate and model). One probe alone read 3.95 ms where the cell's own exchanges
+# implied 2.13 (5 Mbit/s, a transient on this shared machine) and flipped the plan.
+PROBE_WINDOW = 3
 
-    The server parses a request's headers and dispatches it while the body is still arriving. The
-    device uploads the image at cut 0 as float32 and with the fewest bits, alternately, each after
-    :meth:`ShapedLink.quiet`; the larger body's extra wire time (at the measured goodput) less its
-    extra round trip (after the server's reported queue + compute) is the overlap, median over
-    ``rounds`` pairs, within [0, the extra wire time].
+
+def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, link: Link,
+                   rounds: int = 21) -> tuple[float, float]:
+    """The exchange's fixed overhead and the upload overlap, measured on the shaped link itself.
+
+    The device uploads the image at cut 0 with the fewest bits and as float32, alternately, each
+    after :meth:`ShapedLink.quiet` (``rounds`` pairs); each round trip less the server's reported
+    queue + compute is the exchange's rest. The overlap (how much of a body's wire time the
+    server's request handling hides) is the larger body's extra wire time (at the measured
+    goodput) less its extra rest, median over pairs, within [0, that extra wire time]. The
+    overhead is the small exchange's median rest less what the cost model prices its bytes at
+    with that overlap, so the model reproduces the small exchange.
+
+    A probe of the unshaped link missed what a real one hides: on this machine it priced the
+    exchange 1.3 ms (1 Mbit/s) and 1.1 ms (5 Mbit/s) above what the measured exchanges implied
+    (medians over the 24 cells of each rate, ``bench/results/e2e.json`` of 9d44173's run).
+
+    Returns:
+        (round-trip overhead in seconds, upload overlap in seconds).
     """
     cut0 = [p for p in model.patterns if p["cut"] == 0]
-    small = min(cut0, key=lambda p: p["activation_bits"])
-    large = max(cut0, key=lambda p: p["activation_bits"])
-    packets = [(p["infer_url"], encode_for_plan(image, model.plan_of(p))) for p in (small, large)]
-    extra_wire = (len(packets[1][1]) - len(packets[0][1])) * 8 / link.goodput_bps
-    hidden = []
+    pair = [min(cut0, key=lambda p: p["activation_bits"]), max(cut0, key=lambda p: p["activation_bits"])]
+    packets = [(p["infer_url"], encode_for_plan(image, model.plan_of(p))) for p in pair]
+    rests: list[list[float]] = [[], []]
     for _ in range(rounds):
-        rests = []
-        for path, packet in packets:
+        for rest, (path, packet) in zip(rests, packets, strict=True):
             link.wire.quiet()
             start = time.perf_counter()
             r = client.post(url + path, content=packet)
             elapsed = time.perf_counter() - start
             r.raise_for_status()
             answer = r.json()
-            rests.append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
-        hidden.append(extra_wire - (rests[1] - rests[0]))
-    return min(max(statistics.median(hidden), 0.0), extra_wire)
+            rest.append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
+    extra_wire = (len(packets[1][1]) - len(packets[0][1])) * 8 / link.goodput_bps
+    hidden = [extra_wire - (large - small) for small, large in zip(*rests, strict=True)]
+    overlap = min(max(statistics.median(hidden), 0.0), extra_wire)
+    device = get_device("raspberry-pi-4")  # the transfer term depends on the link alone
+    bare = PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], link.goodput_bps, 0.0, 1, 1.0,
+                      frozenset(), overlap)
+    wire_s = _predict(model, pair[0], bare)["time_s"]["transfer"]
+    return max(statistics.median(rests[0]) - wire_s, 0.0), overlap
 
 
 def measure_link(client: httpx.Client, url: str, model: ModelView, wire: ShapedLink, rtt: float) -> Link:
@@ -489,6 +512,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s, "
                           f"RTT {link.rtt_s * 1e3:.2f} ms", file=sys.stderr)
                     for model in views:
+                        probes: deque[tuple[float, float]] = deque(maxlen=PROBE_WINDOW)
                         for d in devices:
                             for preset in presets:
                                 held: set[str] = set()
@@ -496,12 +520,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     # Before every cell, one clock for prediction and measurement:
                                     # host head times (an all-device run took 2.25 ms where its
                                     # profile, taken three cells earlier, said 1.62) and the
-                                    # exchange's overhead (one cut-0 exchange took 2.1 to 3.1 ms
-                                    # across one rate's cells).
+                                    # exchange's overhead and overlap (one cut-0 exchange took 2.1
+                                    # to 3.1 ms across one rate's cells).
                                     reprofile(model, images[:1])
                                     profile, ratios = device_profile(d, [model])
-                                    link.rtt_s = probe_rtt(client, url, model, images[:1], wire, rate)
-                                    link.overlap_s = probe_overlap(client, url, model, images[:1], link)
+                                    probes.append(probe_exchange(client, url, model, images[:1], link))
+                                    link.rtt_s = statistics.median(p[0] for p in probes)
+                                    link.overlap_s = statistics.median(p[1] for p in probes)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps)
                                     held |= got
@@ -509,6 +534,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                   "preset": preset, "cache": cache,
                                                   "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
                                                   "upload_overlap_s": link.overlap_s,
+                                                  "probe": {"rtt_s": probes[-1][0],
+                                                            "upload_overlap_s": probes[-1][1]},
                                                   "speed_ratio": ratios[model.name], **cell})
                                     _progress(cells[-1])
         finally:

@@ -52,6 +52,7 @@ round trip.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -61,6 +62,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,7 @@ import numpy as np
 import torch
 
 from bench import write_json
+from bench.exchange import PROBE_WINDOW, ExchangeProbe, fit_exchange, probe_medians
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
@@ -207,52 +210,50 @@ def probe_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarra
     return rtt
 
 
-# A device smooths its link estimates as TCP smooths its RTT: the median of its last probes (one
-# per cell, same rate and model). One probe alone read 3.95 ms where the cell's own exchanges
-# implied 2.13 (5 Mbit/s, a transient on this shared machine) and flipped the plan.
-PROBE_WINDOW = 3
-
-
 def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, link: Link,
-                   rounds: int = 21) -> tuple[float, float]:
-    """The exchange's fixed overhead and the upload overlap, measured on the shaped link itself.
+                   rng: random.Random, rounds: int = 21) -> ExchangeProbe:
+    """One probe of the exchange on the shaped link itself (:mod:`bench.exchange` fits it).
 
-    The device uploads the image at cut 0 with the fewest bits and as float32, alternately, each
-    after :meth:`ShapedLink.quiet` (``rounds`` pairs); each round trip less the server's reported
-    queue + compute is the exchange's rest. The overlap (how much of a body's wire time the
-    server's request handling hides) is the larger body's extra wire time (at the measured
-    goodput) less its extra rest, median over pairs, within [0, that extra wire time]. The
-    overhead is the small exchange's median rest less what the cost model prices its bytes at
-    with that overlap, so the model reproduces the small exchange.
+    The device uploads the image at cut 0 with the fewest bits and as float32, ``rounds`` pairs,
+    each pair in a random order, each upload encoded first (as :func:`run_once` does) and sent
+    after :meth:`ShapedLink.quiet`; an exchange's rest is its round trip less the server's
+    reported queue + compute. Body wire times are the cost model's, at the measured goodput.
 
-    A probe of the unshaped link missed what a real one hides: on this machine it priced the
-    exchange 1.3 ms (1 Mbit/s) and 1.1 ms (5 Mbit/s) above what the measured exchanges implied
-    (medians over the 24 cells of each rate, ``bench/results/e2e.json`` of 9d44173's run).
-
-    Returns:
-        (round-trip overhead in seconds, upload overlap in seconds).
+    A probe of the unshaped link missed what the link itself hides: it priced the exchanges
+    of the previous full run 1.7 ms (1 Mbit/s) and 0.3 ms (5 Mbit/s) above what their measured
+    cut-0 exchanges implied (medians over each rate's 24 cells, ``bench/results/e2e.json`` as of
+    ec5b1b3).
     """
     cut0 = [p for p in model.patterns if p["cut"] == 0]
     pair = [min(cut0, key=lambda p: p["activation_bits"]), max(cut0, key=lambda p: p["activation_bits"])]
-    packets = [(p["infer_url"], encode_for_plan(image, model.plan_of(p))) for p in pair]
+    plans = [model.plan_of(p) for p in pair]
     rests: list[list[float]] = [[], []]
     for _ in range(rounds):
-        for rest, (path, packet) in zip(rests, packets, strict=True):
+        for i in rng.sample((0, 1), 2):
+            packet = encode_for_plan(image, plans[i])
             link.wire.quiet()
             start = time.perf_counter()
-            r = client.post(url + path, content=packet)
+            r = client.post(url + pair[i]["infer_url"], content=packet)
             elapsed = time.perf_counter() - start
             r.raise_for_status()
             answer = r.json()
-            rest.append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
-    extra_wire = (len(packets[1][1]) - len(packets[0][1])) * 8 / link.goodput_bps
-    hidden = [extra_wire - (large - small) for small, large in zip(*rests, strict=True)]
-    overlap = min(max(statistics.median(hidden), 0.0), extra_wire)
+            rests[i].append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
+    small, large = (model.pattern(p["pattern_id"]).activation_bytes * 8 / link.goodput_bps for p in pair)
+    return probe_medians(rests[0], rests[1], small, large)
+
+
+def fit_link(model: ModelView, link: Link, probes: Sequence[ExchangeProbe]) -> tuple[float, float]:
+    """(rtt, overlap) from ``probes`` (:func:`bench.exchange.fit_exchange`), with the small
+    exchange priced by the cost model as the plans are."""
+    small = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
     device = get_device("raspberry-pi-4")  # the transfer term depends on the link alone
-    bare = PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], link.goodput_bps, 0.0, 1, 1.0,
-                      frozenset(), overlap)
-    wire_s = _predict(model, pair[0], bare)["time_s"]["transfer"]
-    return max(statistics.median(rests[0]) - wire_s, 0.0), overlap
+
+    def transfer(overlap: float) -> float:
+        bare = PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], link.goodput_bps, 0.0, 1, 1.0,
+                          frozenset(), overlap)
+        return float(_predict(model, small, bare)["time_s"]["transfer"])
+
+    return fit_exchange(probes, transfer)
 
 
 def measure_link(client: httpx.Client, url: str, model: ModelView, wire: ShapedLink, rtt: float) -> Link:
@@ -506,13 +507,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with wire.client(timeout=300) as client:
                 url = server.url
                 views = [_view(client, url, m, Path(tmp), images[:1]) for m in args.model]
+                probe_rng = random.Random(0)  # the order within each probe's pairs
                 for rate in rates:
-                    rtt = probe_rtt(client, url, views[0], images[:1], wire, rate)
+                    rtt = probe_rtt(client, url, views[0], images[:1], wire, rate)  # for the goodput only
                     link = measure_link(client, url, views[0], wire, rtt)
-                    print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s, "
-                          f"RTT {link.rtt_s * 1e3:.2f} ms", file=sys.stderr)
+                    print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s",
+                          file=sys.stderr)
                     for model in views:
-                        probes: deque[tuple[float, float]] = deque(maxlen=PROBE_WINDOW)
+                        # A full window from the start: the first cells smooth as the later do.
+                        probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
+                                        for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
                         for d in devices:
                             for preset in presets:
                                 held: set[str] = set()
@@ -524,9 +528,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     # to 3.1 ms across one rate's cells).
                                     reprofile(model, images[:1])
                                     profile, ratios = device_profile(d, [model])
-                                    probes.append(probe_exchange(client, url, model, images[:1], link))
-                                    link.rtt_s = statistics.median(p[0] for p in probes)
-                                    link.overlap_s = statistics.median(p[1] for p in probes)
+                                    probes.append(probe_exchange(client, url, model, images[:1], link,
+                                                                 probe_rng))
+                                    link.rtt_s, link.overlap_s = fit_link(model, link, probes)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps)
                                     held |= got
@@ -534,8 +538,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                   "preset": preset, "cache": cache,
                                                   "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
                                                   "upload_overlap_s": link.overlap_s,
-                                                  "probe": {"rtt_s": probes[-1][0],
-                                                            "upload_overlap_s": probes[-1][1]},
+                                                  "probe": dataclasses.asdict(probes[-1]),
                                                   "speed_ratio": ratios[model.name], **cell})
                                     _progress(cells[-1])
         finally:

@@ -77,9 +77,12 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
 
     The activation's upload time counts only past ``inputs.upload_overlap_s``: the server parses a
     request's headers and dispatches it while the body is still on the wire, work the round trip
-    (probed with a tiny body) already holds. Packet traces on the benchmark's 100 Mbit/s link show
-    it (``python -m bench.uplink_trace --rate 100``, 50 pairs, medians): a 3,164 B body ended
-    0.21 ms later after its headers than a 354 B one, yet the answer left only 0.04 ms later.
+    (probed with a tiny body) already holds. On the benchmark's 100 Mbit/s link a packet trace
+    (``python -m bench.uplink_trace --rate 100``, 50 pairs, medians) had a 3,164 B body end
+    0.21 ms later after its headers than a 354 B one, and the answer leave 0.07 ms later (net of
+    the server's compute): some of the body's time was hidden. How much varies by run: round
+    trips less compute differed by 0.15 ms there against 0.22 ms of wire, by 0.02 ms in
+    ``bench/results/uplink-100.json``. The device measures it on its link (``bench.exchange``).
     """
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1

@@ -1,21 +1,39 @@
 """The HTTP floor of the serving benchmarks: uvicorn, as ``qpart serve`` runs it, around an app
-that does nothing but read each request's body and answer a fixed JSON body.
+that does nothing but read each request's body and answer a fixed JSON body; or, with
+``--artifacts``, around the product's engine alone.
 
-``python -m bench.floor_server --port P [--answer-bytes N]``
+``python -m bench.floor_server --port P [--answer-bytes N] [--artifacts DIR]``
 
-Whatever a server costs per request above this one (on the same core, under the same load
+Whatever a server costs per request above the floor (on the same core, under the same load
 generator) is its own: routing, middleware, decoding, batching, the model, the answer. The app
-is a bare ASGI callable: no framework, no middleware, no lifespan work. uvicorn's settings are
-``server.main.serve``'s (its event loop and HTTP parser picked the same way, no access log).
+is a bare ASGI callable: no framework, no middleware, no lifespan work. uvicorn picks its event
+loop and HTTP parser as under ``server.main.serve`` and keeps no access log either; its own log
+level is warning and the lifespan protocol is off (nothing per request).
+
+With ``--artifacts`` every POST to a tail route goes straight to ``Engine.infer_tail`` (settings
+from ``QPART_*`` as ``qpart serve``: batching, torch threads) and its answer's JSON: the server
+without FastAPI, Starlette, its middleware and its error mapping. That bounds what trimming the
+web layers could give (a malformed request here is a 500, nothing more; a path other than a tail
+route or ``/`` a 404).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.catalog import Catalog
+from server.engine import Engine
+from server.fastpath import TAIL_PATH
+from server.metrics import Metrics
+from server.routes_oip import SERVER_VERSION
+from server.segments import SegmentStore
+from server.settings import ServerSettings
 
 
 def floor_app(answer_bytes: int) -> ASGIApp:
@@ -27,12 +45,49 @@ def floor_app(answer_bytes: int) -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan: nothing to start or stop
             return
-        more = True
-        while more:
-            message = await receive()
-            more = message.get("more_body", False) and message["type"] == "http.request"
+        await _body(receive)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+async def _body(receive: Receive) -> bytes:
+    chunks = []
+    more = True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False) and message["type"] == "http.request"
+    return b"".join(chunks)
+
+
+def engine_app(artifacts: Path) -> ASGIApp:
+    """An ASGI app answering tail-route POSTs with ``Engine.infer_tail``'s JSON, nothing else."""
+    settings = ServerSettings(artifacts=artifacts)
+    store = SegmentStore(settings.segment_cache_bytes)
+    engine = Engine(settings, Catalog.load(artifacts), store, Metrics(store, SERVER_VERSION))
+    engine.warm_up()
+    gc.collect()  # as the product's lifespan does after warm-up (server/app.py)
+    gc.freeze()
+    ok = [(b"content-type", b"application/json")]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        packet = await _body(receive)
+        match = TAIL_PATH.fullmatch(scope["path"])
+        status = 200
+        if match is not None:
+            model, version, pattern_id = match.groups()
+            answer = (await engine.infer_tail(model, version, pattern_id, packet)).model_dump_json().encode()
+        elif scope["path"] == "/":  # the benchmark's readiness probe
+            answer = b"{}"
+        else:
+            status, answer = 404, b'{"error": "only tail routes here"}'
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*ok, (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
 
     return app
 
@@ -43,9 +98,10 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--answer-bytes", type=int, default=640, help="size of the JSON answer")
+    parser.add_argument("--artifacts", type=Path, help="serve tails with the engine over these artifacts")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    uvicorn.run(floor_app(args.answer_bytes), host="127.0.0.1", port=args.port, log_level="warning",
-                access_log=False, lifespan="off")
+    app = floor_app(args.answer_bytes) if args.artifacts is None else engine_app(args.artifacts)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, lifespan="off")
 
 
 if __name__ == "__main__":

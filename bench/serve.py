@@ -14,7 +14,9 @@ Each run also reports, from the server's own metrics over the run, the mean batc
 batch compute time per sample inside the server, and from /proc the server's CPU per request in
 its event loop's thread and in its tail workers. Once a round, a bare uvicorn app
 (:mod:`bench.floor_server`) takes the same load: the HTTP floor that no server on this stack goes
-below. :func:`cpu_at_32` sets these side by side.
+below. Once a round per model, at 32 clients, the product's engine alone behind a bare ASGI app
+(``bench.floor_server --artifacts``, batching on and off): what the speed-up would be if the web
+layers (FastAPI, Starlette, middleware) cost nothing. :func:`cpu_at_32` sets these side by side.
 
 The planner's own p99 is timed in process over varied requests (``Engine.plan``: no HTTP), and
 once more over HTTP from one client.
@@ -53,20 +55,29 @@ def _start(artifacts: Path, port: int, max_batch: int, delay_s: float) -> Server
     return start_server(cmd, f"http://127.0.0.1:{port}", "/v2/health/ready", env)
 
 
-def _start_floor(port: int) -> Server:
+def _start_floor(port: int, artifacts: Path | None = None, max_batch: int = 1,
+                 delay_s: float = 0.0) -> Server:
+    """bench.floor_server: the bare HTTP floor, or with ``artifacts`` the engine alone (configured
+    as :func:`_start` configures the product)."""
     cmd = [sys.executable, "-m", "bench.floor_server", "--port", str(port)]
-    return start_server(cmd, f"http://127.0.0.1:{port}", "/", {})
+    env = {"QPART_MAX_BATCH_SIZE": str(max_batch), "QPART_TORCH_THREADS": "1", "QPART_MAX_QUEUE": "4096",
+           "QPART_MAX_QUEUE_DELAY_S": str(delay_s)}
+    return start_server([*cmd, "--artifacts", str(artifacts)] if artifacts else cmd,
+                        f"http://127.0.0.1:{port}", "/", env)
 
 
-def _floor_run(floor: Server, server: Server, target: tuple[str, bytes], clients: int,
-               seconds: int) -> dict[str, Any]:
-    """The floor server under the load ``server`` takes at ``target`` (its URL and packet)."""
+def _bare_run(label: str, bare: Server, server: Server, target: tuple[str, bytes], clients: int,
+              seconds: int) -> dict[str, Any]:
+    """A bench.floor_server under the load ``server`` takes at ``target`` (its URL and packet)."""
     url, packet = target
+    if not url.startswith(server.url):
+        raise ValueError(f"{url} is not on {server.url}")
     path = url.removeprefix(server.url)
-    f = _cpu_split(floor, lambda: wrk(floor.url + path, packet, "application/octet-stream", clients, seconds))
-    print(f"HTTP floor (bare uvicorn app) clients={clients:>2} {f['throughput_rps']:7.1f} req/s  "
-          f"CPU/request {f['cpu_s_per_request'] * 1e6:5.0f} us  server CPU {f['server_cpu_share']:.0%}  "
-          f"generator CPU {f['generator_cpu_share']:.0%}", file=sys.stderr)
+    f = _cpu_split(bare, lambda: wrk(bare.url + path, packet, "application/octet-stream", clients, seconds))
+    print(f"{label} clients={clients:>2} {f['throughput_rps']:7.1f} req/s  CPU/request "
+          f"{f['cpu_s_per_request'] * 1e6:5.0f} us (loop {f['loop_cpu_s_per_request'] * 1e6:4.0f})  "
+          f"server CPU {f['server_cpu_share']:.0%}  generator CPU {f['generator_cpu_share']:.0%}",
+          file=sys.stderr)
     return f
 
 
@@ -163,6 +174,17 @@ def planner_p99(artifacts: Path, n: int = 2000) -> float:
     return float(np.percentile(times, 99))
 
 
+def speedup_at_32(runs: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Per model: the on/off throughput ratio at 32 clients in each round, and their median."""
+    out = {}
+    for model in models:
+        on, off = ([r for r in runs if (r["model"], r["batching"], r["clients"]) == (model, b, 32)]
+                   for b in (True, False))
+        ratios = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(on, off, strict=True)]
+        out[model] = {"median": statistics.median(ratios), "per_round": ratios}
+    return out
+
+
 def cpu_at_32(runs: list[dict[str, Any]], floors: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
     """Where a request's server CPU goes at 32 clients, medians over rounds, and what batching
     could still gain from it.
@@ -171,9 +193,10 @@ def cpu_at_32(runs: list[dict[str, Any]], floors: list[dict[str, Any]], models: 
     configurations do per request (HTTP, routing, decoding, the answer) lowers both: for the
     speed-up to reach 2x that way, it would have to shed ``2 x on - off`` seconds per request
     (``shared_saving_for_2x_s``), which only the event loop's work above the HTTP floor
-    (``on_loop_above_floor_s``) can give.
+    (``on_loop_above_floor_s``) can give. ``server_cpu_share`` (of one core) tells whether the
+    core was indeed saturated.
     """
-    keys = ("cpu_s_per_request", "loop_cpu_s_per_request", "worker_cpu_s_per_request")
+    keys = ("cpu_s_per_request", "loop_cpu_s_per_request", "worker_cpu_s_per_request", "server_cpu_share")
     floor = statistics.median(f["cpu_s_per_request"] for f in floors) if floors else None
     out: dict[str, Any] = {"http_floor_cpu_s_per_request": floor}
     for model in models:
@@ -196,16 +219,26 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
     servers = {batching: _start(artifacts, 18100 + max_batch, max_batch, delay_s if batching else 0.0)
                for batching, max_batch in CONFIGS.items()}
     floor = _start_floor(18099)
+    engine_only = {batching: _start_floor(18097 - max_batch, artifacts, max_batch,
+                                          delay_s if batching else 0.0)
+                   for batching, max_batch in CONFIGS.items()}
     runs: list[dict[str, Any]] = []
     floors: list[dict[str, Any]] = []
+    bare: list[dict[str, Any]] = []
     try:
         targets = {(b, m): _packet(s.url, m) for b, s in servers.items() for m in models}
         for url, packet in targets.values():  # warm-up: first batches, allocator
             wrk(url, packet, "application/octet-stream", 4, 1)
         for rnd, model, clients in itertools.product(range(rounds), models, CLIENTS):
+            target = targets[(True, model)]
             if model == models[0] and clients == CLIENTS[-1]:  # once a round: the same packet, same load
-                floors.append({"round": rnd, **_floor_run(floor, servers[True], targets[(True, model)],
-                                                          clients, seconds)})
+                f = _bare_run("HTTP floor (bare uvicorn app)", floor, servers[True], target, clients, seconds)
+                floors.append({"round": rnd, **f})
+            if clients == CLIENTS[-1]:
+                for batching in (True, False):
+                    f = _bare_run(f"round {rnd} {model:<14} engine only, batching={batching!s:<5}",
+                                  engine_only[batching], servers[True], target, clients, seconds)
+                    bare.append({"model": model, "round": rnd, "batching": batching, **f})
             for batching in (True, False):
                 url, packet = targets[(batching, model)]
                 r = _measured(servers[batching], url, packet, "application/octet-stream", clients, seconds,
@@ -222,7 +255,7 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
         http_plan = wrk(f"{servers[True].url}/v1/plan",
                         json.dumps(plan_requests(1)[0]).encode(), "application/json", 1, seconds)
     finally:
-        for server in (*servers.values(), floor):
+        for server in (*servers.values(), floor, *engine_only.values()):
             server.stop()
 
     def pick(model: str, batching: bool, clients: int) -> list[dict[str, Any]]:
@@ -235,13 +268,10 @@ def run(artifacts: Path, seconds: int, rounds: int, models: list[str],
                         "throughput_rps": statistics.median(r["throughput_rps"] for r in rows),
                         "p50_s": statistics.median(r["p50_s"] for r in rows),
                         "p99_s": statistics.median(r["p99_s"] for r in rows)})
-    speedup = {}
-    for model in models:
-        on, off = pick(model, True, 32), pick(model, False, 32)
-        ratios = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(on, off, strict=True)]
-        speedup[model] = {"median": statistics.median(ratios), "per_round": ratios}
-    return {"runs": runs, "summary": summary, "batching_speedup_at_32": speedup,
+    return {"runs": runs, "summary": summary, "batching_speedup_at_32": speedup_at_32(runs, models),
             "cpu_per_request_at_32": cpu_at_32(runs, floors, models), "http_floor_runs": floors,
+            "engine_only_speedup_at_32": speedup_at_32(bare, models),
+            "engine_only_cpu_per_request_at_32": cpu_at_32(bare, floors, models), "engine_only_runs": bare,
             "plan_p99_s": planner_p99(artifacts), "plan_http_p99_s": http_plan["p99_s"],
             "seconds_per_run": seconds, "rounds": rounds, "cut": 0,
             "configs": {"on": {"max_batch_size": 32, "max_queue_delay_s": delay_s},
@@ -283,6 +313,10 @@ def main(argv: list[str] | None = None) -> None:
               f"{c['shared_saving_for_2x_s'] * us:.0f} us less shared work, the batched event loop "
               f"has {(c['on_loop_above_floor_s'] or 0) * us:.0f} us above the HTTP floor "
               f"({(cpu['http_floor_cpu_s_per_request'] or 0) * us:.0f} us)")
+    for model, sp in doc["engine_only_speedup_at_32"].items():
+        print(f"{model}: engine alone behind a bare ASGI app (no FastAPI, Starlette or middleware): "
+              f"batching speed-up at 32 clients {sp['median']:.2f}x "
+              f"(rounds: {', '.join(f'{r:.2f}' for r in sp['per_round'])})")
     print(f"planner p99: {doc['plan_p99_s'] * 1e3:.2f} ms in process, "
           f"{doc['plan_http_p99_s'] * 1e3:.2f} ms over HTTP")
     if args.json:

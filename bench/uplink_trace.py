@@ -14,6 +14,7 @@ the headers instead. The planner's ``upload_overlap_s`` term prices that.
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import statistics
@@ -34,11 +35,13 @@ def _segments(lines: list[str]) -> list[tuple[float, str, int]]:
     out = []
     for line in lines:
         fields = line.split()
-        if len(fields) < 5 or "length" not in fields or fields[-1] == "0":
+        if len(fields) < 5 or "length" not in fields:
             continue
         try:
             stamp, size = float(fields[0]), int(fields[-1])
         except ValueError:
+            continue
+        if size <= 0 or not math.isfinite(stamp):  # bare ACKs carry no data
             continue
         if fields[4] == f"127.0.0.1.{PORT}:":
             out.append((stamp, "req", size))
@@ -115,12 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     enter_private_network("bench.uplink_trace", argv, tools=("tc", "tcpdump"), mtu=1500)
     doc = run(args.rate, args.rounds, args.model, args.artifacts)
     for r in doc["uploads"]:
-        ms = {k: (v * 1e3 if isinstance(v, float) else v) for k, v in r.items()}
+        ms = {k: "n/a" if v is None else f"{v * 1e3:.3f}" for k, v in r.items() if k.endswith("_s")}
         print(f"{r['activation_bits']:2d} bits, {r['upload_bytes']:5d} B ({r['traced']} traced): body ends "
-              f"{ms['body_end_after_headers_s']:.3f} ms after the headers; answer leaves "
-              f"{ms['answer_after_body_end_s']:.3f} ms after the body's end, "
-              f"{ms['answer_after_headers_s']:.3f} ms after the headers; round trip "
-              f"{ms['round_trip_median_s']:.3f} ms (medians)")
+              f"{ms['body_end_after_headers_s']} ms after the headers; answer leaves "
+              f"{ms['answer_after_body_end_s']} ms after the body's end, "
+              f"{ms['answer_after_headers_s']} ms after the headers; round trip "
+              f"{ms['round_trip_median_s']} ms (medians)")
     if args.json:
         write_json(args.json, doc)
 

@@ -13,7 +13,8 @@ from bench.serve import cpu_at_32
 
 def _run(model, batching, total, loop, clients=32):
     return {"model": model, "batching": batching, "clients": clients, "cpu_s_per_request": total,
-            "loop_cpu_s_per_request": loop, "worker_cpu_s_per_request": total - loop}
+            "loop_cpu_s_per_request": loop, "worker_cpu_s_per_request": total - loop,
+            "server_cpu_share": 0.99}
 
 
 def test_cpu_at_32_sets_the_saving_2x_needs_beside_the_loop_above_the_floor():
@@ -42,3 +43,48 @@ def test_the_floor_app_reads_the_body_and_answers_the_size_asked():
     r = asyncio.run(go())
     assert r.status_code == 200
     assert len(r.content) == 640 and r.json()["pad"] == "x" * 630
+
+
+def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only):
+    from fastapi.testclient import TestClient
+
+    from bench.floor_server import engine_app
+    from client.runtime import encode_for_plan
+    from models.data import Split, load_split
+    from server.app import create_app
+    from server.settings import ServerSettings
+
+    with TestClient(create_app(ServerSettings(artifacts=cnn_only))) as real:
+        plan = real.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e9,
+                                           "device": "raspberry-pi-4"}).json()
+        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, plan)
+        expected = real.post(plan["infer_url"], content=packet).json()
+
+    async def go():
+        transport = httpx.ASGITransport(app=engine_app(cnn_only))
+        async with httpx.AsyncClient(transport=transport, base_url="http://bare") as client:
+            return await client.post(plan["infer_url"], content=packet)
+
+    got = asyncio.run(go()).json()
+    assert got["results"] == expected["results"] and got["plan_id"] == expected["plan_id"]
+
+
+def test_thread_cpu_seconds_lists_the_main_thread_under_the_process_id():
+    import subprocess
+    import sys
+
+    from bench.loadgen import Server
+
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(5,)).start(); sum(range(10**7))"
+    proc = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(5)"])
+    try:
+        server = Server(proc, "http://unused")
+        import time as _time
+        _time.sleep(1.0)
+        threads = server.thread_cpu_seconds()
+        assert proc.pid in threads and len(threads) == 2
+        assert threads[proc.pid] > 0.05  # the main thread did the summing
+        assert server.cpu_seconds() >= sum(threads.values()) - 0.02
+    finally:
+        proc.kill()
+        proc.wait()

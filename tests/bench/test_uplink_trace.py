@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.uplink import PORT
 from bench.uplink_trace import _segments, timeline
@@ -17,6 +21,8 @@ LINES = [
     f"100.002000000 IP {S} > 127.0.0.1.33000: Flags [P.], seq 1:127, ack 1900, length 126",
     f"100.002100000 IP {S} > 127.0.0.1.33000: Flags [P.], seq 127:760, ack 1900, length 633",
     "reading from file trace.pcap, link-type EN10MB (Ethernet)",
+    f"100.0029 IP {S} > 127.0.0.1.33000: Flags [P.], seq 760:761, ack 1900, length lots",  # not a number
+    f"100.0029 IP6 ::1.{PORT} > ::1.33000: Flags [P.], seq 1:2, ack 1, length 1",  # not IPv4: not ours
     "",
 ]
 
@@ -35,3 +41,9 @@ def test_a_timeline_measures_from_the_headers():
 
 def test_a_window_without_an_answer_has_no_timeline():
     assert timeline(_segments(LINES), 100.0, 100.001) is None
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=120), max_size=20))
+def test_segments_never_fail_on_arbitrary_lines(lines):
+    for stamp, kind, size in _segments(lines):
+        assert kind in ("req", "resp") and size > 0 and math.isfinite(stamp)

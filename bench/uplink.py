@@ -73,14 +73,16 @@ def shaped_session(model: str, artifacts: Path) -> Iterator[Session]:
                               f"http://127.0.0.1:{PORT}", "/v2/health/ready",
                               {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1",
                                CONTROL_PORT_ENV: str(FILLER_PORT)})
-        os.sched_setaffinity(0, {int(GENERATOR_CORE)})
-        wire = ShapedLink(server_control_port=FILLER_PORT)
         try:
-            with wire.client(timeout=60) as client:
-                yield Session(wire, client, server.url, _packets(client, server.url, model))
+            os.sched_setaffinity(0, {int(GENERATOR_CORE)})
+            wire = ShapedLink(server_control_port=FILLER_PORT)
+            try:
+                with wire.client(timeout=60) as client:
+                    yield Session(wire, client, server.url, _packets(client, server.url, model))
+            finally:
+                wire.set_rate(None)
+                wire.close()
         finally:
-            wire.set_rate(None)
-            wire.close()
             server.stop()
 
 

@@ -68,6 +68,13 @@ def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only)
     got = asyncio.run(go()).json()
     assert got["results"] == expected["results"] and got["plan_id"] == expected["plan_id"]
 
+    async def elsewhere():
+        transport = httpx.ASGITransport(app=engine_app(cnn_only))
+        async with httpx.AsyncClient(transport=transport, base_url="http://bare") as client:
+            return await client.post("/v2/models/fmnist-cnn/infer", content=packet)
+
+    assert asyncio.run(elsewhere()).status_code == 404  # a wrong path is never a cheap success
+
 
 def test_thread_cpu_seconds_lists_the_main_thread_under_the_process_id():
     import subprocess

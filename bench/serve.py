@@ -3,7 +3,7 @@
 ``python -m bench.serve [--json PATH] [--seconds S] [--rounds R] [--model M ...]``
 
 Two servers run side by side on loopback, both pinned to core 0 with one torch thread: batching on
-(``QPART_MAX_BATCH_SIZE=32``, queue delay ``--delay``, default the server's) and off (``=1``);
+(``QPART_MAX_BATCH_SIZE=32``, queue delay ``--delay``, default 0 as the server's) and off (``=1``);
 every other setting is the default. The load
 generator (wrk, :mod:`bench.loadgen`) runs on core 1: ``C`` clients, each on its own keep-alive
 connection, POST a real activation packet of the all-server plan (cut 0: the whole model runs on
@@ -41,7 +41,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import write_json
 from bench.loadgen import Server, require_wrk, start_server, wrk
 from server.schemas import WeightPreset
-from server.settings import ServerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 8, 32)
@@ -160,6 +159,7 @@ def planner_p99(artifacts: Path, n: int = 2000) -> float:
     from server.routes_oip import SERVER_VERSION
     from server.schemas import PlanRequest
     from server.segments import SegmentStore
+    from server.settings import ServerSettings
 
     settings = ServerSettings(artifacts=artifacts)
     store = SegmentStore(settings.segment_cache_bytes)
@@ -287,10 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=int, default=5, help="duration of each load run")
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of the whole grid")
-    default_delay = ServerSettings.model_fields["max_queue_delay_s"].default
-    parser.add_argument("--delay", type=float, default=default_delay,
-                        help=f"QPART_MAX_QUEUE_DELAY_S of the batching server (default {default_delay:g}, "
-                             "the server's)")
+    parser.add_argument("--delay", type=float, default=0.0,
+                        help="QPART_MAX_QUEUE_DELAY_S of the batching server (default 0, the server's)")
     parser.add_argument("--model", action="append", choices=MODELS, help="model(s) to load (default: both)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     args = parser.parse_args(argv)

@@ -1,11 +1,9 @@
 """Dynamic batching of tail requests for the same (model, version, cut), off the event loop.
 
-Requests queue per key; a collector task takes up to ``max_batch`` of them, concatenates them
-along the batch dimension and runs the tail in a worker thread (torch releases the GIL). It waits
-at most ``max_delay_s`` after the first for more, and only while the key is busy: when the
-previous batch held more than one request. A lone client's request never waits. The queue is
-bounded: past ``max_queue`` waiting samples a request fails at once with :class:`OverloadedError`
-(503 + Retry-After).
+Requests queue per key; a collector task takes up to ``max_batch`` of them, waiting at most
+``max_delay_s`` after the first, concatenates them along the batch dimension and runs the tail in
+a worker thread (torch releases the GIL). The queue is bounded: past ``max_queue`` waiting
+samples a request fails at once with :class:`OverloadedError` (503 + Retry-After).
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ class Batcher:
         self._runs: dict[str, RunFn] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, int] = {}
-        self._last_jobs: dict[str, int] = {}  # requests in each key's previous batch
 
     def depth(self) -> dict[str, int]:
         """Samples waiting per key."""
@@ -106,8 +103,7 @@ class Batcher:
                 await arrived.wait()
             jobs = [queue.popleft()]
             size = jobs[0].inputs.shape[0]
-            busy = self._last_jobs.get(key, 0) > 1
-            deadline = time.perf_counter() + (self._max_delay if busy else 0.0)
+            deadline = time.perf_counter() + self._max_delay
             while size < self._max_batch:
                 if queue:
                     job = queue.popleft()
@@ -123,7 +119,6 @@ class Batcher:
                         await arrived.wait()
                 except TimeoutError:
                     break
-            self._last_jobs[key] = len(jobs)
             await self._execute(key, jobs)
 
     async def _execute(self, key: str, jobs: list[_Job]) -> None:

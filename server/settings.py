@@ -24,9 +24,7 @@ class ServerSettings(BaseSettings):
     segment_cache_bytes: int = Field(64 << 20, ge=0, description="Byte budget of cached head segments.")
     max_batch_size: int = Field(32, ge=1, le=4096, description="Largest dynamic batch of tail requests.")
     max_queue_delay_s: float = Field(
-        0.001, ge=0, le=1, description="Longest wait to fill a batch while the model is busy (its "
-        "previous batch held more than one request); a lone request never waits. 0: batch only "
-        "what queued meanwhile.")
+        0.0, ge=0, le=1, description="Longest wait to fill a batch (0: batch what queued meanwhile).")
     max_queue: int = Field(256, ge=1, description="Queued tail requests per model before 503.")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 503 on overload.")
     torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per tail worker.")

@@ -142,28 +142,3 @@ def test_a_failing_metrics_callback_does_not_stop_the_collector(caplog):
     first, second = asyncio.run(main())
     assert first[0, 0] == 1 and second[0, 0] == 1  # the key's run function is the first one given
     assert "recording batch metrics failed" in caplog.text
-
-
-def test_a_lone_request_never_waits_for_company_but_a_busy_key_does():
-    reports: list[BatchReport] = []
-
-    async def main():
-        with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(pool, max_batch=16, max_delay_s=0.5, max_queue=100, retry_after_s=1,
-                              on_batch=reports.append)
-            x = np.ones((1, 2), np.float32)
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            await batcher.submit("k", lambda b: b, x)  # alone: the delay does not apply
-            lone_s = loop.time() - started
-            await asyncio.gather(*(batcher.submit("k", lambda b: b, x) for _ in range(3)))  # busy now
-            first = asyncio.create_task(batcher.submit("k", lambda b: b, x))
-            await asyncio.sleep(0.05)  # arrives while the collector waits for company
-            second = asyncio.create_task(batcher.submit("k", lambda b: b, x))
-            await asyncio.gather(first, second)
-            await batcher.close()
-        return lone_s
-
-    lone_s = asyncio.run(main())
-    assert lone_s < 0.25  # well under the 0.5 s delay
-    assert [r.size for r in reports] == [1, 3, 2]

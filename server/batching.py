@@ -119,6 +119,9 @@ class Batcher:
                         await arrived.wait()
                 except TimeoutError:
                     break
+                except asyncio.CancelledError:  # closing while jobs wait for company: fail them
+                    _fail(jobs, self._closing_error())
+                    raise
             await self._execute(key, jobs)
 
     async def _execute(self, key: str, jobs: list[_Job]) -> None:

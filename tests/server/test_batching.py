@@ -142,3 +142,16 @@ def test_a_failing_metrics_callback_does_not_stop_the_collector(caplog):
     first, second = asyncio.run(main())
     assert first[0, 0] == 1 and second[0, 0] == 1  # the key's run function is the first one given
     assert "recording batch metrics failed" in caplog.text
+
+
+def test_close_fails_requests_that_wait_for_company_instead_of_leaving_them_hanging():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=16, max_delay_s=5.0, max_queue=100, retry_after_s=2)
+            waiting = asyncio.create_task(batcher.submit("k", lambda b: b, np.ones((1, 2), np.float32)))
+            await asyncio.sleep(0.05)  # taken into a batch that waits up to 5 s for more
+            await batcher.close()
+            with pytest.raises(OverloadedError):
+                await asyncio.wait_for(waiting, 1.0)
+
+    asyncio.run(main())

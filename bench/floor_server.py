@@ -20,19 +20,14 @@ route or ``/`` a 404).
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.catalog import Catalog
-from server.engine import Engine
+from server.app import freeze_long_lived, load_engine
 from server.fastpath import TAIL_PATH
-from server.metrics import Metrics
-from server.routes_oip import SERVER_VERSION
-from server.segments import SegmentStore
 from server.settings import ServerSettings
 
 
@@ -64,12 +59,8 @@ async def _body(receive: Receive) -> bytes:
 
 def engine_app(artifacts: Path) -> ASGIApp:
     """An ASGI app answering tail-route POSTs with ``Engine.infer_tail``'s JSON, nothing else."""
-    settings = ServerSettings(artifacts=artifacts)
-    store = SegmentStore(settings.segment_cache_bytes)
-    engine = Engine(settings, Catalog.load(artifacts), store, Metrics(store, SERVER_VERSION))
-    engine.warm_up()
-    gc.collect()  # as the product's lifespan does after warm-up (server/app.py)
-    gc.freeze()
+    engine = load_engine(ServerSettings(artifacts=artifacts))
+    freeze_long_lived()  # as the product's lifespan does after warm-up
     ok = [(b"content-type", b"application/json")]
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -153,18 +153,11 @@ def plan_requests(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def planner_p99(artifacts: Path, n: int = 2000) -> float:
     """p99 of ``Engine.plan`` in process (segments indexed first, as the server's warm-up does)."""
-    from server.catalog import Catalog
-    from server.engine import Engine
-    from server.metrics import Metrics
-    from server.routes_oip import SERVER_VERSION
+    from server.app import load_engine
     from server.schemas import PlanRequest
-    from server.segments import SegmentStore
     from server.settings import ServerSettings
 
-    settings = ServerSettings(artifacts=artifacts)
-    store = SegmentStore(settings.segment_cache_bytes)
-    engine = Engine(settings, Catalog.load(artifacts), store, Metrics(store, SERVER_VERSION))
-    engine.warm_up()
+    engine = load_engine(ServerSettings(artifacts=artifacts))
     requests = [PlanRequest.model_validate(r) for r in plan_requests(n)]
     times = []
     for req in requests:

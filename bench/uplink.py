@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,21 +132,34 @@ def link_arguments(doc: str | None, rounds: int) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point."""
+def link_main(module: str, doc: str | None, rounds: int,
+              run: Callable[[float, int, str, Path], dict[str, Any]],
+              report: Callable[[dict[str, Any], float], None], argv: list[str] | None,
+              tools: tuple[str, ...] = ("tc",)) -> None:
+    """A shaped-link benchmark's command line: its options (:func:`link_arguments`), a re-run in a
+    private network namespace (which needs ``tools``), ``run``, ``report`` and the JSON file."""
     argv = sys.argv[1:] if argv is None else argv
-    args = link_arguments(__doc__, rounds=200).parse_args(argv)
-    enter_private_network("bench.uplink", argv, tools=("tc",), mtu=1500)
-    doc = run(args.rate, args.rounds, args.model, args.artifacts)
+    args = link_arguments(doc, rounds).parse_args(argv)
+    enter_private_network(module, argv, tools=tools, mtu=1500)
+    result = run(args.rate, args.rounds, args.model, args.artifacts)
+    report(result, args.rate)
+    if args.json:
+        write_json(args.json, result)
+
+
+def _report(doc: dict[str, Any], rate_mbps: float) -> None:
     for r in doc["encodings"]:
         print(f"{r['activation_bits']:2d} bits, {r['upload_bytes']:5d} B: round trip "
               f"{r['round_trip_median_s'] * 1e3:.3f} ms (median)")
     print(f"largest - smallest upload: {doc['largest_minus_smallest_s'] * 1e3:+.3f} ms measured "
           f"(round trip less the server's queue + compute, as bench.e2e counts transfers: "
           f"{doc['transfer_largest_minus_smallest_s'] * 1e3:+.3f} ms), "
-          f"{doc['wire_difference_s'] * 1e3:+.3f} ms on a real {args.rate:g} Mbit/s wire")
-    if args.json:
-        write_json(args.json, doc)
+          f"{doc['wire_difference_s'] * 1e3:+.3f} ms on a real {rate_mbps:g} Mbit/s wire")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
+    link_main("bench.uplink", __doc__, 200, run, _report, argv)
 
 
 if __name__ == "__main__":

@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
-from bench.loadgen import enter_private_network
-from bench.uplink import PORT, WARMUP_ROUNDS, link_arguments, shaped_session
+from bench.uplink import PORT, WARMUP_ROUNDS, link_main, shaped_session
 
 
 def _segments(lines: list[str]) -> list[tuple[float, str, int]]:
@@ -109,14 +105,7 @@ def run(rate_mbps: float, rounds: int, model: str, artifacts: Path) -> dict[str,
     return {"rate_mbps": rate_mbps, "rounds": rounds, "model": model, "uploads": rows}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = link_arguments(__doc__, rounds=50).parse_args(argv)
-    if shutil.which("tcpdump") is None:
-        raise SystemExit("bench.uplink_trace needs tcpdump: apt-get install tcpdump")
-    enter_private_network("bench.uplink_trace", argv, tools=("tc", "tcpdump"), mtu=1500)
-    doc = run(args.rate, args.rounds, args.model, args.artifacts)
+def _report(doc: dict[str, Any], rate_mbps: float) -> None:
     for r in doc["uploads"]:
         ms = {k: "n/a" if v is None else f"{v * 1e3:.3f}" for k, v in r.items() if k.endswith("_s")}
         print(f"{r['activation_bits']:2d} bits, {r['upload_bytes']:5d} B ({r['traced']} traced): body ends "
@@ -124,8 +113,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{ms['answer_after_body_end_s']} ms after the body's end, "
               f"{ms['answer_after_headers_s']} ms after the headers; round trip "
               f"{ms['round_trip_median_s']} ms (medians)")
-    if args.json:
-        write_json(args.json, doc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point (needs tcpdump: apt-get install tcpdump)."""
+    link_main("bench.uplink_trace", __doc__, 50, run, _report, argv, tools=("tc", "tcpdump"))
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def engine_app(artifacts: Path) -> ASGIApp:
         status = 200
         if match is not None:
             model, version, pattern_id = match.groups()
-            answer = (await engine.infer_tail(model, version, pattern_id, packet)).model_dump_json().encode()
+            answer = (await engine.infer_tail(model, version, pattern_id, packet)).json()
         elif scope["path"] == "/":  # the benchmark's readiness probe
             answer = b"{}"
         else:

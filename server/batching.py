@@ -15,19 +15,29 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from server.errors import OverloadedError
 
-RunFn = Callable[[np.ndarray], np.ndarray]
+
+class Rows(Protocol):
+    """What a batch function returns: one row per input sample, sliced per request (a numpy
+    array, or :class:`server.answers.TailRows`)."""
+
+    def __getitem__(self, rows: slice, /) -> Any: ...
+
+
+R = TypeVar("R", bound=Rows)
+RunFn = Callable[[np.ndarray], Rows]
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Job:
     inputs: np.ndarray
-    future: asyncio.Future[tuple[np.ndarray, float, float]]
+    future: asyncio.Future[tuple[Any, float, float]]
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -69,11 +79,14 @@ class Batcher:
         """Samples waiting per key."""
         return dict(self._waiting)
 
-    async def submit(self, key: str, run: RunFn, inputs: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """Queue ``inputs`` (``[B, ...]``) for ``run``.
+    async def submit(self, key: str, run: Callable[[np.ndarray], R],
+                     inputs: np.ndarray) -> tuple[R, float, float]:
+        """Queue ``inputs`` (``[B, ...]``) for ``run``; every call for one ``key`` must pass the same
+        ``run`` (the first one is kept).
 
         Returns:
-            (outputs, seconds queued, this request's share of the batch's compute seconds).
+            (this request's rows of ``run``'s output, seconds queued, this request's share of the
+            batch's compute seconds).
         """
         waiting = self._waiting.get(key, 0)
         if waiting + inputs.shape[0] > self._max_queue:
@@ -89,7 +102,8 @@ class Batcher:
         self._waiting[key] = waiting + inputs.shape[0]
         self._queues[key].append(job)
         self._arrived[key].set()
-        return await job.future
+        out: tuple[R, float, float] = await job.future
+        return out
 
     async def _collect(self, key: str) -> None:
         # A deque and one Event per key: waiting for the next request costs no task or timer

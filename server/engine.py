@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -20,12 +20,14 @@ from models.partition import split
 from profiles.artifacts import Pattern
 from profiles.devices import DeviceProfile, get_device
 from profiles.errors import ProfileError
-from server.batching import Batcher, BatchReport, RunFn
+from server.answers import TailAnswer, TailRows, tail_json, tail_rows
+from server.batching import Batcher, BatchReport
 from server.catalog import Catalog, LoadedModel
 from server.errors import (
     BadRequestError,
     DeadlineExceededError,
     NotFoundError,
+    ServerError,
     UnprocessableError,
 )
 from server.metrics import Metrics
@@ -37,9 +39,6 @@ from server.schemas import (
     PlanRequest,
     PlanResponse,
     SegmentRef,
-    TailResponse,
-    TailResult,
-    TopK,
     WeightPreset,
 )
 from server.segments import SegmentStore, build_segment
@@ -79,7 +78,7 @@ class Engine:
                                retry_after_s=settings.retry_after_s, on_batch=self._record_batch)
         self._by_pattern: dict[tuple[str, str, str], SegmentIndex | None] = {}
         self._by_segment: dict[str, SegmentIndex] = {}
-        self._runs: dict[str, RunFn] = {}
+        self._runs: dict[str, Callable[[np.ndarray], TailRows]] = {}
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
         self.tail_times = TailTimes()
         self._answer_bytes: dict[tuple[str, str], int] = {}
@@ -224,7 +223,7 @@ class Engine:
 
     # ---- inference ------------------------------------------------------------------------
 
-    def _runner(self, model: LoadedModel, cut: int) -> RunFn:
+    def _runner(self, model: LoadedModel, cut: int) -> Callable[[np.ndarray], TailRows]:
         """The batch function of one (model, cut), built once per key.
 
         Tails run on a copy of the model (heads share its parameters, and segments are built from
@@ -240,14 +239,14 @@ class Engine:
         tail = split(self._serving_graph(model), model.cuts[cut])[1].eval()
         four_d = len(model.cuts[cut].shape) == 3
 
-        def run_batch(batch: np.ndarray) -> np.ndarray:
+        def run_batch(batch: np.ndarray) -> TailRows:
             # A lone binary request arrives as a read-only view of the body: torch needs its own.
             x = torch.from_numpy(batch if batch.flags.writeable else batch.copy())
             if four_d:
                 x = x.contiguous(memory_format=torch.channels_last)
             with torch.inference_mode():
-                out: np.ndarray = tail(x).numpy()
-                return out
+                logits: np.ndarray = tail(x).numpy()
+            return tail_rows(logits)  # softmax and order for the whole batch, off the event loop
 
         self._runs[key] = run_batch
         return run_batch
@@ -281,12 +280,11 @@ class Engine:
 
     def _measure_answer(self, model: LoadedModel) -> int:
         first = model.cuts[0]
-        logits = self._runner(model, 0)(np.zeros((1, *first.shape), dtype=np.float32))
+        rows = self._runner(model, 0)(np.zeros((1, *first.shape), dtype=np.float32))
         pattern_id = next(iter(model.patterns))
-        answer = TailResponse(plan_id=f"{model.name}@{model.version}/{pattern_id}", model=model.name,
-                              version=model.version, results=[_result(logits[0], 5)],
-                              queue_s=0.000123456789, compute_s=0.000123456789)
-        return len(answer.model_dump_json())
+        return len(tail_json(plan_id=f"{model.name}@{model.version}/{pattern_id}", model=model.name,
+                             version=model.version, rows=rows, top_k=5, queue_s=0.000123456789,
+                             compute_s=0.000123456789))
 
     def _measure_tails(self, model: LoadedModel, warmup: int = 2, repeats: int = 7) -> list[float]:
         # ElasticTrainer's profiler recipe: a few warm-up runs, then the median of timed ones.
@@ -307,7 +305,7 @@ class Engine:
             times.append(float(np.median(samples)))
         return [*times, 0.0]  # the last cut has no tail
 
-    async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[np.ndarray, float, float]:
+    async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[TailRows, float, float]:
         # While draining, readiness is 503 so balancers stop routing here, but requests that still
         # arrive are served: nothing accepted is dropped.
         key = f"{model.name}@{model.version}/c{cut}"
@@ -320,7 +318,7 @@ class Engine:
                 f"tail inference took longer than {self.settings.request_timeout_s} s") from exc
 
     async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
-                         top_k: int = 5) -> TailResponse:
+                         top_k: int = 5) -> TailAnswer:
         """Run the tail of a plan's cut on an uploaded activation packet."""
         model = self.catalog.get(name, version)
         pattern = model.patterns.get(pattern_id)
@@ -330,18 +328,12 @@ class Engine:
             x = self.decode_for(model, pattern, packet)
         else:  # a large batch: keep the event loop free while it dequantizes
             x = await asyncio.to_thread(self.decode_for, model, pattern, packet)
-        logits, queue_s, compute_s = await self._run_tail(model, pattern.cut, x)
-        if not np.isfinite(logits).all():
+        rows, queue_s, compute_s = await self._run_tail(model, pattern.cut, x)
+        if not rows.finite.all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
-        predicted = self.tail_seconds(model)[pattern.cut] * len(x)  # what a plan priced it at
-        self.metrics.server_time_predicted.labels(name).inc(predicted)
-        self.metrics.server_time_measured.labels(name).inc(compute_s)
-        # model_construct: the fields are this function's own floats and strings, and
-        # validating every nested result again cost ~3% of the event loop (py-spy) per request.
-        return TailResponse.model_construct(
-            plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
-            results=[_result(row, top_k) for row in logits], queue_s=queue_s, compute_s=compute_s)
+        return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
+                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s)
 
     def decode_for(self, model: LoadedModel, pattern: Pattern, packet: bytes) -> np.ndarray:
         """Decode an activation packet and check it matches the pattern's cut, bits and groups."""
@@ -376,8 +368,9 @@ class Engine:
                                   f"expected [batch, {', '.join(map(str, want))}]")
         if not np.isfinite(x).all():
             raise BadRequestError("input holds NaN or infinity")
-        logits, _, _ = await self._run_tail(model, 0, np.ascontiguousarray(x, dtype=np.float32))
-        if not np.isfinite(logits).all():
+        rows, _, _ = await self._run_tail(model, 0, np.ascontiguousarray(x, dtype=np.float32))
+        logits = rows.logits
+        if not rows.finite.all():
             raise UnprocessableError("the model produced non-finite logits for this input; "
                                      "inputs are expected in [0, 1]")
         return logits, model
@@ -386,20 +379,16 @@ class Engine:
         model, rest = report.key.split("@", 1)  # key: name@version/c<cut>
         version, cut = rest.rsplit("/c", 1)
         self.tail_times.observe(model, version, int(cut), report.size, report.compute_s)
+        try:  # what plans price these samples at (batch-1 time each), against what they took
+            predicted = self.tail_seconds(self.catalog.get(model, version))[int(cut)] * report.size
+        except ServerError:  # the model was unloaded meanwhile
+            predicted = 0.0
+        self.metrics.server_time_predicted.labels(model).inc(predicted)
+        self.metrics.server_time_measured.labels(model).inc(report.compute_s)
         self.metrics.tail_extra.labels(model, version).set(self.tail_times.extra(model, version))
         self.metrics.tail_batch.labels(model).observe(report.size)
         self.metrics.tail_compute.labels(model).observe(report.compute_s)
+        queued = self.metrics.tail_queue.labels(model)
         for q in report.queue_s:
-            self.metrics.tail_queue.labels(model).observe(q)
+            queued.observe(q)
 
-
-def _result(logits: np.ndarray, k: int) -> TailResult:
-    # Plain Python on a handful of classes: numpy's per-call overhead (argsort alone) was 15 us
-    # per sample, on the event loop.
-    values: list[float] = logits.tolist()
-    top = max(values)
-    shifted = [math.exp(v - top) for v in values]
-    total = sum(shifted)
-    order = sorted(range(len(values)), key=lambda i: -shifted[i])[: max(1, min(k, len(values)))]
-    return TailResult.model_construct(
-        logits=values, top_k=[TopK.model_construct(label=i, probability=shifted[i] / total) for i in order])

@@ -153,8 +153,8 @@ async def infer_tail(
 async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
                               top_k: int) -> Response:
     """The tail route's work after parsing; :mod:`server.fastpath` calls it too."""
-    result = await engine.infer_tail(model, version, pattern_id, body, top_k)
-    return Response(result.model_dump_json(), media_type="application/json")
+    answer = await engine.infer_tail(model, version, pattern_id, body, top_k)
+    return Response(answer.json(), media_type="application/json")
 
 
 class CacheBudget(BaseModel):

@@ -154,8 +154,8 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
     pattern = model.patterns.get(pattern_id)
     if pattern is None:
         raise NotFoundError(f"model '{base}' has no pattern '{pattern_id}'")
-    response = await engine.infer_tail(base, model.version, pattern_id, packet.tobytes(), top_k=1)
-    return np.array([r.logits for r in response.results], dtype=np.float32), model.version
+    answer = await engine.infer_tail(base, model.version, pattern_id, packet.tobytes(), top_k=1)
+    return answer.rows.logits, model.version
 
 
 @router.post("/models/{model}/infer", responses=_ERRORS, openapi_extra=_INFER_DOC,

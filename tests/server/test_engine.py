@@ -30,7 +30,7 @@ def test_channels_last_runner_matches_the_split_tail(engine, cut):
     x = np.random.default_rng(cut).random((16, *model.cuts[cut].shape), dtype=np.float32)
     with torch.inference_mode():
         want = tail(torch.from_numpy(x)).numpy()
-    got = engine._runner(model, cut)(x)
+    got = engine._runner(model, cut)(x).logits
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert engine._runner(model, cut) is engine._runner(model, cut)  # built once per (model, cut)
     # The artifact's modules (whose parameters heads and segments share) keep their layout.

@@ -1,0 +1,87 @@
+"""A tail batch's answer: softmax and class order for the whole batch at once, JSON per request.
+
+The batch function of a tail (:meth:`server.engine.Engine._runner`) turns its logits into
+:class:`TailRows` in the worker thread, vectorized over the batch: which rows are finite, each
+row's classes by falling probability, and those probabilities. Each request then takes its slice
+(:class:`server.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes its answer.
+
+Before, every request did this on the event loop in plain Python (softmax, a sort, seven
+``model_construct`` calls and pydantic's serializer): about 30 us of the loop's ~300 us per request
+at 32 clients (py-spy), paid once per request whether or not requests were batched. The JSON
+written here is the :class:`server.schemas.TailResponse` document, byte for byte what
+``model_dump_json`` gave; a test validates it against the model and checks the numbers against a
+plain softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic_core import to_json
+
+
+@dataclass(frozen=True, slots=True)
+class TailRows:
+    """A tail batch's outputs, one row per sample."""
+
+    logits: np.ndarray  # [B, C] float32, as the model produced them
+    finite: np.ndarray  # [B] bool: the row holds no NaN or infinity
+    order: np.ndarray  # [B, C] int64: class indices by falling probability (ties: lower index first)
+    probability: np.ndarray  # [B, C] float64: softmax probabilities in that order
+
+    def __getitem__(self, rows: slice) -> TailRows:
+        return TailRows(self.logits[rows], self.finite[rows], self.order[rows], self.probability[rows])
+
+    def __len__(self) -> int:
+        return int(self.logits.shape[0])
+
+
+def tail_rows(logits: np.ndarray) -> TailRows:
+    """Softmax (in float64) and class order of every row of ``[B, C]`` logits.
+
+    Rows with NaN or infinity are marked not finite; their order and probabilities are
+    meaningless and must not be served.
+    """
+    wide = logits.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = np.exp(wide - wide.max(axis=1, keepdims=True))
+        probability = shifted / shifted.sum(axis=1, keepdims=True)
+    order = np.argsort(-probability, axis=1, kind="stable")
+    return TailRows(logits=logits, finite=np.isfinite(logits).all(axis=1), order=order,
+                    probability=np.take_along_axis(probability, order, axis=1))
+
+
+def tail_json(*, plan_id: str, model: str, version: str, rows: TailRows, top_k: int, queue_s: float,
+              compute_s: float) -> bytes:
+    """The :class:`server.schemas.TailResponse` document of ``rows`` (all finite), top ``top_k``
+    classes per sample (clamped to 1..C)."""
+    k = max(1, min(top_k, int(rows.logits.shape[1])))
+    labels: list[list[int]] = rows.order[:, :k].tolist()
+    chances: list[list[float]] = rows.probability[:, :k].tolist()
+    results = [{"logits": values,
+                "top_k": [{"label": i, "probability": p} for i, p in zip(ids, ps, strict=True)]}
+               for values, ids, ps in zip(rows.logits.tolist(), labels, chances, strict=True)]
+    document = {"plan_id": plan_id, "model": model, "version": version, "results": results,
+                "queue_s": queue_s, "compute_s": compute_s}
+    # pydantic_core's serializer (the one behind model_dump_json) takes plain lists and dicts: 3 us
+    # here against 20 us for json.dumps, which formats floats slowly.
+    return to_json(document, inf_nan_mode="null")
+
+
+@dataclass(frozen=True, slots=True)
+class TailAnswer:
+    """A tail request's answer: its rows of the batch and what the response reports beside them."""
+
+    plan_id: str
+    model: str
+    version: str
+    rows: TailRows
+    top_k: int
+    queue_s: float
+    compute_s: float
+
+    def json(self) -> bytes:
+        """The :class:`server.schemas.TailResponse` document."""
+        return tail_json(plan_id=self.plan_id, model=self.model, version=self.version, rows=self.rows,
+                         top_k=self.top_k, queue_s=self.queue_s, compute_s=self.compute_s)

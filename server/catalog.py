@@ -94,7 +94,8 @@ class Catalog:
     """Every model version found under the artifacts folder."""
 
     def __init__(self, entries: list[ModelEntry]) -> None:
-        self.entries = entries
+        self.entries = tuple(entries)
+        self.known_names = frozenset(e.name for e in entries)  # read on every request's metrics
 
     @classmethod
     def load(cls, root: Path) -> Catalog:

@@ -55,6 +55,12 @@ def disconnect_response() -> JSONResponse:
     return error_response(499, "the client closed the connection before its request body arrived")
 
 
+def unexpected_response(exc: Exception, method: str, path: str) -> JSONResponse:
+    """The answer to an exception nothing expected: a 500 that says so, and the traceback logged."""
+    log.exception("unhandled error on %s %s", method, path, exc_info=exc)
+    return error_response(500, f"internal error ({type(exc).__name__}); this is a server bug")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that translate every error to ``{"error": ...}``."""
 
@@ -76,5 +82,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, f"internal error ({type(exc).__name__}); this is a server bug")
+        return unexpected_response(exc, request.method, request.url.path)

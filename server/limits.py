@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 
 from server.metrics import Metrics
@@ -83,12 +84,25 @@ class LimitsMiddleware:
     """Refuses bodies over ``max_body_bytes`` and bodies that arrive slower than ``body_timeout_s``."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
-                 metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
+                 metrics: Metrics, known_models: Callable[[], frozenset[str]]) -> None:
         self.app = app
         self.max_body = max_body_bytes
         self.timeout = body_timeout_s
         self.metrics = metrics
         self.known_models = known_models
+        # prometheus_client's labels() takes a lock and checks its arguments on every call (~1.7 us,
+        # four times a request); a child never changes once made, so later requests look it up here.
+        self._per_route: dict[str, tuple[Counter, Counter, Histogram]] = {}
+        self._outcomes: dict[tuple[str, str, str], Counter] = {}
+
+    def _route_metrics(self, route: str) -> tuple[Counter, Counter, Histogram]:
+        """(bytes sent, bytes received, request duration) of ``route``."""
+        found = self._per_route.get(route)
+        if found is None:
+            m = self.metrics
+            found = self._per_route[route] = (m.bytes_sent.labels(route), m.bytes_received.labels(route),
+                                              m.request_duration.labels(route))
+        return found
 
     def _model_label(self, path: str, state: object) -> str:
         parts = path.split("/")
@@ -121,15 +135,15 @@ class LimitsMiddleware:
         if await self._refuse_declared_length(scope, send):
             return
         guard = _BodyGuard(receive, self.max_body, self.timeout)
-
+        sent, received, duration = self._route_metrics(route)
         status = 500
 
         async def counting_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-            if message["type"] == "http.response.body":
-                self.metrics.bytes_sent.labels(route).inc(len(message.get("body", b"")))
+            elif message["type"] == "http.response.body":
+                sent.inc(len(message.get("body", b"")))
             await send(message)
 
         self.metrics.in_flight.inc()
@@ -138,8 +152,8 @@ class LimitsMiddleware:
             await self.app(scope, guard, counting_send)
         finally:
             self.metrics.in_flight.dec()
-            self.metrics.bytes_received.labels(route).inc(guard.received)
-            self.metrics.request_duration.labels(route).observe(time.perf_counter() - started)
+            received.inc(guard.received)
+            duration.observe(time.perf_counter() - started)
             self._count(route, self._model_label(scope.get("path", ""), scope.get("state")), status)
 
     def _count(self, route: str, model: str, status: int) -> None:
@@ -147,7 +161,11 @@ class LimitsMiddleware:
         if status in (429, 503):
             outcome = "shed"
             self.metrics.shed.labels(route).inc()
-        self.metrics.requests.labels(route, model, outcome).inc()
+        key = (route, model, outcome)
+        counter = self._outcomes.get(key)
+        if counter is None:  # bounded: routes x (known models, "unknown", "") x outcomes
+            counter = self._outcomes[key] = self.metrics.requests.labels(*key)
+        counter.inc()
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

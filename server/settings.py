@@ -35,4 +35,7 @@ class ServerSettings(BaseSettings):
     inference_fast_path: bool = Field(
         True, description="Serve well-formed infer POSTs straight from ASGI (false: via FastAPI's router; "
                           "same answers, more CPU per request).")
+    opentelemetry: bool = Field(
+        False, description="FastAPI's native OpenTelemetry to the global providers (off: /metrics is the "
+                           "telemetry, and no request pays FastAPI's provider checks).")
     public_url: str = Field("", description="Base URL put into segment links (default: relative URLs).")

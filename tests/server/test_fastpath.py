@@ -128,3 +128,21 @@ def test_the_fast_path_patterns_match_what_the_router_matches(cnn_only, path):
         routed = [p for p in documented if compile_path(p)[0].match(path)]
         fast = bool(TAIL_PATH.fullmatch(path) or V2_PATH.fullmatch(path))
         assert fast == bool(routed), routed
+
+
+def test_a_bug_behind_the_fast_path_is_the_same_json_500_as_behind_the_routes(cnn_only, monkeypatch, caplog):
+    async def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    with make_client(cnn_only) as fast, make_client(cnn_only, inference_fast_path=False) as routed:
+        plan = _plan(fast, 0)
+        packet = encode_for_plan(np.zeros((1, 1, 28, 28), dtype=np.float32), plan)
+        answers = []
+        for c in (fast, routed):
+            monkeypatch.setattr(c.app.state.engine, "infer_tail", broken)
+            answers.append(_answer(c.post(plan["infer_url"], content=packet)))
+        assert answers[0] == answers[1]
+        assert answers[0][0] == 500 and "RuntimeError" in answers[0][1]["error"]
+        counted = 'qpart_requests_total{model="fmnist-cnn",outcome="server_error",route="tail_infer"} 1.0'
+        assert counted in fast.get("/metrics").text
+    assert "unhandled error on POST" in caplog.text

@@ -19,7 +19,6 @@ from starlette.types import ASGIApp
 from server.app import create_app
 from server.engine import Engine
 from server.settings import ServerSettings
-from server.transport import CoalescingHttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
@@ -75,5 +74,5 @@ def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             # uvicorn reads None as "wait forever": always pass a bound.
                             timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),
-                            access_log=False, lifespan="on", http=CoalescingHttpToolsProtocol)
+                            access_log=False, lifespan="on")
     DrainingServer(config, settings.drain_delay_s).run()

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Generic, Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -26,18 +26,17 @@ class Rows(Protocol):
     """What a batch function returns: one row per input sample, sliced per request (a numpy
     array, or :class:`server.answers.TailRows`)."""
 
-    def __getitem__(self, rows: slice, /) -> Any: ...
+    def __getitem__(self, rows: slice, /) -> Self: ...
 
 
 R = TypeVar("R", bound=Rows)
-RunFn = Callable[[np.ndarray], Rows]
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Job:
+class _Job(Generic[R]):
     inputs: np.ndarray
-    future: asyncio.Future[tuple[Any, float, float]]
+    future: asyncio.Future[tuple[R, float, float]]
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -51,14 +50,15 @@ class BatchReport:
     compute_s: float
 
 
-def _fail(jobs: list[_Job], exc: BaseException) -> None:
+def _fail(jobs: list[_Job[R]], exc: BaseException) -> None:
     for j in jobs:
         if not j.future.done():
             j.future.set_exception(exc)
 
 
-class Batcher:
-    """One queue + collector task per key, sharing a thread pool."""
+class Batcher(Generic[R]):
+    """One queue + collector task per key, sharing a thread pool; every key's batch function
+    returns rows of type ``R``."""
 
     def __init__(self, pool: ThreadPoolExecutor, *, max_batch: int, max_delay_s: float,
                  max_queue: int, retry_after_s: float,
@@ -69,9 +69,9 @@ class Batcher:
         self._max_queue = max_queue
         self._retry_after = retry_after_s
         self._on_batch = on_batch
-        self._queues: dict[str, deque[_Job]] = {}
+        self._queues: dict[str, deque[_Job[R]]] = {}
         self._arrived: dict[str, asyncio.Event] = {}
-        self._runs: dict[str, RunFn] = {}
+        self._runs: dict[str, Callable[[np.ndarray], R]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, int] = {}
 
@@ -98,12 +98,11 @@ class Batcher:
             self._arrived[key] = asyncio.Event()
             self._runs[key] = run
             self._tasks[key] = asyncio.create_task(self._collect(key), name=f"batcher:{key}")
-        job = _Job(inputs, asyncio.get_running_loop().create_future())
+        job: _Job[R] = _Job(inputs, asyncio.get_running_loop().create_future())
         self._waiting[key] = waiting + inputs.shape[0]
         self._queues[key].append(job)
         self._arrived[key].set()
-        out: tuple[R, float, float] = await job.future
-        return out
+        return await job.future
 
     async def _collect(self, key: str) -> None:
         # A deque and one Event per key: waiting for the next request costs no task or timer
@@ -138,7 +137,7 @@ class Batcher:
                     raise
             await self._execute(key, jobs)
 
-    async def _execute(self, key: str, jobs: list[_Job]) -> None:
+    async def _execute(self, key: str, jobs: list[_Job[R]]) -> None:
         self._waiting[key] -= sum(j.inputs.shape[0] for j in jobs)
         try:
             batch = np.concatenate([j.inputs for j in jobs]) if len(jobs) > 1 else jobs[0].inputs

@@ -27,7 +27,6 @@ from server.errors import (
     BadRequestError,
     DeadlineExceededError,
     NotFoundError,
-    ServerError,
     UnprocessableError,
 )
 from server.metrics import Metrics
@@ -73,12 +72,13 @@ class Engine:
         self.draining = False
         torch.set_num_threads(settings.torch_threads)
         self._pool = ThreadPoolExecutor(settings.tail_workers, thread_name_prefix="tail")
-        self.batcher = Batcher(self._pool, max_batch=settings.max_batch_size,
-                               max_delay_s=settings.max_queue_delay_s, max_queue=settings.max_queue,
-                               retry_after_s=settings.retry_after_s, on_batch=self._record_batch)
+        self.batcher: Batcher[TailRows] = Batcher(
+            self._pool, max_batch=settings.max_batch_size, max_delay_s=settings.max_queue_delay_s,
+            max_queue=settings.max_queue, retry_after_s=settings.retry_after_s, on_batch=self._record_batch)
         self._by_pattern: dict[tuple[str, str, str], SegmentIndex | None] = {}
         self._by_segment: dict[str, SegmentIndex] = {}
         self._runs: dict[str, Callable[[np.ndarray], TailRows]] = {}
+        self._run_models: dict[str, LoadedModel] = {}  # batch key -> its model, for the batch metrics
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
         self.tail_times = TailTimes()
         self._answer_bytes: dict[tuple[str, str], int] = {}
@@ -249,6 +249,7 @@ class Engine:
             return tail_rows(logits)  # softmax and order for the whole batch, off the event loop
 
         self._runs[key] = run_batch
+        self._run_models[key] = model
         return run_batch
 
     def _serving_graph(self, model: LoadedModel) -> fx.GraphModule:
@@ -369,7 +370,7 @@ class Engine:
         if not np.isfinite(x).all():
             raise BadRequestError("input holds NaN or infinity")
         rows, _, _ = await self._run_tail(model, 0, np.ascontiguousarray(x, dtype=np.float32))
-        logits = rows.logits
+        logits = np.asarray(rows.logits, dtype=np.float32)  # the answer declares FP32
         if not rows.finite.all():
             raise UnprocessableError("the model produced non-finite logits for this input; "
                                      "inputs are expected in [0, 1]")
@@ -379,10 +380,10 @@ class Engine:
         model, rest = report.key.split("@", 1)  # key: name@version/c<cut>
         version, cut = rest.rsplit("/c", 1)
         self.tail_times.observe(model, version, int(cut), report.size, report.compute_s)
-        try:  # what plans price these samples at (batch-1 time each), against what they took
-            predicted = self.tail_seconds(self.catalog.get(model, version))[int(cut)] * report.size
-        except ServerError:  # the model was unloaded meanwhile
-            predicted = 0.0
+        # What plans price these samples at (batch-1 time each) against what they took: every
+        # sample the tail ran, including v2 full-model requests (which share cut 0's batches) and
+        # requests that then failed (non-finite logits) or whose client had gone.
+        predicted = self.tail_seconds(self._run_models[report.key])[int(cut)] * report.size
         self.metrics.server_time_predicted.labels(model).inc(predicted)
         self.metrics.server_time_measured.labels(model).inc(report.compute_s)
         self.metrics.tail_extra.labels(model, version).set(self.tail_times.extra(model, version))

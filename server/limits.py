@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 
+from server.http_errors import unexpected_response
 from server.metrics import Metrics
 
 Scope = MutableMapping[str, Any]
@@ -93,7 +94,7 @@ class LimitsMiddleware:
         # prometheus_client's labels() takes a lock and checks its arguments on every call (~1.7 us,
         # four times a request); a child never changes once made, so later requests look it up here.
         self._per_route: dict[str, tuple[Counter, Counter, Histogram]] = {}
-        self._outcomes: dict[tuple[str, str, str], Counter] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Counter] = {}
 
     def _route_metrics(self, route: str) -> tuple[Counter, Counter, Histogram]:
         """(bytes sent, bytes received, request duration) of ``route``."""
@@ -137,11 +138,12 @@ class LimitsMiddleware:
         guard = _BodyGuard(receive, self.max_body, self.timeout)
         sent, received, duration = self._route_metrics(route)
         status = 500
+        responded = False
 
         async def counting_send(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
-                status = int(message["status"])
+                status, responded = int(message["status"]), True
             elif message["type"] == "http.response.body":
                 sent.inc(len(message.get("body", b"")))
             await send(message)
@@ -150,6 +152,13 @@ class LimitsMiddleware:
         started = time.perf_counter()
         try:
             await self.app(scope, guard, counting_send)
+        except Exception as exc:
+            if status != 500 or responded:  # FastAPI's error middleware answered (and re-raises)
+                raise
+            # From this layer or the fast path, outside FastAPI's error middleware: the same JSON
+            # 500 its handler gives, not uvicorn's plain-text one (logged there, not raised again).
+            await unexpected_response(exc, scope.get("method", ""), scope.get("path", ""))(
+                scope, guard, counting_send)
         finally:
             self.metrics.in_flight.dec()
             received.inc(guard.received)
@@ -160,12 +169,17 @@ class LimitsMiddleware:
         outcome = "ok" if status < 400 else ("client_error" if status < 500 else "server_error")
         if status in (429, 503):
             outcome = "shed"
-            self.metrics.shed.labels(route).inc()
-        key = (route, model, outcome)
-        counter = self._outcomes.get(key)
-        if counter is None:  # bounded: routes x (known models, "unknown", "") x outcomes
-            counter = self._outcomes[key] = self.metrics.requests.labels(*key)
-        counter.inc()
+            self._child(self.metrics.shed, (route,)).inc()
+        self._child(self.metrics.requests, (route, model, outcome)).inc()
+
+    def _child(self, metric: Counter, labels: tuple[str, ...]) -> Counter:
+        # Bounded: routes x (known models, "unknown", "") x outcomes. Nothing calls remove() or
+        # clear() on these metrics; a child cached here would stop being exported if anything did.
+        key = (id(metric), labels)  # the metrics live as long as this middleware
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

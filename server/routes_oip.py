@@ -155,7 +155,7 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
     if pattern is None:
         raise NotFoundError(f"model '{base}' has no pattern '{pattern_id}'")
     answer = await engine.infer_tail(base, model.version, pattern_id, packet.tobytes(), top_k=1)
-    return answer.rows.logits, model.version
+    return np.asarray(answer.rows.logits, dtype=np.float32), model.version  # the answer declares FP32
 
 
 @router.post("/models/{model}/infer", responses=_ERRORS, openapi_extra=_INFER_DOC,

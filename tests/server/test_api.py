@@ -10,6 +10,8 @@ import torch
 
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
+from server.app import create_app
+from server.settings import ServerSettings
 from tests.server.conftest import make_client
 
 
@@ -257,3 +259,10 @@ def test_plan_requests_are_counted_under_their_model(cnn_only):
         text = c.get("/metrics").text
         assert 'qpart_requests_total{model="fmnist-cnn",outcome="ok",route="plan"} 1.0' in text
         assert 'qpart_requests_total{model="unknown",outcome="client_error",route="plan"} 1.0' in text
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_fastapis_native_opentelemetry_follows_the_setting(cnn_only, on):
+    app = create_app(ServerSettings(artifacts=cnn_only, opentelemetry=on))
+    assert {k: app._telemetry[k] for k in ("tracing", "metrics", "logs")} == dict.fromkeys(
+        ("tracing", "metrics", "logs"), on)

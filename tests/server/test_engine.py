@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -59,3 +60,45 @@ def test_lone_requests_reprice_the_tails(engine):
     assert engine.tail_seconds(model) == pytest.approx([t + 0.0008 if t else 0.0 for t in profile], rel=1e-3)
     assert engine.model_info("fmnist-cnn", None).server_tail_s == engine.tail_seconds(model)
 
+
+
+def _sample_count(metric, model: str) -> float:
+    return sum(s.value for family in metric.collect() for s in family.samples
+               if s.labels.get("model") == model and s.name.endswith("_total"))
+
+
+def test_requests_sharing_a_batch_each_get_their_own_rows_and_errors(engine):
+    """Requests of 1, 2 and 3 samples and one whose logits overflow, submitted together: one
+    batch of 7; each answer holds its own rows (as run alone), only the overflowing one fails."""
+    from client.runtime import encode_for_plan
+    from server.errors import UnprocessableError
+
+    model = engine.catalog.get("fmnist-cnn")
+    engine.warm_up()
+    pattern = next(p for p in model.patterns.values() if p.cut == 0 and p.activation_bits == 32)
+    plan = {"activation_bits": 32, "group_size": pattern.group_size}
+    rng = np.random.default_rng(7)
+    inputs = [rng.random((n, 1, 28, 28), dtype=np.float32) for n in (1, 2, 3)]
+    huge = np.full((1, 1, 28, 28), 3e38, dtype=np.float32)  # finite, but the logits are not
+    packets = [encode_for_plan(x, plan) for x in [*inputs, huge]]
+    name, version = model.name, model.version
+    predicted0 = _sample_count(engine.metrics.server_time_predicted, name)
+
+    async def run():
+        together = await asyncio.gather(*(engine.infer_tail(name, version, pattern.pattern_id, p, top_k=3)
+                                          for p in packets), return_exceptions=True)
+        counted = _sample_count(engine.metrics.server_time_predicted, name) - predicted0
+        counted /= engine.tail_seconds(model)[0]  # samples, at the batch-1 price each
+        alone = [await engine.infer_tail(name, version, pattern.pattern_id, p, top_k=3) for p in packets[:3]]
+        return together, counted, alone
+
+    batches0 = engine.metrics.tail_batch.labels(name)._sum.get()
+    (*answers, failed), counted, singles = asyncio.run(run())
+    assert isinstance(failed, UnprocessableError)
+    # one batch of 7 samples first (then the three lone ones), priced at the batch-1 time each
+    assert engine.metrics.tail_batch.labels(name)._sum.get() - batches0 == 7 + 6
+    assert counted == pytest.approx(7, rel=1e-9)
+    for x, answer, single in zip(inputs, answers, singles, strict=True):
+        assert answer.rows.logits.shape == (len(x), 10)
+        np.testing.assert_allclose(answer.rows.logits, single.rows.logits, rtol=1e-4, atol=1e-4)
+        assert answer.rows.order[:, :1].tolist() == single.rows.order[:, :1].tolist()

@@ -144,5 +144,18 @@ def test_a_bug_behind_the_fast_path_is_the_same_json_500_as_behind_the_routes(cn
         assert answers[0] == answers[1]
         assert answers[0][0] == 500 and "RuntimeError" in answers[0][1]["error"]
         counted = 'qpart_requests_total{model="fmnist-cnn",outcome="server_error",route="tail_infer"} 1.0'
-        assert counted in fast.get("/metrics").text
+        assert counted in fast.get("/metrics").text and counted in routed.get("/metrics").text
     assert "unhandled error on POST" in caplog.text
+
+
+def test_a_bug_outside_the_handlers_is_still_a_counted_json_500(cnn_only, monkeypatch):
+    """The limits middleware and the fast path sit outside FastAPI's error middleware: an
+    exception there (here: choosing the handler) still answers JSON, as the app's handler would."""
+    def broken(self, scope):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(fastpath.InferFastPath, "_handler", broken)
+    with make_client(cnn_only) as c:
+        response = c.post("/v1/models/fmnist-cnn/versions/1/patterns/p/infer", content=b"x")
+        assert response.status_code == 500 and "KeyError" in response.json()["error"]
+        assert 'outcome="server_error",route="tail_infer"} 1.0' in c.get("/metrics").text

@@ -76,10 +76,13 @@ from bench.exchange import PROBE_WINDOW, ExchangeProbe, fit_exchange, probe_medi
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from client.profiler import measure_encodes, measure_heads
-from client.runtime import encode_for_plan, load_head
+from client.profiler import deflate_times, measure_encodes, measure_heads
+from client.runtime import encode_for_plan, load_head, upload_body
+from kernels import activation_group
 from kernels.packing import packed_size
 from models.data import Split, load_split
+from models.partition import cuts_of, prepare, split
+from models.registry import get_model
 from models.timing import median_latency
 from profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
 from profiles.devices import DeviceProfile, MeasuredHeads, get_device
@@ -165,6 +168,8 @@ class ModelView:
     answer_bytes: int
     heads: dict[str, torch.nn.Module] = field(default_factory=dict)
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
+    host_deflate_s: tuple[float, float] | None = None  # (fixed, per byte); None: uploads not deflated
+    deflate_packets: list[bytes] = field(default_factory=list)  # the real image's packets, every cut
 
     def plan_of(self, p: dict[str, Any]) -> dict[str, Any]:
         """A pattern in the form of a plan (what load_head and encode_for_plan take)."""
@@ -285,6 +290,9 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
     ratios = {m.name: host_flops_per_s(m) / base.flops_per_s for m in models}
     measured = {m.name: MeasuredHeads(version=m.version, head_s=[t * ratios[m.name] for t in m.host_head_s],
                                       encode_s=[t * ratios[m.name] for t in m.host_encode_s],
+                                      deflate_s=None if m.host_deflate_s is None else (
+                                          m.host_deflate_s[0] * ratios[m.name],
+                                          m.host_deflate_s[1] * ratios[m.name]),
                                       warmup=2, repeats=9) for m in models}
     return base.model_copy(update={"measured": measured}), ratios
 
@@ -299,7 +307,7 @@ class Choice:
 
 def _inputs(device: DeviceProfile, preset: str, link: Link, held: set[str]) -> PlanInputs:
     return PlanInputs(device, PRESETS[WeightPreset(preset)], link.goodput_bps, link.rtt_s, 1, 1.0,
-                      frozenset(held), link.overlap_s)
+                      frozenset(held), link.overlap_s, upload_deflate=True)
 
 
 def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[str, Any]:
@@ -356,11 +364,12 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     with torch.inference_mode():
         act = head(x).numpy() if plan["cut"] > 0 else image
     packet, host_encode = b"", 0.0
+    headers: dict[str, str] = {}
     if plan["cut"] < model.cuts - 1:
         encodes = []
-        for _ in range(3):
+        for _ in range(3):  # quantize, pack and (if the plan says so) deflate: all device work
             start = time.perf_counter()
-            packet = encode_for_plan(act, plan)
+            packet, headers = upload_body(plan, encode_for_plan(act, plan))
             encodes.append(time.perf_counter() - start)
         host_encode = statistics.median(encodes)
     local = (host_head + host_encode) * ratio
@@ -368,7 +377,7 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
         return {"local": local, "round_trip": 0.0, "server": 0.0}
     link.wire.quiet()
     start = time.perf_counter()
-    r = client.post(url + plan["infer_url"], content=packet)
+    r = client.post(url + plan["infer_url"], content=packet, headers=headers)
     round_trip = time.perf_counter() - start
     r.raise_for_status()
     body = r.json()
@@ -401,7 +410,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     inputs = _inputs(device, preset, link, held)
     body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
             "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_overlap_s": link.overlap_s,
-            "weights": preset,
+            "upload_deflate": True, "weights": preset,
             "device": device.model_dump(mode="json"), "held_segments": sorted(held)}
     start = time.perf_counter()
     plan = client.post(f"{url}/v1/plan", json=body)
@@ -410,6 +419,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     qplan = plan.json()
     qplan["pattern_id"] = qplan["plan_id"].split("/", 1)[1]  # plan_id = model@version/pattern_id
     plans = {"qpart": qplan} | {s: model.plan_of(choose_fixed(model, s, inputs)) for s in STRATEGIES[1:]}
+    for s in STRATEGIES[1:]:  # every strategy sends its packet the way the cost model prices cheaper
+        plans[s]["upload_encoding"] = _predict(model, plans[s], inputs)["upload_encoding"]
     downloaded: set[str] = set()
     download_s: dict[str, float] = {}
     fetched: dict[str, float] = {}  # segment id -> download seconds in this cell
@@ -485,6 +496,16 @@ def reprofile(model: ModelView, image: np.ndarray) -> None:
     model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True,
                                       x=torch.from_numpy(image))
     model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9)
+    if not model.deflate_packets:  # the device's own packets of the real image: 4, 8 bits, float32
+        spec = get_model(model.name)
+        gm = prepare(spec.load(), spec.input_shape)
+        for cut in cuts_of(gm)[:-1]:
+            with torch.inference_mode():
+                act = split(gm, cut)[0](torch.from_numpy(image)).numpy()
+            group = activation_group(cut.numel, 256)
+            model.deflate_packets += [encode_for_plan(act, {"activation_bits": b, "group_size": group})
+                                      for b in (4, 8, 32)]
+    model.host_deflate_s = deflate_times(model.deflate_packets, warmup=2, repeats=9)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,18 +7,18 @@ quantizing and packing each cut's activation (what the device does before upload
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
 
 from client.runtime import encode_for_plan
 from kernels import activation_group
+from kernels.coding import deflate
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
-from models.timing import median_latency
+from models.timing import median_latency, median_seconds
 from profiles.devices import DeviceProfile, MeasuredHeads
 
 
@@ -62,23 +62,46 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
     for cut in cuts[:-1]:
         act = rng.random((1, *cut.shape), dtype=np.float32)
         plan = {"activation_bits": 8, "group_size": activation_group(cut.numel, largest_group)}
-        for _ in range(warmup):
-            encode_for_plan(act, plan)
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            encode_for_plan(act, plan)
-            samples.append(time.perf_counter() - start)
-        times.append(statistics.median(samples))
+        times.append(median_seconds(partial(encode_for_plan, act, plan), warmup=warmup, repeats=repeats))
     return times
+
+
+def fit_deflate(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """(fixed seconds, seconds per byte) of a least-squares line through the timed packets, both
+    clamped at 0."""
+    slope, intercept = np.polyfit(np.asarray(sizes, dtype=np.float64), np.asarray(seconds), 1)
+    return max(0.0, float(intercept)), max(0.0, float(slope))
+
+
+def deflate_times(packets: list[bytes], *, warmup: int = 2, repeats: int = 5) -> tuple[float, float]:
+    """Time deflating each packet (median of ``repeats``) and fit (fixed, per byte) to them."""
+    seconds = [median_seconds(partial(deflate, packet), warmup=warmup, repeats=repeats) for packet in packets]
+    return fit_deflate([len(p) for p in packets], seconds)
+
+
+def measure_deflate(model: str, *, warmup: int = 2, repeats: int = 5,
+                    largest_group: int = 256) -> tuple[float, float]:
+    """(fixed, per byte) seconds to deflate uploads of ``model``: packets of every cut but the last,
+    at 4 and 8 bits and float32, from a sparse random activation (half zeros, as after a ReLU)."""
+    spec = get_model(model)
+    cuts = cuts_of(prepare(spec.build(), spec.input_shape))
+    rng = np.random.default_rng(0)
+    packets = []
+    for cut in cuts[:-1]:
+        act = rng.random((1, *cut.shape), dtype=np.float32) * (rng.random((1, *cut.shape)) < 0.5)
+        group = activation_group(cut.numel, largest_group)
+        packets += [encode_for_plan(act, {"activation_bits": b, "group_size": group}) for b in (4, 8, 32)]
+    return deflate_times(packets, warmup=warmup, repeats=repeats)
 
 
 def profile_device(base: DeviceProfile, model: str, version: str, *, name: str | None = None,
                    warmup: int = 2, repeats: int = 5) -> DeviceProfile:
-    """``base`` with measured head times of ``model`` added (for the given artifact version)."""
+    """``base`` with measured head, encode and deflate times of ``model`` added (for the given
+    artifact version)."""
     head_s = measure_heads(model, warmup=warmup, repeats=repeats)
     encode_s = measure_encodes(model, warmup=warmup, repeats=repeats)
     measured = dict(base.measured)
     measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s, warmup=warmup,
-                                    repeats=repeats)
+                                    repeats=repeats,
+                                    deflate_s=measure_deflate(model, warmup=warmup, repeats=repeats))
     return base.model_copy(update={"measured": measured, "name": name or base.name})

@@ -21,6 +21,7 @@ from client.segment_cache import SegmentCache
 from client.settings import DeviceSettings
 from client.transport import Transport
 from kernels import KernelError, unpack_dequantize
+from kernels.coding import deflate
 from kernels.wire import decode_segment, encode_float_activation, encode_quantized_activation
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
@@ -86,6 +87,15 @@ def encode_for_plan(activation: np.ndarray, plan: dict[str, Any]) -> bytes:
     return encode_quantized_activation(activation, bits, int(plan["group_size"]))
 
 
+def upload_body(plan: dict[str, Any], packet: bytes) -> tuple[bytes, dict[str, str]]:
+    """The body and headers that upload ``packet`` as the plan says: deflated (kernels.coding)
+    when its ``upload_encoding`` is ``deflate``, else as is."""
+    headers = {"Content-Type": "application/octet-stream"}
+    if plan.get("upload_encoding") == "deflate":
+        return deflate(packet), {**headers, "Content-Encoding": "deflate"}
+    return packet, headers
+
+
 class DeviceRuntime:
     """One device talking to one server."""
 
@@ -108,6 +118,7 @@ class DeviceRuntime:
             "model": model, "accuracy_demand": demand, "batch": batch,
             "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
             "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
+            "upload_deflate": self.settings.upload_deflate,
         }
         if self.device_profile is not None:
             body["device"] = self.device_profile.model_dump(mode="json")
@@ -131,16 +142,19 @@ class DeviceRuntime:
         return fetched.data, fetched.downloaded_bytes
 
     def upload(self, plan: dict[str, Any], packet: bytes) -> dict[str, Any]:
-        """POST the activation packet to the plan's tail and return the server's result."""
+        """POST the activation packet to the plan's tail (deflated if the plan says so) and return
+        the server's result."""
+        return self._post(plan, *upload_body(plan, packet))
+
+    def _post(self, plan: dict[str, Any], body: bytes, headers: dict[str, str]) -> dict[str, Any]:
         if plan["infer_url"] is None:
             raise ServerRejectedError(400, "all-device plan: nothing to upload")
         started = time.perf_counter()
-        response = self.transport.request("POST", plan["infer_url"], content=packet,
-                                          headers={"Content-Type": "application/octet-stream"})
+        response = self.transport.request("POST", plan["infer_url"], content=body, headers=headers)
         result: dict[str, Any] = response.json()
         # The channel's share of the round trip: the server reports its queue and compute time.
         server_s = float(result.get("queue_s", 0.0)) + float(result.get("compute_s", 0.0))
-        self.transport.rate.add(len(packet), time.perf_counter() - started - server_s)
+        self.transport.rate.add(len(body), time.perf_counter() - started - server_s)
         return result
 
     def infer(self, images: np.ndarray, model: str, demand: float, *, rate_bps: float | None = None,
@@ -168,9 +182,9 @@ class DeviceRuntime:
                 logits = act_np
                 run.results.extend({"logits": row.tolist()} for row in logits)
             else:
-                packet = encode_for_plan(act_np, plan)
-                run.uploaded_bytes += len(packet)
-                answer = self.upload(plan, packet)
+                body, headers = upload_body(plan, encode_for_plan(act_np, plan))
+                run.uploaded_bytes += len(body)
+                answer = self._post(plan, body, headers)
                 upload_s += time.perf_counter() - h1
                 logits = np.array([r["logits"] for r in answer["results"]], dtype=np.float32)
                 run.results.extend(answer["results"])

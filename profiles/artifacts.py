@@ -48,6 +48,11 @@ class CutProfile(_Frozen):
     tail_flops: int = Field(ge=0)
     server_head_s: float = Field(ge=0, description="Head time on the serving machine, batch 1.")
     server_tail_s: float = Field(ge=0, description="Tail time on the serving machine, batch 1.")
+    deflate_ratio: dict[Bits, Annotated[float, Field(gt=0, le=2)]] = Field(
+        default_factory=dict,
+        description="Per activation bits (1..8, 32): mean deflated size of this cut's activation "
+                    "packet over its raw size, on calibration samples (kernels.coding). Empty: "
+                    "not measured; uploads are priced raw.")
 
 
 class Pattern(_Frozen):

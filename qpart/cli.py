@@ -153,6 +153,36 @@ def calibrate(
                f"wrote {out}/artifact.json, validation.json, report.md")
 
 
+@app.command("measure-coding")
+def measure_coding(
+    artifact: Annotated[Path, typer.Option(help="Artifact folder (artifact.json + weights.safetensors).")],
+    samples: Annotated[int, typer.Option(help="Calibration fit samples to measure on.")] = 500,
+) -> None:
+    """Measure how far each cut's activation packets shrink under the deflate upload coding, into
+    an existing artifact (calibrate does this for new ones); the planner prices deflated uploads
+    with it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from offline.coding import measure_artifact
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn()) as bar:
+        advance = _RichSink(bar).start("upload coding", _cut_count(artifact))
+        measured = measure_artifact(artifact, samples, advance)
+    for cut in measured.cuts:
+        if cut.deflate_ratio:
+            shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(cut.deflate_ratio.items()))
+            typer.echo(f"cut {cut.index}: {shown}")
+    typer.echo(f"wrote {artifact}/artifact.json")
+
+
+def _cut_count(folder: Path) -> int:
+    """How many cuts the artifact in ``folder`` has (the progress bar's length)."""
+    from profiles.artifacts import load_artifact
+
+    return len(load_artifact(folder).cuts)
+
+
 @app.command()
 def serve(
     artifacts: Annotated[Path | None, typer.Option(

@@ -30,7 +30,14 @@ from server.errors import (
     UnprocessableError,
 )
 from server.metrics import Metrics
-from server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price
+from server.planner import (
+    Candidate,
+    PlanInputs,
+    allowed_patterns,
+    best_at_cut,
+    choose,
+    price,
+)
 from server.schemas import (
     PRESETS,
     ModelInfo,
@@ -178,7 +185,7 @@ class Engine:
         weights = PRESETS[req.weights] if isinstance(req.weights, WeightPreset) else req.weights
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments),
-                            req.upload_overlap_s)
+                            req.upload_overlap_s, req.upload_deflate)
         candidates = []
         tail_s = self.tail_seconds(model)
         answer = self.answer_bytes(model)
@@ -219,6 +226,7 @@ class Engine:
             group_size=p.group_size, activation_shape=list(model.cuts[p.cut].shape),
             predicted=chosen.costs, all_server=server.costs, all_device=device.costs,
             segment=segment, infer_url=infer,
+            upload_encoding=chosen.costs.upload_encoding,
         )
 
     # ---- inference ------------------------------------------------------------------------
@@ -321,10 +329,7 @@ class Engine:
     async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
                          top_k: int = 5) -> TailAnswer:
         """Run the tail of a plan's cut on an uploaded activation packet."""
-        model = self.catalog.get(name, version)
-        pattern = model.patterns.get(pattern_id)
-        if pattern is None:
-            raise NotFoundError(f"model '{name}' version '{version}' has no pattern '{pattern_id}'")
+        model, pattern = self.pattern_of(name, version, pattern_id)
         if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop
             x = self.decode_for(model, pattern, packet)
         else:  # a large batch: keep the event loop free while it dequantizes
@@ -335,6 +340,14 @@ class Engine:
                                      "its values are out of the range the model was calibrated on")
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s)
+
+    def pattern_of(self, name: str, version: str, pattern_id: str) -> tuple[LoadedModel, Pattern]:
+        """The model version and its pattern; NotFoundError naming what is missing."""
+        model = self.catalog.get(name, version)
+        pattern = model.patterns.get(pattern_id)
+        if pattern is None:
+            raise NotFoundError(f"model '{name}' version '{version}' has no pattern '{pattern_id}'")
+        return model, pattern
 
     def decode_for(self, model: LoadedModel, pattern: Pattern, packet: bytes) -> np.ndarray:
         """Decode an activation packet and check it matches the pattern's cut, bits and groups."""

@@ -92,9 +92,11 @@ class InferFastPath:
                 return None
             model, version, pattern_id = match.groups()
 
+            encoding = _first(headers, b"content-encoding")
+
             async def tail(receive: Receive) -> Response:
                 body = await read(receive)
-                return await tail_infer_response(engine, model, version, pattern_id, body, top_k)
+                return await tail_infer_response(engine, model, version, pattern_id, body, top_k, encoding)
 
             return tail
         if match := V2_PATH.fullmatch(path):

@@ -28,6 +28,8 @@ class PlanInputs:
     price_per_second: float
     held: frozenset[str]
     upload_overlap_s: float = 0.0
+    upload_deflate: bool = False  # the device sends Content-Encoding: deflate where it pays
+
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,38 @@ def encode_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: Devi
     return measured.encode_s[pattern.cut]
 
 
+def deflate_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: DeviceProfile) -> float | None:
+    """Device time to deflate one sample's upload, from the device's measured (fixed, per byte)
+    figures; None when the profile has none for this version (the upload is then not deflated)."""
+    measured = device.measured.get(artifact.model)
+    if measured is None or measured.version != artifact.version or measured.deflate_s is None:
+        return None
+    fixed, per_byte = measured.deflate_s
+    return fixed + per_byte * pattern.activation_bytes
+
+
 def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
           segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
           answer_bytes: int = 0) -> CostBreakdown:
+    """The cheaper of sending the activation as is and deflated (:func:`price_upload`): deflated
+    when the device offers it (``inputs.upload_deflate``), the calibration measured how far this
+    cut's packets at these bits shrink (``CutProfile.deflate_ratio``), and the device's profile
+    says how long deflating takes (``MeasuredHeads.deflate_s``)."""
+    plain = price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes)
+    ratio = artifact.cuts[pattern.cut].deflate_ratio.get(pattern.activation_bits)
+    last = pattern.cut == len(artifact.cuts) - 1
+    t_deflate = deflate_seconds(artifact, pattern, inputs.device)
+    if not inputs.upload_deflate or last or ratio is None or ratio >= 1 or t_deflate is None:
+        return plain
+    deflated = price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
+                            ratio=ratio, extra_local_s=t_deflate)
+    return deflated if deflated.objective < plain.objective else plain
+
+
+def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
+                 segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
+                 answer_bytes: int = 0, *, ratio: float | None = None,
+                 extra_local_s: float = 0.0) -> CostBreakdown:
     """Predicted time, energy, server cost and objective of one pattern for one request.
 
     ``tail_s`` is the tail's batch-1 time on the serving machine (default: the artifact's figure,
@@ -83,17 +114,22 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
     the server's compute): some of the body's time was hidden. How much varies by run: round
     trips less compute differed by 0.15 ms there against 0.22 ms of wire, by 0.02 ms in
     ``bench/results/uplink-100.json``. The device measures it on its link (``bench.exchange``).
+
+    With ``ratio`` the activation is sent deflated: priced at its raw size times the ratio (the
+    calibration's mean), and ``extra_local_s`` (the device's deflate time) per sample.
     """
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1
     t_local = (head_seconds(artifact, cut, inputs.device)
-               + (0.0 if last else encode_seconds(artifact, pattern, inputs.device))) * inputs.batch
+               + (0.0 if last else encode_seconds(artifact, pattern, inputs.device) + extra_local_s)
+               ) * inputs.batch
     held = segment_id is not None and segment_id in inputs.held
     z_w = 0 if held or segment_id is None else segment_bytes
-    z_x = 0 if last else (pattern.activation_bytes + answer_bytes) * inputs.batch
+    activation = pattern.activation_bytes * (1.0 if ratio is None else ratio)
+    z_x = 0.0 if last else (activation + answer_bytes) * inputs.batch
     exchanges = (1 if z_w else 0) + (0 if last else 1)
     sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES
-    t_body = 0.0 if last else pattern.activation_bytes * inputs.batch * 8 / inputs.rate_bps
+    t_body = 0.0 if last else activation * inputs.batch * 8 / inputs.rate_bps
     t_tran = ((sent * 8 / inputs.rate_bps - t_body) + max(0.0, t_body - inputs.upload_overlap_s)
               + exchanges * inputs.rtt_s)
     t_server = 0.0 if last else (cut.server_tail_s if tail_s is None else tail_s) * inputs.batch
@@ -106,7 +142,8 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
     return CostBreakdown(
         time_s=TimeBreakdown(local=t_local, transfer=t_tran, server=t_server, total=total_t),
         energy_j=EnergyBreakdown(local=e_local, transfer=e_tran, total=e_local + e_tran),
-        server_cost=cost, objective=objective, transfer_bytes=sent,
+        server_cost=cost, objective=objective, transfer_bytes=round(sent),
+        upload_encoding="identity" if ratio is None else "deflate",
     )
 
 

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.content import decode_content
 from server.deps import EngineDep, read_body, require_admin, require_token
 from server.engine import Engine
 from server.errors import RangeNotSatisfiableError
@@ -137,22 +138,31 @@ def segment_head(
 
 
 @router.post("/models/{model}/versions/{version}/patterns/{pattern_id}/infer",
-             response_model=TailResponse, responses=_ERRORS, dependencies=[Depends(require_token)],
+             response_model=TailResponse, responses={**_ERRORS, 415: {"model": ErrorBody}},
+             dependencies=[Depends(require_token)],
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary",
-                                                         "x-qpart-format": "activation-packet-v1"}}}}},
+                                                         "x-qpart-format": "activation-packet-v1"}}}},
+                 "parameters": [{"name": "Content-Encoding", "in": "header", "required": False,
+                                 "description": "identity (default) or deflate (zlib)",
+                                 "schema": {"type": "string", "enum": ["identity", "deflate"]}}]},
              summary="Run the tail on an uploaded activation packet")
 async def infer_tail(
     model: str, version: str, pattern_id: str, request: Request, engine: EngineDep,
     top_k: Annotated[int, Query(ge=1, le=TOP_K_MAX)] = TOP_K_DEFAULT,
 ) -> Response:
-    """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups."""
-    return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k)
+    """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups, as
+    is or with ``Content-Encoding: deflate`` (zlib; the plan's ``upload_encoding`` says when)."""
+    return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k,
+                                     request.headers.get("content-encoding"))
 
 
 async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
-                              top_k: int) -> Response:
+                              top_k: int, content_encoding: str | None = None) -> Response:
     """The tail route's work after parsing; :mod:`server.fastpath` calls it too."""
+    if content_encoding is not None:  # unknown model or pattern: 404 before the body is decoded
+        engine.pattern_of(model, version, pattern_id)
+        body = decode_content(body, content_encoding, engine.settings.max_body_bytes)
     answer = await engine.infer_tail(model, version, pattern_id, body, top_k)
     return Response(answer.json(), media_type="application/json")
 

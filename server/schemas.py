@@ -72,6 +72,11 @@ class PlanRequest(_Strict):
     upload_overlap_s: float = Field(
         0.0, ge=0, le=1, description="Seconds of an upload's body time that the server's request "
         "handling hides (it starts on the headers); measured by the device, default none.")
+    upload_deflate: bool = Field(
+        False, description="The device can send its activation packet with 'Content-Encoding: "
+        "deflate' (zlib). Each plan is then priced both ways where the calibration measured the "
+        "cut's packets deflated and the device profile has deflate times; the plan's "
+        "upload_encoding says which won.")
 
 
 class TimeBreakdown(_Strict):
@@ -99,6 +104,9 @@ class CostBreakdown(_Strict):
     server_cost: float
     objective: float
     transfer_bytes: int
+    upload_encoding: Literal["identity", "deflate"] = Field(
+        "identity", description="How the activation is sent in this plan (deflate: its mean deflated "
+        "size, plus the device's time to deflate it).")
 
 
 class SegmentRef(_Strict):
@@ -130,6 +138,9 @@ class PlanResponse(_Strict):
     all_device: CostBreakdown
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
+    upload_encoding: Literal["identity", "deflate"] = Field(
+        description="How to send the packet: as is, or deflated with 'Content-Encoding: deflate' "
+        "(only when the request allowed it and it was priced so).")
 
 
 class PatternInfo(_Strict):

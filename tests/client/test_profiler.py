@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from client.profiler import profile_device
 from profiles.artifacts import load_artifact
 from profiles.devices import DeviceProfile, get_device
@@ -36,3 +38,24 @@ def test_encode_times_price_quantized_uploads_but_not_float_ones(artifacts_dir):
     assert encode_seconds(artifact, quantized, profile) == encode[1]
     assert encode_seconds(artifact, lossless, profile) == 0.0
     assert encode_seconds(artifact, quantized, get_device("raspberry-pi-4")) == 0.0  # not measured
+
+
+def test_the_profiler_fits_the_deflate_time_and_the_planner_adds_it(artifacts_dir):
+    from client.profiler import fit_deflate, measure_deflate
+
+    assert fit_deflate([100, 200, 300], [3e-6, 5e-6, 7e-6]) == pytest.approx((1e-6, 2e-8))
+    assert fit_deflate([100, 200], [5e-6, 4e-6])[1] == 0  # clamped: never negative
+    fixed, per_byte = measure_deflate("fmnist-cnn", repeats=3)
+    assert 0 <= fixed < 1e-2 and 0 < per_byte < 1e-5
+
+
+def test_upload_body_deflates_only_when_the_plan_says_so():
+    from client.runtime import upload_body
+    from kernels.coding import inflate
+
+    packet = b"QPA\x01" + bytes(400)
+    body, headers = upload_body({"upload_encoding": "deflate"}, packet)
+    assert headers["Content-Encoding"] == "deflate" and inflate(body, max_bytes=404) == packet
+    plain = (packet, {"Content-Type": "application/octet-stream"})
+    assert upload_body({"upload_encoding": "identity"}, packet) == plain
+    assert upload_body({}, packet)[0] is packet

@@ -39,6 +39,10 @@ def test_artifact_round_trips_and_lists_lossless_patterns(small_run):
     lossless = [p for p in loaded.patterns if p.level == 0]
     assert {p.cut for p in lossless} == {0, 4, 8}
     assert all(p.test_drop == 0 for p in lossless)
+    # how far each cut's packets deflate, measured on calibration samples; the last cut uploads nothing
+    every = [*range(1, 9), 32]
+    assert [sorted(c.deflate_ratio) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
+    assert loaded.cuts[-1].deflate_ratio == {} and 0 < loaded.cuts[0].deflate_ratio[32] < 0.6
 
 
 def test_validation_json_has_the_documented_fields(small_run):

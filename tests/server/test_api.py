@@ -266,3 +266,37 @@ def test_fastapis_native_opentelemetry_follows_the_setting(cnn_only, on):
     app = create_app(ServerSettings(artifacts=cnn_only, opentelemetry=on))
     assert {k: app._telemetry[k] for k in ("tracing", "metrics", "logs")} == dict.fromkeys(
         ("tracing", "metrics", "logs"), on)
+
+
+def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(client):
+    import zlib
+
+    from kernels.coding import deflate
+
+    plan = _plan(client, rate_bps=1e6)
+    packet = encode_for_plan(load_split(Split.TEST, limit=1).images, plan)
+    plain = client.post(plan["infer_url"], content=packet).json()
+    coded = client.post(plan["infer_url"], content=deflate(packet), headers={"Content-Encoding": "deflate"})
+    assert coded.status_code == 200 and coded.json()["results"] == plain["results"]
+    unsupported = client.post(plan["infer_url"], content=packet, headers={"Content-Encoding": "gzip"})
+    assert unsupported.status_code == 415 and "deflate" in unsupported.json()["error"]
+    coded_header = {"Content-Encoding": "deflate"}
+    broken = client.post(plan["infer_url"], content=b"\x78\x9cgarbage", headers=coded_header)
+    assert broken.status_code == 400 and "deflate" in broken.json()["error"]
+    bomb = zlib.compress(b"\0" * (9 << 20), 9)  # inflates past the 8 MiB body limit
+    big = client.post(plan["infer_url"], content=bomb, headers={"Content-Encoding": "deflate"})
+    assert big.status_code == 413 and "inflates past" in big.json()["error"]
+
+
+def test_a_device_with_deflate_times_is_told_to_deflate_on_a_slow_link(client):
+    from profiles.devices import MeasuredHeads, get_device
+
+    info = client.get("/v1/models/fmnist-cnn").json()
+    pi = get_device("raspberry-pi-4")
+    measured = MeasuredHeads(version=info["version"], head_s=[1e-3] * info["cuts"],
+                             deflate_s=(1e-4, 1e-7), warmup=0, repeats=1)
+    device = pi.model_copy(update={"measured": {"fmnist-cnn": measured}}).model_dump(mode="json")
+    slow = _plan(client, rate_bps=1e5, device=device, upload_deflate=True)
+    assert slow["upload_encoding"] == "deflate" and slow["predicted"]["upload_encoding"] == "deflate"
+    assert _plan(client, rate_bps=1e5, device=device)["upload_encoding"] == "identity"  # not offered
+    assert _plan(client, rate_bps=1e10, device=device, upload_deflate=True)["upload_encoding"] == "identity"

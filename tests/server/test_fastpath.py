@@ -9,6 +9,7 @@ import pytest
 from starlette.routing import compile_path
 
 from client.runtime import encode_for_plan
+from kernels.coding import deflate
 from server import fastpath
 from server.fastpath import TAIL_PATH, V2_PATH
 from tests.server.conftest import make_client
@@ -42,6 +43,11 @@ def _requests(client):
         (url + "?top_k=0", packet, {}),  # FastAPI's 422
         (url + "?top_k=x&y=1", packet, {}),
         (url, b"garbage", {}),
+        (url, deflate(packet), {"content-encoding": "deflate"}),
+        (url, deflate(packet), {"content-encoding": " Deflate "}),
+        (url, packet, {"content-encoding": "br"}),  # 415
+        (url, b"garbage", {"content-encoding": "deflate"}),
+        (url, deflate(packet)[:-2], {"content-encoding": "deflate"}),
         (url, packet[:-3], {}),
         (url.replace(plan["pattern_id"], "nope"), packet, {}),
         ("/v1/models/nope/versions/1/patterns/p/infer", packet, {}),
@@ -78,7 +84,7 @@ def test_the_fast_path_answers_as_the_routes_do(cnn_only):
             b = _answer(routed.post(path, content=body, headers=headers))
             assert a == b, path
             statuses.add(a[0])
-        assert {200, 400, 404, 422} <= statuses
+        assert {200, 400, 404, 415, 422} <= statuses
 
 
 def test_well_formed_requests_take_the_fast_path_and_others_fall_through(cnn_only, monkeypatch):

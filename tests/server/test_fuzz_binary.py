@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +25,13 @@ def test_tail_infer_never_5xx(client, infer_urls, data, body):
     url = data.draw(st.sampled_from(infer_urls))
     if data.draw(st.booleans()):  # a plausible header with hostile fields behind it
         body = b"QPA\x01" + body
-    response = client.post(url, content=body)
+    headers = {}
+    coding = data.draw(st.sampled_from([None, "deflate", "raw-deflate-garbage"]))
+    if coding == "deflate":  # the same hostile packet, validly deflated
+        body, headers = zlib.compress(body), {"Content-Encoding": "deflate"}
+    elif coding is not None:  # bytes that claim to be deflated
+        headers = {"Content-Encoding": "deflate"}
+    response = client.post(url, content=body, headers=headers)
     assert 400 <= response.status_code < 500, response.text
     assert "error" in response.json()
 

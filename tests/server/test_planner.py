@@ -3,6 +3,8 @@ and the upload time the server's request handling hides."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from profiles.artifacts import load_artifact
@@ -62,3 +64,52 @@ def test_the_overlap_changes_nothing_without_an_upload(artifact):
     p = next(p for p in artifact.patterns if p.cut == last and p.level == 0)
     base = price(artifact, p, "seg", 9000, _inputs(), 0.5)
     assert price(artifact, p, "seg", 9000, _inputs(overlap=1.0), 0.5) == base
+
+
+def _deflating(rate_bps, deflate_s=(20e-6, 30e-9), offer=True):
+    """phone-soc with measured deflate times for the artifact's version."""
+    from profiles.devices import MeasuredHeads
+
+    base = get_device("phone-soc")
+    return base, lambda artifact: PlanInputs(
+        base.model_copy(update={"measured": {artifact.model: MeasuredHeads(
+            version=artifact.version, head_s=[0.0] * len(artifact.cuts), deflate_s=deflate_s,
+            warmup=0, repeats=1)}}),
+        PRESETS[WeightPreset.LATENCY_FIRST], rate_bps, 0.01, 1, 1.0, frozenset(), 0.0, upload_deflate=offer)
+
+
+def test_a_slow_link_deflates_the_upload_at_the_measured_ratio_plus_the_deflate_time(artifact):
+    p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
+    ratio = artifact.cuts[0].deflate_ratio[32]
+    assert 0 < ratio < 1
+    _, inputs = _deflating(1e6)
+    coded = price(artifact, p, None, 0, inputs(artifact), 0.001, 600)
+    plain = price(artifact, p, None, 0, replace(inputs(artifact), upload_deflate=False), 0.001, 600)
+    assert (plain.upload_encoding, coded.upload_encoding) == ("identity", "deflate")
+    saved = p.activation_bytes * (1 - ratio)
+    assert abs(plain.transfer_bytes - coded.transfer_bytes - saved) <= 1  # whole bytes reported
+    deflate_time = 20e-6 + 30e-9 * p.activation_bytes
+    assert coded.time_s.local - plain.time_s.local == pytest.approx(deflate_time)
+    assert plain.time_s.transfer - coded.time_s.transfer == pytest.approx(saved * 8 / 1e6)
+
+
+def test_a_fast_link_or_a_slow_deflate_sends_the_packet_as_is(artifact):
+    p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
+    _, fast = _deflating(1e9)
+    assert price(artifact, p, None, 0, fast(artifact), 0.001, 600).upload_encoding == "identity"
+    _, slow = _deflating(1e6, deflate_s=(0.5, 0.0))
+    assert price(artifact, p, None, 0, slow(artifact), 0.001, 600).upload_encoding == "identity"
+
+
+def test_no_deflate_without_the_offer_the_ratio_or_the_device_times(artifact):
+    p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
+    _, not_offered = _deflating(1e6, offer=False)
+    assert price(artifact, p, None, 0, not_offered(artifact), 0.001, 600).upload_encoding == "identity"
+    _, unmeasured = _deflating(1e6, deflate_s=None)
+    assert price(artifact, p, None, 0, unmeasured(artifact), 0.001, 600).upload_encoding == "identity"
+    bare = artifact.model_copy(update={"cuts": [c.model_copy(update={"deflate_ratio": {}})
+                                                for c in artifact.cuts]})
+    _, offered = _deflating(1e6)
+    assert price(bare, p, None, 0, offered(bare), 0.001, 600).upload_encoding == "identity"
+    last = next(p for p in artifact.patterns if p.cut == len(artifact.cuts) - 1)
+    assert price(artifact, last, "s", 100, offered(artifact), 0.0, 600).upload_encoding == "identity"

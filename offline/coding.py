@@ -1,0 +1,93 @@
+"""How far each cut's activation packets shrink under the upload coding (``kernels.coding``).
+
+The planner prices an upload that a device sends with ``Content-Encoding: deflate`` at the raw
+packet size times the cut's :attr:`profiles.artifacts.CutProfile.deflate_ratio` for the packet's
+bits. The ratio is measured here, on calibration samples (never the test split): the float head's
+activation at the cut, quantized with each bit width (1..8) and the cut's group size, or sent as
+float32, one packet per sample as devices send them; the ratio is the deflated bytes over the raw
+bytes, summed over the samples (so ``ratio * raw size`` is the mean deflated size).
+
+The heads that patterns run have quantized weights, whose activations differ slightly from the
+float head's; the ratio is measured once per (cut, bits), not per pattern.
+
+``calibrate`` measures it for new artifacts; ``qpart measure-coding`` adds it to an existing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from kernels.coding import deflate
+from kernels.wire import encode_float_activation, encode_quantized_activation
+from models.data import Split, load_split
+from models.registry import get_model
+from offline.errors import CalibrationConfigError
+from offline.runner import ModelRunner
+from profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
+
+CODING_SAMPLES = 500
+CODING_BITS = (*range(1, 9), FLOAT_BITS)
+
+
+def deflate_ratios(runner: ModelRunner, images: np.ndarray,
+                   advance: Callable[[int], None] | None = None) -> list[dict[int, float]]:
+    """Per cut, per bits: deflated over raw packet bytes on ``images`` (the last cut: empty, it
+    uploads nothing)."""
+    out: list[dict[int, float]] = []
+    for cut in runner.cuts:
+        if advance:
+            advance(cut.index)
+        if cut.index == len(runner.cuts) - 1:
+            out.append({})
+            continue
+        acts = runner.head_outputs(images, cut.index).numpy()
+        ratios = {}
+        for bits in CODING_BITS:
+            raw = coded = 0
+            for act in acts:
+                packet = (encode_float_activation(act[None]) if bits >= FLOAT_BITS
+                          else encode_quantized_activation(act[None], bits, runner.groups[cut.index]))
+                raw += len(packet)
+                coded += len(deflate(packet))
+            ratios[bits] = coded / raw
+        out.append(ratios)
+    if advance:
+        advance(len(runner.cuts))
+    return out
+
+
+def with_deflate_ratios(artifact: CalibrationArtifact, ratios: list[dict[int, float]]) -> CalibrationArtifact:
+    """``artifact`` with each cut's measured ratios."""
+    cuts = [c.model_copy(update={"deflate_ratio": r}) for c, r in zip(artifact.cuts, ratios, strict=True)]
+    return artifact.model_copy(update={"cuts": cuts})
+
+
+def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
+                     advance: Callable[[int], None] | None = None) -> CalibrationArtifact:
+    """Measure the ratios for the artifact in ``directory`` (its own weights, the first ``samples``
+    calibration samples of its fit range) and rewrite its ``artifact.json``."""
+    artifact = load_artifact(directory)
+    use = artifact.splits.get("calibration_use")
+    fit = use.get("fit") if isinstance(use, dict) else None
+    if not (isinstance(fit, list) and len(fit) == 2 and all(isinstance(v, int) for v in fit)):
+        raise CalibrationConfigError(f"{directory}: the artifact does not record its fit samples")
+    fit_start, fit_stop = fit
+    if samples > fit_stop - fit_start:
+        raise CalibrationConfigError(f"{samples} samples asked; the artifact's fit range holds "
+                                     f"{fit_stop - fit_start}")
+    spec = replace(get_model(artifact.model), weights=directory / "weights.safetensors")
+    group = artifact.settings.get("activation_group")
+    if not isinstance(group, int):
+        raise CalibrationConfigError(f"{directory}: the artifact does not record its activation group")
+    runner = ModelRunner(spec.load(), spec.input_shape, largest_group=group)
+    groups = {(p.cut, p.group_size) for p in [*artifact.patterns, *artifact.baseline_qpart_paper]}
+    if any(runner.groups[cut] != group for cut, group in groups):
+        raise CalibrationConfigError("the artifact's group sizes differ from the runner's")
+    images = load_split(Split.CALIBRATION).images[fit_start : fit_start + samples]
+    measured = with_deflate_ratios(artifact, deflate_ratios(runner, images, advance))
+    save_artifact(measured, directory)
+    return measured

@@ -78,7 +78,6 @@ from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_s
 from bench.shaped_server import CONTROL_PORT_ENV
 from client.profiler import deflate_times, measure_encodes, measure_heads
 from client.runtime import encode_for_plan, load_head, upload_body
-from kernels import activation_group
 from kernels.packing import packed_size
 from models.data import Split, load_split
 from models.partition import cuts_of, prepare, split
@@ -168,8 +167,8 @@ class ModelView:
     answer_bytes: int
     heads: dict[str, torch.nn.Module] = field(default_factory=dict)
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
-    host_deflate_s: tuple[float, float] | None = None  # (fixed, per byte); None: uploads not deflated
-    deflate_packets: list[bytes] = field(default_factory=list)  # the real image's packets, every cut
+    host_deflate_s: list[dict[int, float]] = field(default_factory=list)  # per cut and bits
+    activations: list[np.ndarray] = field(default_factory=list)  # the real image's, every cut but the last
 
     def plan_of(self, p: dict[str, Any]) -> dict[str, Any]:
         """A pattern in the form of a plan (what load_head and encode_for_plan take)."""
@@ -290,9 +289,8 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
     ratios = {m.name: host_flops_per_s(m) / base.flops_per_s for m in models}
     measured = {m.name: MeasuredHeads(version=m.version, head_s=[t * ratios[m.name] for t in m.host_head_s],
                                       encode_s=[t * ratios[m.name] for t in m.host_encode_s],
-                                      deflate_s=None if m.host_deflate_s is None else (
-                                          m.host_deflate_s[0] * ratios[m.name],
-                                          m.host_deflate_s[1] * ratios[m.name]),
+                                      deflate_s=[{b: t * ratios[m.name] for b, t in cut.items()}
+                                                 for cut in m.host_deflate_s],
                                       warmup=2, repeats=9) for m in models}
     return base.model_copy(update={"measured": measured}), ratios
 
@@ -496,16 +494,13 @@ def reprofile(model: ModelView, image: np.ndarray) -> None:
     model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True,
                                       x=torch.from_numpy(image))
     model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9)
-    if not model.deflate_packets:  # the device's own packets of the real image: 4, 8 bits, float32
+    if not model.activations:  # the device deflates its own packets of the real image
         spec = get_model(model.name)
         gm = prepare(spec.load(), spec.input_shape)
-        for cut in cuts_of(gm)[:-1]:
-            with torch.inference_mode():
-                act = split(gm, cut)[0](torch.from_numpy(image)).numpy()
-            group = activation_group(cut.numel, 256)
-            model.deflate_packets += [encode_for_plan(act, {"activation_bits": b, "group_size": group})
-                                      for b in (4, 8, 32)]
-    model.host_deflate_s = deflate_times(model.deflate_packets, warmup=2, repeats=9)
+        with torch.inference_mode():
+            model.activations = [split(gm, cut)[0](torch.from_numpy(image)).numpy()
+                                 for cut in cuts_of(gm)[:-1]]
+    model.host_deflate_s = deflate_times(model.activations, warmup=2, repeats=9)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -42,9 +42,10 @@ class MeasuredHeads(BaseModel):
         default_factory=list,
         description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
                     "empty when not measured.")
-    deflate_s: tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(ge=0)]] | None = Field(
-        None, description="Seconds to deflate an upload (kernels.coding) as (fixed, per raw byte), "
-                          "fitted to this device's packets; none: uploads are not deflated.")
+    deflate_s: list[dict[Annotated[int, Field(ge=1, le=32)], Annotated[float, Field(ge=0)]]] = Field(
+        default_factory=list,
+        description="Seconds to deflate an upload (kernels.coding) per cut (index = cut index) and "
+                    "activation bits (1..8, 32), batch 1; empty: uploads are not deflated.")
     warmup: int = Field(ge=0, description="Warm-up iterations before timing.")
     repeats: int = Field(ge=1, description="Timed iterations; head_s holds their median.")
 

@@ -68,13 +68,12 @@ def encode_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: Devi
 
 
 def deflate_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: DeviceProfile) -> float | None:
-    """Device time to deflate one sample's upload, from the device's measured (fixed, per byte)
-    figures; None when the profile has none for this version (the upload is then not deflated)."""
+    """Device time to deflate one sample's upload, as the device measured it for this cut and bits;
+    None when its profile has no such figure for this version (the upload is then not deflated)."""
     measured = device.measured.get(artifact.model)
-    if measured is None or measured.version != artifact.version or measured.deflate_s is None:
+    if measured is None or measured.version != artifact.version or pattern.cut >= len(measured.deflate_s):
         return None
-    fixed, per_byte = measured.deflate_s
-    return fixed + per_byte * pattern.activation_bytes
+    return measured.deflate_s[pattern.cut].get(pattern.activation_bits)
 
 
 def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from client.profiler import profile_device
 from profiles.artifacts import load_artifact
 from profiles.devices import DeviceProfile, get_device
@@ -40,13 +38,14 @@ def test_encode_times_price_quantized_uploads_but_not_float_ones(artifacts_dir):
     assert encode_seconds(artifact, quantized, get_device("raspberry-pi-4")) == 0.0  # not measured
 
 
-def test_the_profiler_fits_the_deflate_time_and_the_planner_adds_it(artifacts_dir):
-    from client.profiler import fit_deflate, measure_deflate
+def test_the_profiler_times_deflating_every_cut_at_every_bits(artifacts_dir):
+    from client.profiler import CODING_BITS, measure_deflate
 
-    assert fit_deflate([100, 200, 300], [3e-6, 5e-6, 7e-6]) == pytest.approx((1e-6, 2e-8))
-    assert fit_deflate([100, 200], [5e-6, 4e-6])[1] == 0  # clamped: never negative
-    fixed, per_byte = measure_deflate("fmnist-cnn", repeats=3)
-    assert 0 <= fixed < 1e-2 and 0 < per_byte < 1e-5
+    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    times = measure_deflate("fmnist-cnn", repeats=3)
+    assert len(times) == len(artifact.cuts) - 1  # the last cut uploads nothing
+    assert all(sorted(t) == sorted(CODING_BITS) and all(0 < v < 0.1 for v in t.values()) for t in times)
+    assert times[2][32] > times[2][1]  # a float32 packet is 32 times the bytes of a 1-bit one
 
 
 def test_upload_body_deflates_only_when_the_plan_says_so():

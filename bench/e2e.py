@@ -27,6 +27,9 @@ Strategies per cell (model, device, rate, weight preset, cache state):
 - ``uniform-int8``: the best cut with every weight tensor and the activation at 8 bits;
 - ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut.
 
+Every strategy offers deflated uploads (ADR 0005) and sends its packet as the cost model prices
+cheaper; the device's deflate time is part of its encode time (measured, scaled).
+
 A cell's best is the strategy with the smallest measured ``J`` among those that keep the accuracy
 demand (:func:`meets_demand`); ``best_any`` ignores the demand.
 
@@ -440,7 +443,11 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
     # repetition and its runs count for every strategy that chose it (otherwise two names for one
     # plan would differ by measurement noise alone).
-    by_pattern = {p["pattern_id"]: s for s, p in reversed(plans.items())}
+    # (A pattern sent raw and deflated is two plans.)
+    def key(p: dict[str, Any]) -> str:
+        return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
+
+    by_pattern = {key(p): s for s, p in reversed(plans.items())}
     runs: dict[str, list[dict[str, float]]] = {pid: [] for pid in by_pattern}
     order = list(by_pattern)
     rng = random.Random(f"{model.name}/{device.name}/{link.rate_mbps}/{preset}/{sorted(held)}")
@@ -460,7 +467,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     for s, p in plans.items():
         predicted = qplan["predicted"] if s == "qpart" else _predict(model, p, inputs)
         flops = model.artifact.cuts[p["cut"]].head_flops
-        m = measured_j(device, preset, flops, download_s[s], runs[p["pattern_id"]])
+        m = measured_j(device, preset, flops, download_s[s], runs[key(p)])
         out[s] = {"predicted_J": predicted["objective"], "predicted_time_s": predicted["time_s"]["total"],
                   **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
                   "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}

@@ -15,7 +15,7 @@ import torch
 
 from client.runtime import encode_for_plan
 from kernels import activation_group
-from kernels.coding import deflate
+from kernels.coding import CODING_BITS, deflate
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from models.timing import median_latency, median_seconds
@@ -66,15 +66,13 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
     return times
 
 
-CODING_BITS = (*range(1, 9), 32)
-
-
 def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
                   largest_group: int = 256) -> list[dict[int, float]]:
     """Per activation (one per cut), median seconds to deflate its packet at each bits (1..8, 32).
 
-    Measured per packet, not fitted: zlib's time is far from linear in the size (on this machine
-    16 us for a 452 B packet, 71 us by a line fitted through 92 B to 100 kB packets)."""
+    Measured per packet, not fitted over sizes: zlib's time is far from linear in the size (a line
+    fitted through one image's packets of every cut put five times the measured time on a 452 B
+    one; commit c63db9a)."""
     out = []
     for act in activations:
         group = activation_group(act[0].size, largest_group)

@@ -118,8 +118,9 @@ class DeviceRuntime:
             "model": model, "accuracy_demand": demand, "batch": batch,
             "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
             "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
-            "upload_deflate": self.settings.upload_deflate,
         }
+        if self.settings.upload_deflate and self._deflate_measured(model):
+            body["upload_deflate"] = True  # only then: a server before deflated uploads refuses the field
         if self.device_profile is not None:
             body["device"] = self.device_profile.model_dump(mode="json")
         elif self.device is not None:
@@ -130,6 +131,12 @@ class DeviceRuntime:
             body["deadline_s"] = deadline_s
         plan: dict[str, Any] = self.transport.request("POST", "/v1/plan", json=body).json()
         return plan
+
+    def _deflate_measured(self, model: str) -> bool:
+        """Whether the device profile carries deflate times for ``model`` (the planner deflates
+        nothing without them)."""
+        measured = self.device_profile.measured.get(model) if self.device_profile else None
+        return measured is not None and bool(measured.deflate_s)
 
     def fetch_segment(
         self, plan: dict[str, Any], progress: Callable[[int, int], None] | None = None

@@ -1,5 +1,6 @@
 """Quantize, dequantize, pack and unpack kernels and the wire formats built on them."""
 
+from kernels.coding import deflate, inflate
 from kernels.errors import (
     KernelError,
     OversizeError,
@@ -37,7 +38,9 @@ __all__ = [
     "WireFormatError",
     "activation_group",
     "active_backend",
+    "deflate",
     "fake_quantize",
+    "inflate",
     "pack_codes",
     "packed_size",
     "quantize_pack",

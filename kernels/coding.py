@@ -2,9 +2,9 @@
 
 A device may send an activation packet with ``Content-Encoding: deflate``: the packet's bytes as a
 zlib stream. Quantized codes compress well where activations are sparse or flat (Fashion-MNIST's
-background pixels quantize to code 0): on 300 test images at cut 0 (groups of 196), a 4-bit
-packet shrinks from 452 to 291 bytes on average, a 3-bit one from 354 to 241, a float32 one from
-3,164 to 976. The planner prices an upload at the size the calibration
+background pixels quantize to code 0): the committed CNN artifact measured cut-0 packets at 0.64
+of their size at 4 bits, 0.68 at 3 bits and 0.31 as float32 (``qpart measure-coding``, 500
+calibration samples). The planner prices an upload at the size the calibration
 measured (``CutProfile.deflate_ratio``), so the cut and bits it picks account for it.
 
 :func:`inflate` parses bytes from the network: it never produces more than ``max_bytes`` (a small
@@ -19,6 +19,8 @@ import zlib
 from kernels.errors import OversizeError, TruncatedError, WireFormatError
 
 LEVEL = 6  # zlib's default
+DEFLATE = "deflate"  # the HTTP content coding's name
+CODING_BITS = (*range(1, 9), 32)  # bit widths whose packets are measured (32: float32)
 
 
 def deflate(data: bytes) -> bytes:
@@ -39,7 +41,7 @@ def inflate(data: bytes, *, max_bytes: int) -> bytes:
         out = inflater.decompress(data, max_bytes + 1)
     except zlib.error as exc:
         raise WireFormatError(f"not a valid deflate (zlib) stream: {exc}") from None
-    if len(out) > max_bytes or inflater.unconsumed_tail:
+    if len(out) > max_bytes:
         raise OversizeError(f"the deflate stream holds more than {max_bytes} bytes")
     if not inflater.eof:
         raise TruncatedError("the deflate stream ends before its end marker and checksum")

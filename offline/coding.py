@@ -15,13 +15,14 @@ float head's; the ratio is measured once per (cut, bits), not per pattern.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from kernels.coding import deflate
+from kernels.coding import CODING_BITS, deflate
 from kernels.wire import encode_float_activation, encode_quantized_activation
 from models.data import Split, load_split
 from models.registry import get_model
@@ -30,7 +31,6 @@ from offline.runner import ModelRunner
 from profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
 
 CODING_SAMPLES = 500
-CODING_BITS = (*range(1, 9), FLOAT_BITS)
 
 
 def deflate_ratios(runner: ModelRunner, images: np.ndarray,
@@ -80,10 +80,12 @@ def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
         raise CalibrationConfigError(f"{samples} samples asked; the artifact's fit range holds "
                                      f"{fit_stop - fit_start}")
     spec = replace(get_model(artifact.model), weights=directory / "weights.safetensors")
-    group = artifact.settings.get("activation_group")
-    if not isinstance(group, int):
+    largest = artifact.settings.get("activation_group")
+    if not isinstance(largest, int):
         raise CalibrationConfigError(f"{directory}: the artifact does not record its activation group")
-    runner = ModelRunner(spec.load(), spec.input_shape, largest_group=group)
+    if hashlib.sha256(spec.weights.read_bytes()).hexdigest() != artifact.weights_sha256:
+        raise CalibrationConfigError(f"{directory}: weights.safetensors is not the artifact's (sha256)")
+    runner = ModelRunner(spec.load(), spec.input_shape, largest_group=largest)
     groups = {(p.cut, p.group_size) for p in [*artifact.patterns, *artifact.baseline_qpart_paper]}
     if any(runner.groups[cut] != group for cut, group in groups):
         raise CalibrationConfigError("the artifact's group sizes differ from the runner's")

@@ -29,6 +29,13 @@ class EnergyModel(StrEnum):
     """``E = kappa * f^2 * cycles`` with ``cycles = gamma * FLOPs`` (QPART Eq. 6)."""
 
 
+# Seconds per bit width (1..32; JSON object keys are strings, so the schema says which ones).
+DeflateTimes = Annotated[
+    dict[Annotated[int, Field(ge=1, le=32)], Annotated[float, Field(ge=0, le=10)]],
+    Field(json_schema_extra={"propertyNames": {"pattern": "^([1-9]|[12][0-9]|3[0-2])$"}}),
+]
+
+
 class MeasuredHeads(BaseModel):
     """Head times of one model measured on the device by the timing profiler."""
 
@@ -42,8 +49,8 @@ class MeasuredHeads(BaseModel):
         default_factory=list,
         description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
                     "empty when not measured.")
-    deflate_s: list[dict[Annotated[int, Field(ge=1, le=32)], Annotated[float, Field(ge=0)]]] = Field(
-        default_factory=list,
+    deflate_s: list[DeflateTimes] = Field(
+        default_factory=list, max_length=256,
         description="Seconds to deflate an upload (kernels.coding) per cut (index = cut index) and "
                     "activation bits (1..8, 32), batch 1; empty: uploads are not deflated.")
     warmup: int = Field(ge=0, description="Warm-up iterations before timing.")

@@ -1,33 +1,57 @@
 """Request bodies in a Content-Encoding: ``identity`` (as is) or ``deflate`` (zlib, RFC 9110 8.4.1.2).
 
-Devices may deflate activation packets (``kernels.coding``; the plan's ``upload_encoding`` says
-when it pays). The inflated body obeys the same byte limit as a plain one.
+Devices may deflate activation packets on the tail route (``kernels.coding``; the plan's
+``upload_encoding`` says when it pays). Other routes take identity only and answer 415 otherwise.
+The inflated body is bounded by what the route can use.
 """
 
 from __future__ import annotations
 
 from kernels import KernelError, OversizeError
-from kernels.coding import inflate
+from kernels.coding import DEFLATE, inflate
 from server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
+IDENTITY = "identity"
 
-def decode_content(body: bytes, encoding: str | None, limit: int) -> bytes:
-    """``body`` with its Content-Encoding undone; at most ``limit`` bytes.
+
+def content_coding(values: list[str]) -> str:
+    """The one coding the ``Content-Encoding`` field values name: identity when none (or only
+    identity) is named, else the one named.
 
     Raises:
-        UnsupportedMediaTypeError: an encoding other than identity or deflate (415).
+        UnsupportedMediaTypeError: a coding other than deflate, or more than one coding (415).
+    """
+    codings = [c.strip().lower() for value in values for c in value.split(",")]
+    named = [c for c in codings if c and c != IDENTITY]
+    if not named:
+        return IDENTITY
+    if len(named) > 1 or named[0] != DEFLATE:
+        raise UnsupportedMediaTypeError(
+            f"Content-Encoding {', '.join(named)!r} is not supported; send the body as is or with "
+            "'Content-Encoding: deflate' (zlib), one coding")
+    return DEFLATE
+
+
+def decode_content(body: bytes, coding: str, limit: int) -> bytes:
+    """``body`` with ``coding`` (from :func:`content_coding`) undone; at most ``limit`` bytes.
+
+    Raises:
         PayloadTooLargeError: the body inflates past ``limit`` (413).
         BadRequestError: not a complete, valid zlib stream (400).
     """
-    coding = (encoding or "identity").strip().lower()
-    if coding == "identity":
+    if coding == IDENTITY:
         return body
-    if coding != "deflate":
-        raise UnsupportedMediaTypeError(f"Content-Encoding '{encoding}' is not supported; send the body "
-                                        "as is or with 'Content-Encoding: deflate' (zlib)")
     try:
         return inflate(body, max_bytes=limit)
     except OversizeError as exc:
-        raise PayloadTooLargeError(f"the deflated body inflates past the limit of {limit} bytes") from exc
+        raise PayloadTooLargeError(f"the deflated body inflates past the {limit} bytes this route "
+                                   "can use") from exc
     except KernelError as exc:
         raise BadRequestError(f"invalid deflate body: {exc}") from exc
+
+
+def identity_only(values: list[str]) -> None:
+    """Refuse (415) any coding but identity: the route takes plain bodies only."""
+    if content_coding(values) != IDENTITY:
+        raise UnsupportedMediaTypeError("this route takes bodies as is (no Content-Encoding); "
+                                        "deflate is taken on the tail route only")

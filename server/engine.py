@@ -36,7 +36,7 @@ from server.planner import (
     allowed_patterns,
     best_at_cut,
     choose,
-    price,
+    price_options,
 )
 from server.schemas import (
     PRESETS,
@@ -192,8 +192,11 @@ class Engine:
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
             index = self._segment_for(model, pattern)
             seg_id, size = (index.segment_id, index.size) if index else (None, 0)
-            costs = price(model.artifact, pattern, seg_id, size, inputs, tail_s[pattern.cut], answer)
-            candidates.append(Candidate(pattern, seg_id, size, costs))
+            # Raw and deflated uploads are separate candidates: the cheaper one may miss a
+            # deadline the other meets (deflating can save energy and cost time).
+            tail = tail_s[pattern.cut]
+            options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
+            candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
         chosen = choose(candidates, req.deadline_s)
         last = len(model.cuts) - 1
         response = self._plan_response(model, chosen, best_at_cut(candidates, 0),
@@ -348,6 +351,13 @@ class Engine:
         if pattern is None:
             raise NotFoundError(f"model '{name}' version '{version}' has no pattern '{pattern_id}'")
         return model, pattern
+
+    def packet_limit(self, model: LoadedModel, pattern: Pattern) -> int:
+        """The largest activation packet ``decode_for`` can take for this pattern (float32 at the
+        queue's sample limit), within the body limit: what a deflated body may inflate to."""
+        cut = model.cuts[pattern.cut]
+        largest = 12 + 4 * (len(cut.shape) + 1) + 4 * self.settings.max_queue * max(1, cut.numel)
+        return min(largest, self.settings.max_body_bytes)
 
     def decode_for(self, model: LoadedModel, pattern: Pattern, packet: bytes) -> np.ndarray:
         """Decode an activation packet and check it matches the pattern's cut, bits and groups."""

@@ -10,7 +10,7 @@
     │   ├── NotFoundError            404: unknown model, version, pattern or segment
     │   ├── PayloadTooLargeError     413: body above the configured limit
     │   ├── RequestTimeoutError      408: the body did not arrive in time
-│   ├── UnsupportedMediaTypeError 415: a Content-Encoding other than identity or deflate
+    │   ├── UnsupportedMediaTypeError 415: a Content-Encoding the route does not take
     │   ├── RangeNotSatisfiableError 416: a Range outside the segment
     │   └── UnprocessableError       422: well-formed but unsatisfiable (e.g. a deadline)
     └── ServiceError                 the server cannot serve it now

@@ -62,6 +62,11 @@ def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
+def _all(headers: list[tuple[bytes, bytes]], name: bytes) -> list[str]:
+    """Every value of a header, as Starlette's ``Headers.getlist`` gives them."""
+    return [value.decode("latin-1") for key, value in headers if key == name]
+
+
 def _top_k(query: bytes) -> int | None:
     if not query:
         return TOP_K_DEFAULT
@@ -92,7 +97,7 @@ class InferFastPath:
                 return None
             model, version, pattern_id = match.groups()
 
-            encoding = _first(headers, b"content-encoding")
+            encoding = _all(headers, b"content-encoding")
 
             async def tail(receive: Receive) -> Response:
                 body = await read(receive)
@@ -102,7 +107,9 @@ class InferFastPath:
         if match := V2_PATH.fullmatch(path):
             split = _first(headers, _HEADER)
             model, version = match.groups()
-            return lambda receive: infer_response(engine, model, version, partial(read, receive), split)
+            codings = _all(headers, b"content-encoding")
+            return lambda receive: infer_response(engine, model, version, partial(read, receive), split,
+                                                  codings)
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -31,7 +31,6 @@ class PlanInputs:
     upload_deflate: bool = False  # the device sends Content-Encoding: deflate where it pays
 
 
-
 @dataclass(frozen=True)
 class Candidate:
     """A pattern with its segment and its predicted costs for this request."""
@@ -47,6 +46,7 @@ class Candidate:
 # shaper's own counters (`tc -s qdisc`) for a tail request of this server from httpx: 1,854 B on
 # the wire for a 452 B packet and a 634 B answer.
 HTTP_EXCHANGE_BYTES = 768
+CODING_HEADER_BYTES = len(b"Content-Encoding: deflate\r\n")  # what a deflated upload adds to that
 
 
 def head_seconds(artifact: CalibrationArtifact, cut: CutProfile, device: DeviceProfile) -> float:
@@ -76,22 +76,29 @@ def deflate_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: Dev
     return measured.deflate_s[pattern.cut].get(pattern.activation_bits)
 
 
-def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
-          segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
-          answer_bytes: int = 0) -> CostBreakdown:
-    """The cheaper of sending the activation as is and deflated (:func:`price_upload`): deflated
-    when the device offers it (``inputs.upload_deflate``), the calibration measured how far this
-    cut's packets at these bits shrink (``CutProfile.deflate_ratio``), and the device's profile
-    says how long deflating takes (``MeasuredHeads.deflate_s``)."""
+def price_options(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
+                  segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
+                  answer_bytes: int = 0) -> list[CostBreakdown]:
+    """The pattern priced with its activation sent as is, and also deflated when the device offers
+    it (``inputs.upload_deflate``), the calibration measured how far this cut's packets at these
+    bits shrink (``CutProfile.deflate_ratio``, below 1), and the device's profile says how long
+    deflating takes (``MeasuredHeads.deflate_s``). See :func:`price_upload`."""
     plain = price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes)
     ratio = artifact.cuts[pattern.cut].deflate_ratio.get(pattern.activation_bits)
     last = pattern.cut == len(artifact.cuts) - 1
     t_deflate = deflate_seconds(artifact, pattern, inputs.device)
     if not inputs.upload_deflate or last or ratio is None or ratio >= 1 or t_deflate is None:
-        return plain
-    deflated = price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
-                            ratio=ratio, extra_local_s=t_deflate)
-    return deflated if deflated.objective < plain.objective else plain
+        return [plain]
+    return [plain, price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
+                                ratio=ratio, extra_local_s=t_deflate)]
+
+
+def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
+          segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
+          answer_bytes: int = 0) -> CostBreakdown:
+    """The cheaper (by objective) of :func:`price_options`."""
+    return min(price_options(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes),
+               key=lambda c: c.objective)
 
 
 def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
@@ -115,7 +122,8 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     ``bench/results/uplink-100.json``. The device measures it on its link (``bench.exchange``).
 
     With ``ratio`` the activation is sent deflated: priced at its raw size times the ratio (the
-    calibration's mean), and ``extra_local_s`` (the device's deflate time) per sample.
+    calibration's mean, measured on one-sample packets: a batch is priced as that many samples),
+    plus :data:`CODING_HEADER_BYTES`, and ``extra_local_s`` (the device's deflate time) per sample.
     """
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1
@@ -127,7 +135,7 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     activation = pattern.activation_bytes * (1.0 if ratio is None else ratio)
     z_x = 0.0 if last else (activation + answer_bytes) * inputs.batch
     exchanges = (1 if z_w else 0) + (0 if last else 1)
-    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES
+    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + (0 if ratio is None else CODING_HEADER_BYTES)
     t_body = 0.0 if last else activation * inputs.batch * 8 / inputs.rate_bps
     t_tran = ((sent * 8 / inputs.rate_bps - t_body) + max(0.0, t_body - inputs.upload_overlap_s)
               + exchanges * inputs.rtt_s)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.content import decode_content
+from server.content import content_coding, decode_content
 from server.deps import EngineDep, read_body, require_admin, require_token
 from server.engine import Engine
 from server.errors import RangeNotSatisfiableError
@@ -154,15 +154,16 @@ async def infer_tail(
     """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups, as
     is or with ``Content-Encoding: deflate`` (zlib; the plan's ``upload_encoding`` says when)."""
     return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k,
-                                     request.headers.get("content-encoding"))
+                                     request.headers.getlist("content-encoding"))
 
 
 async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
-                              top_k: int, content_encoding: str | None = None) -> Response:
-    """The tail route's work after parsing; :mod:`server.fastpath` calls it too."""
-    if content_encoding is not None:  # unknown model or pattern: 404 before the body is decoded
-        engine.pattern_of(model, version, pattern_id)
-        body = decode_content(body, content_encoding, engine.settings.max_body_bytes)
+                              top_k: int, content_encoding: list[str] | None = None) -> Response:
+    """The tail route's work after parsing; :mod:`server.fastpath` calls it too.
+    ``content_encoding``: the request's Content-Encoding field values."""
+    if content_encoding:  # unknown model or pattern: 404 before the coding is looked at
+        loaded, pattern = engine.pattern_of(model, version, pattern_id)
+        body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))
     answer = await engine.infer_tail(model, version, pattern_id, body, top_k)
     return Response(answer.json(), media_type="application/json")
 

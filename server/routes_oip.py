@@ -15,6 +15,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from server.content import identity_only
 from server.deps import EngineDep, read_body, require_token
 from server.engine import Engine
 from server.errors import BadRequestError, NotFoundError
@@ -119,11 +120,14 @@ _INFER_DOC: dict[str, Any] = {"requestBody": {"required": True, "content": {
 
 
 async def infer_response(engine: Engine, model: str, version: str | None,
-                         read: Callable[[], Awaitable[bytes]], header_length: str | None) -> Response:
-    """The infer routes' work: ``read`` gives the body, ``header_length`` is the binary split header.
-    :mod:`server.fastpath` calls it too."""
+                         read: Callable[[], Awaitable[bytes]], header_length: str | None,
+                         content_encoding: list[str] | None = None) -> Response:
+    """The infer routes' work: ``read`` gives the body, ``header_length`` is the binary split header,
+    ``content_encoding`` the Content-Encoding values (identity only here). :mod:`server.fastpath`
+    calls it too."""
     base, tail = _resolve(engine, model)
     engine.catalog.get(base, version)  # unknown model or version: 404 before the body is parsed
+    identity_only(content_encoding or [])
     body = await read()
     decoded = decode_request(body, header_length, max_elements=engine.settings.max_body_bytes)
     if tail:
@@ -162,7 +166,8 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
              dependencies=[Depends(require_token)], summary="Inference (JSON or binary tensors)")
 async def infer(model: str, request: Request, engine: EngineDep) -> Response:
     """Open Inference Protocol infer; binary tensor data via Inference-Header-Content-Length."""
-    return await infer_response(engine, model, None, partial(read_body, request), request.headers.get(HEADER))
+    return await infer_response(engine, model, None, partial(read_body, request), request.headers.get(HEADER),
+                                request.headers.getlist("content-encoding"))
 
 
 @router.post("/models/{model}/versions/{version}/infer", responses=_ERRORS, openapi_extra=_INFER_DOC,
@@ -170,4 +175,4 @@ async def infer(model: str, request: Request, engine: EngineDep) -> Response:
 async def infer_version(model: str, version: str, request: Request, engine: EngineDep) -> Response:
     """Open Inference Protocol infer on a given version."""
     return await infer_response(engine, model, version, partial(read_body, request),
-                                request.headers.get(HEADER))
+                                request.headers.get(HEADER), request.headers.getlist("content-encoding"))

@@ -79,6 +79,9 @@ class PlanRequest(_Strict):
         "upload_encoding says which won.")
 
 
+UploadEncoding = Literal["identity", "deflate"]  # how an activation packet is sent (server.content)
+
+
 class TimeBreakdown(_Strict):
     """Predicted seconds per phase."""
 
@@ -104,7 +107,7 @@ class CostBreakdown(_Strict):
     server_cost: float
     objective: float
     transfer_bytes: int
-    upload_encoding: Literal["identity", "deflate"] = Field(
+    upload_encoding: UploadEncoding = Field(
         "identity", description="How the activation is sent in this plan (deflate: its mean deflated "
         "size, plus the device's time to deflate it).")
 
@@ -138,7 +141,7 @@ class PlanResponse(_Strict):
     all_device: CostBreakdown
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
-    upload_encoding: Literal["identity", "deflate"] = Field(
+    upload_encoding: UploadEncoding = Field(
         description="How to send the packet: as is, or deflated with 'Content-Encoding: deflate' "
         "(only when the request allowed it and it was priced so).")
 

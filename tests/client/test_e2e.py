@@ -85,3 +85,27 @@ def test_activation_upload_path_matches_offline(server, runner, tmp_path, demand
     doc = _infer(server, tmp_path / "cache", demand, ["--device", "raspberry-pi-4", "--rate-mbps", "5"])
     assert doc["plan"]["infer_url"] is not None and doc["uploaded_bytes"] > 0
     _compare(runner, doc, demand)
+
+
+def test_a_profiled_device_on_a_slow_link_uploads_deflated_packets(server, runner, tmp_path):
+    """A profile with deflate times (1 us for every cut and bits) at 1 Mbit/s: the plan says
+    deflate, the client sends the packets deflated (fewer bytes than raw), the answers match."""
+    from kernels import packed_size
+    from profiles.devices import get_device
+
+    info = httpx.get(f"{server.url}/v1/models/fmnist-cnn").json()
+    fast_deflate = [dict.fromkeys([*range(1, 9), 32], 1e-6)] * info["cuts"]
+    profile = get_device("raspberry-pi-4").model_dump(mode="json")
+    slow_heads = [0.0] + [1.0] * (info["cuts"] - 1)  # a device that cannot run any head: cut 0
+    profile["measured"] = {"fmnist-cnn": {"version": info["version"], "head_s": slow_heads,
+                                          "deflate_s": fast_deflate, "warmup": 0, "repeats": 1}}
+    path = tmp_path / "pi.json"
+    path.write_text(json.dumps(profile))
+    doc = _infer(server, tmp_path / "cache", 0.01, ["--device-profile", str(path), "--rate-mbps", "1"])
+    plan = doc["plan"]
+    assert plan["infer_url"] is not None and plan["upload_encoding"] == "deflate"
+    numel, bits = int(np.prod(plan["activation_shape"])), plan["activation_bits"]
+    groups = -(-numel // plan["group_size"])
+    raw_per_sample = 4 * numel if bits == 32 else packed_size(numel, bits) + 8 * groups
+    assert 0 < doc["uploaded_bytes"] < N * raw_per_sample
+    _compare(runner, doc, 0.01)

@@ -48,6 +48,10 @@ def _requests(client):
         (url, packet, {"content-encoding": "br"}),  # 415
         (url, b"garbage", {"content-encoding": "deflate"}),
         (url, deflate(packet)[:-2], {"content-encoding": "deflate"}),
+        (url.replace(plan["pattern_id"], "nope"), packet, {"content-encoding": "gzip"}),  # 404 first
+        (url.replace(plan["pattern_id"], "nope"), b"junk", {"content-encoding": "deflate"}),
+        (v2, as_json, {"content-encoding": "deflate"}),  # 415: identity only here
+        ("/v2/models/nope/infer", as_json, {"content-encoding": "gzip"}),  # 404 first
         (url, packet[:-3], {}),
         (url.replace(plan["pattern_id"], "nope"), packet, {}),
         ("/v1/models/nope/versions/1/patterns/p/infer", packet, {}),

@@ -9,7 +9,7 @@ import pytest
 
 from profiles.artifacts import load_artifact
 from profiles.devices import get_device
-from server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price
+from server.planner import CODING_HEADER_BYTES, HTTP_EXCHANGE_BYTES, PlanInputs, price
 from server.schemas import PRESETS, WeightPreset
 
 
@@ -91,7 +91,7 @@ def test_a_slow_link_deflates_the_upload_at_the_measured_ratio_plus_the_deflate_
     coded = price(artifact, p, None, 0, inputs(artifact), 0.001, 600)
     plain = price(artifact, p, None, 0, replace(inputs(artifact), upload_deflate=False), 0.001, 600)
     assert (plain.upload_encoding, coded.upload_encoding) == ("identity", "deflate")
-    saved = p.activation_bytes * (1 - ratio)
+    saved = p.activation_bytes * (1 - ratio) - CODING_HEADER_BYTES  # the header field costs bytes too
     assert abs(plain.transfer_bytes - coded.transfer_bytes - saved) <= 1  # whole bytes reported
     assert coded.time_s.local - plain.time_s.local == pytest.approx(1e-4)
     assert plain.time_s.transfer - coded.time_s.transfer == pytest.approx(saved * 8 / 1e6)
@@ -117,3 +117,25 @@ def test_no_deflate_without_the_offer_the_ratio_or_the_device_times(artifact):
     assert price(bare, p, None, 0, offered(bare), 0.001, 600).upload_encoding == "identity"
     last = next(p for p in artifact.patterns if p.cut == len(artifact.cuts) - 1)
     assert price(artifact, last, "s", 100, offered(artifact), 0.0, 600).upload_encoding == "identity"
+
+
+def test_a_deadline_sees_the_raw_upload_when_deflating_saves_energy_but_costs_time(artifact):
+    """Energy only, a radio that draws 20x the CPU's power, a deflate slower than the bytes it
+    saves: deflating is cheaper in J and slower. Both are candidates, so a deadline between their
+    times keeps the raw one instead of refusing the pattern."""
+    from server.planner import Candidate, choose, price_options
+    from server.schemas import ObjectiveWeights
+
+    p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
+    saved_s = p.activation_bytes * (1 - artifact.cuts[0].deflate_ratio[32]) * 8 / 1e6
+    _, make = _deflating(1e6, seconds=1.5 * saved_s)
+    base = make(artifact)
+    device = base.device.model_copy(update={"power_compute_w": 0.5, "power_tx_w": 10.0})
+    inputs = replace(base, device=device, weights=ObjectiveWeights(time=0.0, energy=1.0, cost=0.0))
+    raw, coded = price_options(artifact, p, None, 0, inputs, 0.001, 600)
+    assert coded.objective < raw.objective and coded.time_s.total > raw.time_s.total
+    assert price(artifact, p, None, 0, inputs, 0.001, 600) == coded
+    candidates = [Candidate(p, None, 0, c) for c in (raw, coded)]
+    deadline = (raw.time_s.total + coded.time_s.total) / 2
+    assert choose(candidates, None).costs == coded
+    assert choose(candidates, deadline).costs == raw

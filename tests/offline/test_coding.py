@@ -1,0 +1,42 @@
+"""qpart measure-coding: deflate ratios into an existing artifact, nothing else changed."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from offline.coding import measure_artifact
+from offline.errors import CalibrationConfigError
+from profiles.artifacts import load_artifact
+
+
+@pytest.fixture
+def copy(artifacts_dir, tmp_path):
+    folder = tmp_path / "fmnist-cnn"
+    shutil.copytree(artifacts_dir / "fmnist-cnn", folder)
+    return folder
+
+
+def test_the_ratios_are_measured_and_nothing_else_changes(copy):
+    before = load_artifact(copy)
+    stripped = before.model_copy(update={"cuts": [c.model_copy(update={"deflate_ratio": {}})
+                                                  for c in before.cuts]})
+    (copy / "artifact.json").write_text(stripped.model_dump_json(indent=1))
+    after = measure_artifact(copy, samples=40)
+    assert load_artifact(copy) == after
+    assert after.patterns == before.patterns and after.baseline_qpart_paper == before.baseline_qpart_paper
+    for cut in after.cuts[:-1]:
+        assert sorted(cut.deflate_ratio) == [*range(1, 9), 32]
+        assert all(0 < r < 1.2 for r in cut.deflate_ratio.values())
+    assert after.cuts[-1].deflate_ratio == {}
+    # 40 samples against the committed 500: the same picture, to a few percent
+    assert after.cuts[0].deflate_ratio[4] == pytest.approx(before.cuts[0].deflate_ratio[4], rel=0.1)
+
+
+def test_other_weights_or_too_many_samples_are_refused(copy):
+    with pytest.raises(CalibrationConfigError, match="fit range holds 4000"):
+        measure_artifact(copy, samples=4001)
+    (copy / "weights.safetensors").write_bytes(b"not the weights")
+    with pytest.raises(CalibrationConfigError, match="sha256"):
+        measure_artifact(copy, samples=10)

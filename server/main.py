@@ -74,5 +74,5 @@ def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                             # uvicorn reads None as "wait forever": always pass a bound.
                             timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),
-                            access_log=False, lifespan="on")
+                            access_log=False, lifespan="on", proxy_headers=settings.proxy_headers)
     DrainingServer(config, settings.drain_delay_s).run()

@@ -35,6 +35,9 @@ class ServerSettings(BaseSettings):
     inference_fast_path: bool = Field(
         True, description="Serve well-formed infer POSTs straight from ASGI (false: via FastAPI's router; "
                           "same answers, more CPU per request).")
+    proxy_headers: bool = Field(
+        False, description="Trust X-Forwarded-For/-Proto from 127.0.0.1 (uvicorn's proxy headers); the "
+                           "server uses neither client address nor scheme, so off saves a layer.")
     opentelemetry: bool = Field(
         False, description="FastAPI's native OpenTelemetry to the global providers (off: /metrics is the "
                            "telemetry, and no request pays FastAPI's provider checks).")

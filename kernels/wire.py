@@ -110,6 +110,11 @@ def _scheme(bits: int, group_size: int) -> QuantScheme:
 FLOAT_BITS = 32
 
 
+def float_packet_bytes(shape: tuple[int, ...]) -> int:
+    """Size of an unquantized packet of ``shape`` (the largest form of any activation)."""
+    return _HEAD.size + 4 * len(shape) + 4 * math.prod(shape)
+
+
 def encode_float_activation(x: npt.NDArray[np.floating]) -> bytes:
     """Serialize an unquantized float32 activation (``bits = 32``)."""
     arr = np.ascontiguousarray(x, dtype="<f4")

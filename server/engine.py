@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from kernels import KernelError
-from kernels.wire import decode_activation_array
+from kernels.wire import decode_activation_array, float_packet_bytes
 from models.partition import split
 from profiles.artifacts import Pattern
 from profiles.devices import DeviceProfile, get_device
@@ -355,8 +355,7 @@ class Engine:
     def packet_limit(self, model: LoadedModel, pattern: Pattern) -> int:
         """The largest activation packet ``decode_for`` can take for this pattern (float32 at the
         queue's sample limit), within the body limit: what a deflated body may inflate to."""
-        cut = model.cuts[pattern.cut]
-        largest = 12 + 4 * (len(cut.shape) + 1) + 4 * self.settings.max_queue * max(1, cut.numel)
+        largest = float_packet_bytes((self.settings.max_queue, *model.cuts[pattern.cut].shape))
         return min(largest, self.settings.max_body_bytes)
 
     def decode_for(self, model: LoadedModel, pattern: Pattern, packet: bytes) -> np.ndarray:

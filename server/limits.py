@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from server.http_errors import unexpected_response
 from server.metrics import Metrics
 
+M = TypeVar("M", Counter, Histogram)
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -93,17 +94,7 @@ class LimitsMiddleware:
         self.known_models = known_models
         # prometheus_client's labels() takes a lock and checks its arguments on every call (~1.7 us,
         # four times a request); a child never changes once made, so later requests look it up here.
-        self._per_route: dict[str, tuple[Counter, Counter, Histogram]] = {}
-        self._children: dict[tuple[int, tuple[str, ...]], Counter] = {}
-
-    def _route_metrics(self, route: str) -> tuple[Counter, Counter, Histogram]:
-        """(bytes sent, bytes received, request duration) of ``route``."""
-        found = self._per_route.get(route)
-        if found is None:
-            m = self.metrics
-            found = self._per_route[route] = (m.bytes_sent.labels(route), m.bytes_received.labels(route),
-                                              m.request_duration.labels(route))
-        return found
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def _model_label(self, path: str, state: object) -> str:
         parts = path.split("/")
@@ -136,7 +127,9 @@ class LimitsMiddleware:
         if await self._refuse_declared_length(scope, send):
             return
         guard = _BodyGuard(receive, self.max_body, self.timeout)
-        sent, received, duration = self._route_metrics(route)
+        m = self.metrics
+        sent, received = self._child(m.bytes_sent, (route,)), self._child(m.bytes_received, (route,))
+        duration = self._child(m.request_duration, (route,))
         status = 500
         responded = False
 
@@ -153,7 +146,7 @@ class LimitsMiddleware:
         try:
             await self.app(scope, guard, counting_send)
         except Exception as exc:
-            if status != 500 or responded:  # FastAPI's error middleware answered (and re-raises)
+            if responded:  # FastAPI's error middleware answered (and re-raises)
                 raise
             # From this layer or the fast path, outside FastAPI's error middleware: the same JSON
             # 500 its handler gives, not uvicorn's plain-text one (logged there, not raised again).
@@ -172,11 +165,11 @@ class LimitsMiddleware:
             self._child(self.metrics.shed, (route,)).inc()
         self._child(self.metrics.requests, (route, model, outcome)).inc()
 
-    def _child(self, metric: Counter, labels: tuple[str, ...]) -> Counter:
+    def _child(self, metric: M, labels: tuple[str, ...]) -> M:
         # Bounded: routes x (known models, "unknown", "") x outcomes. Nothing calls remove() or
         # clear() on these metrics; a child cached here would stop being exported if anything did.
         key = (id(metric), labels)  # the metrics live as long as this middleware
-        child = self._children.get(key)
+        child: M | None = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child

@@ -267,3 +267,10 @@ def test_fuzz_structured_descriptors_raise_only_typed_errors(descriptors):
         return
     for packed in seg.quantized.values():  # whatever decodes must also dequantize
         unpack_dequantize(packed)
+
+
+def test_float_packet_bytes_is_the_encoded_size():
+    from kernels.wire import float_packet_bytes
+
+    for shape in [(1,), (3, 1, 28, 28), (2, 5)]:
+        assert float_packet_bytes(shape) == len(encode_float_activation(np.zeros(shape, np.float32)))

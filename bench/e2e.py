@@ -389,15 +389,17 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
                runs: list[dict[str, float]]) -> dict[str, float]:
     """Median over runs of T and J (plus the one download), with the cost model's weights."""
     w = PRESETS[WeightPreset(preset)]
-    ts, js = [], []
+    ts, js, transfers = [], [], []
     for r in runs:
         transfer = download_s + max(0.0, r["round_trip"] - r["server"])
+        transfers.append(transfer)
         t = r["local"] + transfer + r["server"]
         energy = device.compute_energy_j(r["local"], flops) + device.power_tx_w * transfer
         js.append(w.time * t + w.energy * energy + w.cost * 1.0 * r["server"])
         ts.append(t)
     return {"measured_J": statistics.median(js), "measured_time_s": statistics.median(ts),
             "measured_local_s": statistics.median(r["local"] for r in runs),
+            "measured_transfer_s": statistics.median(transfers),
             "measured_round_trip_s": statistics.median(r["round_trip"] for r in runs),
             "measured_server_s": statistics.median(r["server"] for r in runs)}
 
@@ -469,6 +471,9 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
         flops = model.artifact.cuts[p["cut"]].head_flops
         m = measured_j(device, preset, flops, download_s[s], runs[key(p)])
         out[s] = {"predicted_J": predicted["objective"], "predicted_time_s": predicted["time_s"]["total"],
+                  "predicted_local_s": predicted["time_s"]["local"],
+                  "predicted_transfer_s": predicted["time_s"]["transfer"],
+                  "predicted_server_s": predicted["time_s"]["server"],
                   **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
                   "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
@@ -492,22 +497,30 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
     return view
 
 
+# Seconds of interleaved timing rounds per re-profile (models.timing.interleaved_medians): this
+# machine's CNN head time wanders from 0.91 to 1.81 ms within a minute in 9-run medians taken 0.7 s
+# apart, and a profile of one such median (0.88 ms) once met a cell whose runs took a median 1.22.
+PROFILE_SECONDS = {"head": 2.0, "encode": 0.5, "deflate": 0.5}
+
+
 def reprofile(model: ModelView, image: np.ndarray) -> None:
-    """Measure the host's head and encode times again. This shared machine's speed drifts over
-    minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a device's time
-    is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's device times and
-    the measured ones run on different clocks."""
+    """Measure the host's head, encode and deflate times again. This shared machine's speed drifts
+    over seconds to minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a
+    device's time is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's
+    device times and the measured ones run on different clocks."""
     # the trained model on a real image: what the device runs
     model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True,
-                                      x=torch.from_numpy(image))
-    model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9)
+                                      x=torch.from_numpy(image), min_seconds=PROFILE_SECONDS["head"])
+    model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9,
+                                          min_seconds=PROFILE_SECONDS["encode"])
     if not model.activations:  # the device deflates its own packets of the real image
         spec = get_model(model.name)
         gm = prepare(spec.load(), spec.input_shape)
         with torch.inference_mode():
             model.activations = [split(gm, cut)[0](torch.from_numpy(image)).numpy()
                                  for cut in cuts_of(gm)[:-1]]
-    model.host_deflate_s = deflate_times(model.activations, warmup=2, repeats=9)
+    model.host_deflate_s = deflate_times(model.activations, warmup=2, repeats=9,
+                                         min_seconds=PROFILE_SECONDS["deflate"])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

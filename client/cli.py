@@ -108,7 +108,11 @@ def profile(
     version: Annotated[str | None, typer.Option(help="Artifact version (default: ask the server).")] = None,
     base: Annotated[str, typer.Option(help="Shipped profile to start from.")] = "raspberry-pi-4",
     name: Annotated[str | None, typer.Option(help="Name of the written profile.")] = None,
-    repeats: Annotated[int, typer.Option(help="Timed runs per cut (after 2 warm-ups).")] = 5,
+    repeats: Annotated[int, typer.Option(help="Least timed rounds; each runs every cut once (after 2 "
+                                               "warm-ups).")] = 5,
+    seconds: Annotated[float, typer.Option(min=0.0, help="Keep timing rounds until this long has passed, "
+                                           "for each of heads, encodes and deflates: a busy or "
+                                           "throttling device's medians settle over seconds.")] = 2.0,
     server: ServerOpt = "http://127.0.0.1:8000",
 ) -> None:
     """Time every cut's head on this device and write a profile the server's planner accepts."""
@@ -123,7 +127,8 @@ def profile(
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise typer.BadParameter(f"cannot ask {server} for the version of {model}; "
                                      f"pass --version ({exc})") from exc
-    result = profile_device(get_device(base), model, str(version), name=name, repeats=repeats)
+    result = profile_device(get_device(base), model, str(version), name=name, repeats=repeats,
+                            min_seconds=seconds)
     save_device_profile(result, out)
     times = result.measured[model].head_s
     typer.echo(f"wrote {out}: {len(times)} cuts, head times {', '.join(f'{t * 1e3:.2f}' for t in times)} ms")

@@ -1,13 +1,15 @@
 """ElasticTrainer-style timing profiler: per-cut head times of a model, measured on this device.
 
-Two warm-up runs, then ``repeats`` timed runs of every head at batch 1; the median per cut goes
-into a device profile, which the planner then prefers to its FLOP estimate. The same for
-quantizing and packing each cut's activation (what the device does before uploading it).
+Two warm-up runs, then at least ``repeats`` timed rounds at batch 1, each running every cut's head
+once (see :func:`models.timing.interleaved_medians`: a machine whose speed wanders slows all cuts
+alike, so their ratios hold); the median per cut goes into a device profile, which the planner then
+prefers to its FLOP estimate. With ``min_seconds`` the rounds go on until that long has passed. The
+same for quantizing and packing each cut's activation and for deflating its packet (what the
+device does before uploading it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -18,12 +20,12 @@ from kernels import activation_group
 from kernels.coding import CODING_BITS, deflate
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
-from models.timing import median_latency, median_seconds
+from models.timing import interleaved_medians
 from profiles.devices import DeviceProfile, MeasuredHeads
 
 
-def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, threads: int | None = None,
-                  progress: Callable[[int, int], None] | None = None, trained: bool = False,
+def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
+                  threads: int | None = None, trained: bool = False,
                   x: torch.Tensor | None = None) -> list[float]:
     """Median seconds of the head of every legal cut (index = cut), batch 1.
 
@@ -37,17 +39,14 @@ def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, threads: int
         torch.set_num_threads(threads)
     spec = get_model(model)
     gm = prepare(spec.load() if trained else spec.build(), spec.input_shape)
-    cuts = cuts_of(gm)
     x = torch.rand((1, *spec.input_shape)) if x is None else x
-    times = []
-    for i, cut in enumerate(cuts):
-        times.append(median_latency(split(gm, cut)[0], x, warmup=warmup, repeats=repeats))
-        if progress:
-            progress(i + 1, len(cuts))
-    return times
+    heads = [split(gm, cut)[0] for cut in cuts_of(gm)]
+    with torch.inference_mode():
+        return interleaved_medians([partial(head, x) for head in heads], warmup=warmup, repeats=repeats,
+                                   min_seconds=min_seconds)
 
 
-def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
+def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
                     largest_group: int = 256) -> list[float]:
     """Median seconds to quantize (8 bits) and pack the activation of every cut but the last.
 
@@ -56,35 +55,37 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5,
     """
     spec = get_model(model)
     gm = prepare(spec.build(), spec.input_shape)
-    cuts = cuts_of(gm)
     rng = np.random.default_rng(0)
-    times = []
-    for cut in cuts[:-1]:
+    encodes = []
+    for cut in cuts_of(gm)[:-1]:
         act = rng.random((1, *cut.shape), dtype=np.float32)
         plan = {"activation_bits": 8, "group_size": activation_group(cut.numel, largest_group)}
-        times.append(median_seconds(partial(encode_for_plan, act, plan), warmup=warmup, repeats=repeats))
-    return times
+        encodes.append(partial(encode_for_plan, act, plan))
+    return interleaved_medians(encodes, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
 
 
 def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
-                  largest_group: int = 256) -> list[dict[int, float]]:
+                  min_seconds: float = 0.0, largest_group: int = 256) -> list[dict[int, float]]:
     """Per activation (one per cut), median seconds to deflate its packet at each bits (1..8, 32).
 
     Measured per packet, not fitted over sizes: zlib's time is far from linear in the size (a line
     fitted through one image's packets of every cut put five times the measured time on a 452 B
     one; commit c63db9a)."""
-    out = []
-    for act in activations:
+    keys, deflates = [], []
+    for i, act in enumerate(activations):
         group = activation_group(act[0].size, largest_group)
-        times = {}
         for bits in CODING_BITS:
             packet = encode_for_plan(act, {"activation_bits": bits, "group_size": group})
-            times[bits] = median_seconds(partial(deflate, packet), warmup=warmup, repeats=repeats)
-        out.append(times)
+            keys.append((i, bits))
+            deflates.append(partial(deflate, packet))
+    times = interleaved_medians(deflates, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    out: list[dict[int, float]] = [{} for _ in activations]
+    for (i, bits), t in zip(keys, times, strict=True):
+        out[i][bits] = t
     return out
 
 
-def measure_deflate(model: str, *, warmup: int = 2, repeats: int = 5,
+def measure_deflate(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
                     largest_group: int = 256) -> list[dict[int, float]]:
     """:func:`deflate_times` of ``model``'s cuts but the last, on a sparse random activation (half
     zeros, as after a ReLU)."""
@@ -93,17 +94,18 @@ def measure_deflate(model: str, *, warmup: int = 2, repeats: int = 5,
     rng = np.random.default_rng(0)
     acts = [rng.random((1, *c.shape), dtype=np.float32) * (rng.random((1, *c.shape)) < 0.5).astype(np.float32)
             for c in cuts[:-1]]
-    return deflate_times(acts, warmup=warmup, repeats=repeats, largest_group=largest_group)
+    return deflate_times(acts, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
+                         largest_group=largest_group)
 
 
 def profile_device(base: DeviceProfile, model: str, version: str, *, name: str | None = None,
-                   warmup: int = 2, repeats: int = 5) -> DeviceProfile:
+                   warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0) -> DeviceProfile:
     """``base`` with measured head, encode and deflate times of ``model`` added (for the given
-    artifact version)."""
-    head_s = measure_heads(model, warmup=warmup, repeats=repeats)
-    encode_s = measure_encodes(model, warmup=warmup, repeats=repeats)
+    artifact version); each kind timed for at least ``repeats`` rounds and ``min_seconds``."""
+    head_s = measure_heads(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    encode_s = measure_encodes(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    deflate_s = measure_deflate(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     measured = dict(base.measured)
-    measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s, warmup=warmup,
-                                    repeats=repeats,
-                                    deflate_s=measure_deflate(model, warmup=warmup, repeats=repeats))
+    measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s, deflate_s=deflate_s,
+                                    warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     return base.model_copy(update={"measured": measured, "name": name or base.name})

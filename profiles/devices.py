@@ -54,7 +54,10 @@ class MeasuredHeads(BaseModel):
         description="Seconds to deflate an upload (kernels.coding) per cut (index = cut index) and "
                     "activation bits (1..8, 32), batch 1; empty: uploads are not deflated.")
     warmup: int = Field(ge=0, description="Warm-up iterations before timing.")
-    repeats: int = Field(ge=1, description="Timed iterations; head_s holds their median.")
+    repeats: int = Field(ge=1, description="Least timed rounds (each runs every cut once); the lists "
+                                           "hold medians over the rounds.")
+    min_seconds: float = Field(default=0.0, ge=0, le=3600,
+                               description="Rounds went on until this long had passed.")
 
 
 class DeviceProfile(BaseModel):

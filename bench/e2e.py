@@ -14,9 +14,9 @@ host's FLOP/s (the whole model's FLOPs over its measured batch-1 time) and ``F``
 profile sent to the planner carries per-cut head times measured the same way (the profiler of
 ``qpart device profile``), so prediction and measurement use one clock. Before every cell the
 device also measures its link as a device in the field can, on the link itself
-(:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) and how much of an upload
-the server's request handling hides (``upload_overlap_s``). Its plan request carries the median
-of its last three probes at this rate and model (:data:`PROBE_WINDOW`).
+(:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) and the rate at which an
+upload body's bytes cost time (``upload_rate_bps``, ADR 0006). Its plan request carries the fit
+of the medians of its last three probes at this rate and model (:data:`PROBE_WINDOW`).
 
 Strategies per cell (model, device, rate, weight preset, cache state):
 
@@ -152,7 +152,7 @@ class Link:
     goodput_bps: float
     rtt_s: float
     wire: ShapedLink  # the shaped link itself, set to rate_mbps
-    overlap_s: float = 0.0  # upload time the server's request handling hides (probe_exchange)
+    upload_rate_bps: float | None = None  # an upload body's bit/s (probe_exchange; None: goodput)
 
 
 @dataclass
@@ -250,17 +250,17 @@ def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.n
 
 
 def fit_link(model: ModelView, link: Link, probes: Sequence[ExchangeProbe]) -> tuple[float, float]:
-    """(rtt, overlap) from ``probes`` (:func:`bench.exchange.fit_exchange`), with the small
+    """(rtt, upload rate) from ``probes`` (:func:`bench.exchange.fit_exchange`), with the small
     exchange priced by the cost model as the plans are."""
     small = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
     device = get_device("raspberry-pi-4")  # the transfer term depends on the link alone
 
-    def transfer(overlap: float) -> float:
+    def transfer(upload_rate_bps: float) -> float:
         bare = PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], link.goodput_bps, 0.0, 1, 1.0,
-                          frozenset(), overlap)
+                          frozenset(), upload_rate_bps=upload_rate_bps)
         return float(_predict(model, small, bare)["time_s"]["transfer"])
 
-    return fit_exchange(probes, transfer)
+    return fit_exchange(probes, link.goodput_bps, transfer)
 
 
 def measure_link(client: httpx.Client, url: str, model: ModelView, wire: ShapedLink, rtt: float) -> Link:
@@ -308,7 +308,7 @@ class Choice:
 
 def _inputs(device: DeviceProfile, preset: str, link: Link, held: set[str]) -> PlanInputs:
     return PlanInputs(device, PRESETS[WeightPreset(preset)], link.goodput_bps, link.rtt_s, 1, 1.0,
-                      frozenset(held), link.overlap_s, upload_deflate=True)
+                      frozenset(held), upload_deflate=True, upload_rate_bps=link.upload_rate_bps)
 
 
 def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[str, Any]:
@@ -412,7 +412,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
     inputs = _inputs(device, preset, link, held)
     body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
-            "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_overlap_s": link.overlap_s,
+            "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_rate_bps": link.upload_rate_bps,
             "upload_deflate": True, "weights": preset,
             "device": device.model_dump(mode="json"), "held_segments": sorted(held)}
     start = time.perf_counter()
@@ -560,20 +560,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     # Before every cell, one clock for prediction and measurement:
                                     # host head times (an all-device run took 2.25 ms where its
                                     # profile, taken three cells earlier, said 1.62) and the
-                                    # exchange's overhead and overlap (one cut-0 exchange took 2.1
+                                    # exchange's overhead and upload rate (one cut-0 exchange took 2.1
                                     # to 3.1 ms across one rate's cells).
                                     reprofile(model, images[:1])
                                     profile, ratios = device_profile(d, [model])
                                     probes.append(probe_exchange(client, url, model, images[:1], link,
                                                                  probe_rng))
-                                    link.rtt_s, link.overlap_s = fit_link(model, link, probes)
+                                    link.rtt_s, link.upload_rate_bps = fit_link(model, link, probes)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps)
                                     held |= got
                                     cells.append({"device": d, "rate_mbps": rate, "model": model.name,
                                                   "preset": preset, "cache": cache,
                                                   "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
-                                                  "upload_overlap_s": link.overlap_s,
+                                                  "upload_rate_mbps": (link.upload_rate_bps or 0.0) / 1e6,
                                                   "probe": dataclasses.asdict(probes[-1]),
                                                   "speed_ratio": ratios[model.name], **cell})
                                     _progress(cells[-1])

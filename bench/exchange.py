@@ -3,21 +3,28 @@
 A probe (:func:`bench.e2e.probe_exchange`) uploads a small and a large cut-0 packet, alternately,
 on the link itself, and keeps each exchange's rest: the round trip less the server's reported
 queue + compute. The cost model prices an exchange's rest as
-``rtt + other_wire + max(0, body / rate - overlap)`` (``server.planner.price``), where the overlap
-stands for the server's handling of a request that starts on its headers while the body is still
-arriving.
+``rtt + other_bytes / rate + body / upload_rate`` (``server.planner.price``, ADR 0006):
 
-- The overlap: the large body's extra wire time less its extra rest is the part of the extra
-  that was hidden. When some was, the server's pre-body work outlasted the small body, and the
-  overlap is the small body's wire time plus that part. When none was, the small body alone
-  outlasted the work and the overlap is zero: any value up to the small body's wire time prices
-  every upload at least that large the same, since the overhead below absorbs it.
-- The overhead (``rtt``): the small exchange's rest less what the model prices its bytes at with
-  that overlap.
+- The upload rate: the large body's extra bytes over its extra rest. The large exchange's extra
+  wire time at the measured goodput less its extra rest is the ``hidden`` part of a probe (it
+  may be negative). An upload's bytes need not cost what a long download's goodput says: a
+  one-packet body's bytes pass at about the line rate, each further packet adds its headers and
+  an acknowledgement through the same shaper, and at 100 Mbit/s the server's work on the
+  headers hides the body. When the extra rest is not positive (noise at high rates), the body
+  is priced as nearly free: :data:`MAX_RATE_FACTOR` times the goodput.
+- The overhead (``rtt``): the small exchange's rest less what the model prices its bytes at
+  with that upload rate.
 
-So the model reproduces both probed exchanges (their medians). Where the hidden part is noise or
-an error of the measured rate rather than server work, the overlap still fits the two
-exchanges; between their sizes the model's error is at most that part.
+So the model reproduces both probed exchanges (their medians) and prices every byte of a body
+between and beyond them at the measured slope. The hinge this replaced (ADR 0004: bodies free up
+to an overlap fitted to the same two probes) priced every body up to the small probe's size plus
+the hidden part alike; ``python -m bench.uplink --rate R`` (``bench/results/upload-sizes-R.json``)
+shows those bytes cost time. From the 354 B to the 844 B cut-0 packet, transfer medians grew by
+3.83 ms at 1 Mbit/s, 0.78 at 5 and 0.085 at 20; the hinge fitted in ``e2e.json`` (b90a80c) put
+0.17-0.37 ms of body under its overlap at 20 Mbit/s (bodies of about 380-830 B at the goodput)
+and 2.50-3.32 ms at 1 (about 290-380 B). The slope through the float32 packet (3,164 B)
+over-prices the small bodies' differences instead (9.33 us/B at 1 Mbit/s against 7.81 between
+354 and 844 B; 0.37 against 0.17 at 20), which errs toward sending fewer bytes.
 
 A device smooths both over its last probes, as TCP smooths its RTT (:data:`PROBE_WINDOW`).
 """
@@ -56,19 +63,26 @@ def probe_medians(small_rests: Sequence[float], large_rests: Sequence[float],
     return ExchangeProbe(statistics.median(small_rests), statistics.median(hidden), extra, small_body_s)
 
 
-def fit_exchange(probes: Sequence[ExchangeProbe],
-                 small_transfer_s: Callable[[float], float]) -> tuple[float, float]:
-    """(rtt, overlap) in seconds from the medians over ``probes``.
+# The fastest an upload body is priced at, as a multiple of the goodput: a body whose extra bytes
+# took no measurable time (at 100 Mbit/s the 3,164 B float packet's transfer median was 1.657 ms
+# against the 354 B one's 1.660, bench/results/upload-sizes-100.json) is nearly free, but a rate
+# must be finite.
+MAX_RATE_FACTOR = 1000.0
 
-    ``small_transfer_s(overlap)`` is what the cost model prices the small exchange's transfer at
-    with no round trip and that overlap. The overlap is 0 or lies in (small body, large body];
-    the overhead is never negative.
+
+def fit_exchange(probes: Sequence[ExchangeProbe], goodput_bps: float,
+                 small_transfer_s: Callable[[float], float]) -> tuple[float, float]:
+    """(rtt in seconds, upload rate in bit/s) from the medians over ``probes``.
+
+    ``small_transfer_s(upload_rate_bps)`` is what the cost model prices the small exchange's
+    transfer at with no round trip and that upload rate. The rate lies in (0, goodput x
+    :data:`MAX_RATE_FACTOR`]; the overhead is never negative.
     """
     if not probes:
         raise ValueError("no probe to fit")
     hidden = statistics.median(p.hidden_s for p in probes)
     extra = statistics.median(p.extra_wire_s for p in probes)
-    small_body = statistics.median(p.small_body_s for p in probes)
-    overlap = 0.0 if hidden <= 0 else small_body + min(hidden, extra)
+    shown = max(extra - hidden, extra / MAX_RATE_FACTOR)  # the extra rest the extra bytes took
+    upload_rate = goodput_bps * extra / shown
     rest = statistics.median(p.small_rest_s for p in probes)
-    return max(rest - small_transfer_s(overlap), 0.0), overlap
+    return max(rest - small_transfer_s(upload_rate), 0.0), upload_rate

@@ -29,6 +29,7 @@ class PlanInputs:
     held: frozenset[str]
     upload_overlap_s: float = 0.0
     upload_deflate: bool = False  # the device sends Content-Encoding: deflate where it pays
+    upload_rate_bps: float | None = None  # the activation body's bit/s (None: rate_bps)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,11 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     trips less compute differed by 0.15 ms there against 0.22 ms of wire, by 0.02 ms in
     ``bench/results/uplink-100.json``. The device measures it on its link (``bench.exchange``).
 
+    With ``inputs.upload_rate_bps`` the activation body's bytes cost time at that rate (ADR 0006):
+    on the benchmark's shaped links the bytes of a one-packet body cost about the line rate,
+    less than the goodput of a long download says, and the server's pre-body work hides a little
+    only at 100 Mbit/s.
+
     With ``ratio`` the activation is sent deflated: priced at its raw size times the ratio (the
     calibration's mean, measured on one-sample packets: a batch is priced as that many samples),
     plus :data:`CODING_HEADER_BYTES`, and ``extra_local_s`` (the device's deflate time) per sample.
@@ -136,8 +142,9 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     z_x = 0.0 if last else (activation + answer_bytes) * inputs.batch
     exchanges = (1 if z_w else 0) + (0 if last else 1)
     sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + (0 if ratio is None else CODING_HEADER_BYTES)
-    t_body = 0.0 if last else activation * inputs.batch * 8 / inputs.rate_bps
-    t_tran = ((sent * 8 / inputs.rate_bps - t_body) + max(0.0, t_body - inputs.upload_overlap_s)
+    body = 0.0 if last else activation * inputs.batch
+    t_body = body * 8 / (inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps)
+    t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
               + exchanges * inputs.rtt_s)
     t_server = 0.0 if last else (cut.server_tail_s if tail_s is None else tail_s) * inputs.batch
     e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)

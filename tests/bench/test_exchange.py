@@ -1,4 +1,4 @@
-"""bench.exchange: from probes of a link to the rtt and upload overlap a plan request carries."""
+"""bench.exchange: from probes of a link to the rtt and upload rate a plan request carries."""
 
 from __future__ import annotations
 
@@ -6,13 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.exchange import ExchangeProbe, fit_exchange, probe_medians
-
-
-def _link(base, other, pre_body, body_small, body_large):
-    """Rests of a link whose server starts ``pre_body`` of work on the headers, as the model
-    assumes: the exchange's rest is base + other wire time + max(body, pre-body work)."""
-    return (base + other + max(body_small, pre_body), base + other + max(body_large, pre_body))
+from bench.exchange import MAX_RATE_FACTOR, ExchangeProbe, fit_exchange, probe_medians
 
 
 def test_medians_pair_the_exchanges():
@@ -22,39 +16,46 @@ def test_medians_pair_the_exchanges():
     with pytest.raises(ValueError):
         probe_medians([1.0], [1.0, 2.0], 0.5, 1.5)
     with pytest.raises(ValueError):
-        fit_exchange([], lambda o: 0.0)
+        fit_exchange([], 1e6, lambda r: 0.0)
 
 
-@given(base=st.floats(0.0005, 0.005), pre_body=st.floats(0.0, 0.002), body_small=st.floats(0.0, 0.003),
-       extra=st.floats(0.0001, 0.05))
-def test_the_fit_reproduces_both_exchanges_of_a_link_whose_server_starts_on_the_headers(
-        base, pre_body, body_small, extra):
-    other = 0.0003
-    small, large = _link(base, other, pre_body, body_small, body_small + extra)
-    probe = probe_medians([small], [large], body_small, body_small + extra)
+@given(base=st.floats(0.0005, 0.005), small_bytes=st.integers(50, 1000), extra_bytes=st.integers(100, 5000),
+       goodput=st.floats(1e5, 1e8), speedup=st.floats(0.5, 3.0))
+def test_the_fit_reproduces_both_exchanges_of_a_link_whose_bodies_pass_at_their_own_rate(
+        base, small_bytes, extra_bytes, goodput, speedup):
+    """A link that moves an upload body at ``speedup`` x the goodput: the fit finds that rate and
+    reproduces both probed exchanges."""
+    other = 0.0003  # headers and answer, at the goodput
+    body_rate = goodput * speedup
+    small = base + other + small_bytes * 8 / body_rate
+    large = base + other + (small_bytes + extra_bytes) * 8 / body_rate
+    probe = probe_medians([small], [large], small_bytes * 8 / goodput,
+                          (small_bytes + extra_bytes) * 8 / goodput)
 
-    def transfer(overlap, body=body_small):
-        return other + max(0.0, body - overlap)
+    def transfer(rate, body=small_bytes):
+        return other + body * 8 / rate
 
-    rtt, overlap = fit_exchange([probe], transfer)
-    if pre_body > body_small + 1e-9:  # the work outlasted the small body: it is measured
-        assert overlap == pytest.approx(min(pre_body, body_small + extra), abs=1e-9)
-    else:  # none was hidden: 0, or (rounding made the hidden part positive) at most the small body
-        assert overlap <= body_small + 1e-9
-    assert rtt + transfer(overlap) == pytest.approx(small, abs=1e-9)  # the small exchange, reproduced
-    assert rtt + transfer(overlap, body_small + extra) == pytest.approx(large, abs=1e-9)  # the large one
+    rtt, rate = fit_exchange([probe], goodput, transfer)
+    assert rate == pytest.approx(body_rate, rel=1e-6)
+    assert rtt == pytest.approx(base, abs=1e-9)
+    assert rtt + transfer(rate) == pytest.approx(small, abs=1e-9)  # the small exchange, reproduced
+    assert rtt + transfer(rate, small_bytes + extra_bytes) == pytest.approx(large, abs=1e-9)  # the large one
 
 
-def test_no_hidden_time_and_noise_give_no_overlap_and_never_a_negative_rtt():
-    probe = ExchangeProbe(small_rest_s=0.001, hidden_s=-0.0003, extra_wire_s=0.002, small_body_s=0.0005)
-    rtt, overlap = fit_exchange([probe], lambda o: 0.004)  # priced above what was measured
-    assert (rtt, overlap) == (0.0, 0.0)
-    whole = ExchangeProbe(small_rest_s=0.003, hidden_s=0.01, extra_wire_s=0.002, small_body_s=0.0005)
-    assert fit_exchange([whole], lambda o: 0.001)[1] == 0.0025  # at most the large body's wire time
+def test_bodies_that_took_no_time_are_priced_nearly_free_and_the_rtt_is_never_negative():
+    # the large exchange's extra bytes took nothing (noise at 100 Mbit/s): the fastest rate
+    flat = ExchangeProbe(small_rest_s=0.0016, hidden_s=0.0003, extra_wire_s=0.0002, small_body_s=0.00003)
+    rtt, rate = fit_exchange([flat], 1e8, lambda r: 0.0001)
+    assert rate == pytest.approx(1e8 * MAX_RATE_FACTOR) and rtt == pytest.approx(0.0015)
+    # priced above what was measured: no negative overhead
+    assert fit_exchange([flat], 1e8, lambda r: 0.004)[0] == 0.0
+    # slower than the goodput (every packet's acknowledgement on a slow link): a slower rate
+    slow = ExchangeProbe(small_rest_s=0.015, hidden_s=-0.0025, extra_wire_s=0.025, small_body_s=0.0028)
+    assert fit_exchange([slow], 1e6, lambda r: 0.003)[1] == pytest.approx(1e6 / 1.1)
 
 
 def test_the_window_takes_medians_so_one_odd_probe_does_not_move_the_plan():
-    usual = ExchangeProbe(0.0021, 0.0002, 0.0003, 0.00003)
+    usual = ExchangeProbe(0.0021, 0.0001, 0.0003, 0.00003)
     odd = ExchangeProbe(0.0040, -0.001, 0.0003, 0.00003)
-    rtt, overlap = fit_exchange([usual, odd, usual], lambda o: 0.0001)
-    assert rtt == pytest.approx(0.0020) and overlap == pytest.approx(0.00023)
+    rtt, rate = fit_exchange([usual, odd, usual], 1e7, lambda r: 0.0001)
+    assert rtt == pytest.approx(0.0020) and rate == pytest.approx(1e7 * 0.0003 / 0.0002)

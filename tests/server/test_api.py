@@ -41,6 +41,14 @@ def test_an_upload_overlap_prices_the_same_upload_cheaper(client):
     assert after == pytest.approx(before - 0.005)
 
 
+def test_an_upload_rate_prices_the_upload_body_at_that_rate(client):
+    plain = _plan(client, rate_bps=1e5, accuracy_demand=0.0001)
+    faster = _plan(client, rate_bps=1e5, accuracy_demand=0.0001, upload_rate_bps=2e5)
+    # lossless only: all-server uploads the 28x28 float32 input (3,136 B); half its body time is gone
+    before, after = plain["all_server"]["time_s"]["transfer"], faster["all_server"]["time_s"]["transfer"]
+    assert after == pytest.approx(before - 3136 * 8 / 1e5 / 2)
+
+
 def test_a_demand_tighter_than_every_level_gets_a_lossless_plan(client):
     plan = _plan(client, accuracy_demand=0.0001)
     assert plan["level"] == 0
@@ -89,6 +97,8 @@ def test_unknown_model_is_a_404_with_an_error_body(client):
     {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "surprise": 1},
     {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_overlap_s": -0.001},
     {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_overlap_s": 5},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_rate_bps": 0},
+    {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_rate_bps": 1e13},
 ])
 def test_malformed_plans_are_4xx_with_an_error_body(client, body):
     response = client.post("/v1/plan", json=body)

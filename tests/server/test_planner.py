@@ -1,5 +1,5 @@
 """The cost model's transfer term: bodies, one round trip and one header allowance per exchange,
-and the upload time the server's request handling hides."""
+the upload time the server's request handling hides, and the upload body's own rate."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from profiles.artifacts import load_artifact
 from profiles.devices import get_device
-from server.planner import CODING_HEADER_BYTES, HTTP_EXCHANGE_BYTES, PlanInputs, price
+from server.planner import CODING_HEADER_BYTES, HTTP_EXCHANGE_BYTES, PlanInputs, price, price_upload
 from server.schemas import PRESETS, WeightPreset
 
 
@@ -64,6 +64,28 @@ def test_the_overlap_changes_nothing_without_an_upload(artifact):
     p = next(p for p in artifact.patterns if p.cut == last and p.level == 0)
     base = price(artifact, p, "seg", 9000, _inputs(), 0.5)
     assert price(artifact, p, "seg", 9000, _inputs(overlap=1.0), 0.5) == base
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_an_upload_rate_prices_only_the_activation_body(artifact, batch):
+    p = next(p for p in artifact.patterns if p.cut == 3 and p.level == 0.01)
+    body = p.activation_bytes * batch
+    base = price(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, answer_bytes=600)
+    faster = price(artifact, p, "seg", 5000, replace(_inputs(batch=batch), upload_rate_bps=32e6), 0.001,
+                   answer_bytes=600)
+    # the body at 32 Mbit/s, the download, headers and answer still at 8
+    assert faster.time_s.transfer == pytest.approx(base.time_s.transfer - body * 8 / 8e6 + body * 8 / 32e6)
+    assert faster.transfer_bytes == base.transfer_bytes
+    same = price(artifact, p, "seg", 5000, replace(_inputs(batch=batch), upload_rate_bps=8e6), 0.001,
+                 answer_bytes=600)
+    assert same == base
+    # a deflated body goes at the upload rate too, its coding header at the rate
+    ratio = 0.5
+    raw = price_upload(artifact, p, "seg", 5000, replace(_inputs(batch=batch), upload_rate_bps=32e6), 0.001,
+                       600, ratio=ratio)
+    plain = price_upload(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, 600, ratio=ratio)
+    assert raw.time_s.transfer == pytest.approx(plain.time_s.transfer - body * ratio * 8 / 8e6
+                                                + body * ratio * 8 / 32e6)
 
 
 def _deflating(rate_bps, seconds=1e-4, offer=True):

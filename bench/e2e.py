@@ -294,7 +294,8 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
                                       encode_s=[t * ratios[m.name] for t in m.host_encode_s],
                                       deflate_s=[{b: t * ratios[m.name] for b, t in cut.items()}
                                                  for cut in m.host_deflate_s],
-                                      warmup=2, repeats=9) for m in models}
+                                      warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"])
+                for m in models}
     return base.model_copy(update={"measured": measured}), ratios
 
 
@@ -359,16 +360,17 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
              head: torch.nn.Module, image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
     """One inference: head on the device (timed, scaled), upload, tail on the server."""
     x = torch.from_numpy(image)
-    # steady-state head time, as the profiler measures it (median of 9), after 5 warm-up runs:
-    # the device just idled on the link and its first runs are slow (seen: up to 1.5x)
-    host_head = median_latency(head, x, warmup=5, repeats=9) if plan["cut"] > 0 else 0.0
+    # steady-state head time (median of 9) after 5 warm-up runs: the device just idled on the link
+    # and its first runs are slow (seen: up to 1.5x). reprofile times every head the same way.
+    host_head = (median_latency(head, x, warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
+                 if plan["cut"] > 0 else 0.0)
     with torch.inference_mode():
         act = head(x).numpy() if plan["cut"] > 0 else image
     packet, host_encode = b"", 0.0
     headers: dict[str, str] = {}
     if plan["cut"] < model.cuts - 1:
         encodes = []
-        for _ in range(3):  # quantize, pack and (if the plan says so) deflate: all device work
+        for _ in range(ENCODE_RUNS):  # quantize, pack and (if the plan says so) deflate: all device work
             start = time.perf_counter()
             packet, headers = upload_body(plan, encode_for_plan(act, plan))
             encodes.append(time.perf_counter() - start)
@@ -497,10 +499,16 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
     return view
 
 
-# Seconds of interleaved timing rounds per re-profile (models.timing.interleaved_medians): this
-# machine's CNN head time wanders from 0.91 to 1.81 ms within a minute in 9-run medians taken 0.7 s
-# apart, and a profile of one such median (0.88 ms) once met a cell whose runs took a median 1.22.
+# Seconds of interleaved timing rounds per re-profile (models.timing.interleaved_medians). In the
+# run before (e2e.json at b90a80c) one profile of 9 calls per cut read the CNN at 0.905 ms on this
+# machine; the cell that followed took a median 1.267 ms, and the planner lost 25.1% there.
 PROFILE_SECONDS = {"head": 2.0, "encode": 0.5, "deflate": 0.5}
+# How run_once times a head (untimed, then timed calls back to back) and an encode (timed calls):
+# the profile times them the same way in each round. Timed as single calls in rounds, the heads
+# read a median 13% slower than run_once then measured them (a 12-cell run at 20 Mbit/s, not
+# committed), and device plans were priced that much too high.
+HEAD_RUNS = {"settle": 5, "burst": 9}
+ENCODE_RUNS = 3
 
 
 def reprofile(model: ModelView, image: np.ndarray) -> None:
@@ -509,9 +517,10 @@ def reprofile(model: ModelView, image: np.ndarray) -> None:
     device's time is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's
     device times and the measured ones run on different clocks."""
     # the trained model on a real image: what the device runs
-    model.host_head_s = measure_heads(model.name, warmup=2, repeats=9, trained=True,
-                                      x=torch.from_numpy(image), min_seconds=PROFILE_SECONDS["head"])
-    model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=9,
+    model.host_head_s = measure_heads(model.name, warmup=2, repeats=3, trained=True,
+                                      x=torch.from_numpy(image), min_seconds=PROFILE_SECONDS["head"],
+                                      **HEAD_RUNS)
+    model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=3, burst=ENCODE_RUNS,
                                           min_seconds=PROFILE_SECONDS["encode"])
     if not model.activations:  # the device deflates its own packets of the real image
         spec = get_model(model.name)
@@ -519,7 +528,7 @@ def reprofile(model: ModelView, image: np.ndarray) -> None:
         with torch.inference_mode():
             model.activations = [split(gm, cut)[0](torch.from_numpy(image)).numpy()
                                  for cut in cuts_of(gm)[:-1]]
-    model.host_deflate_s = deflate_times(model.activations, warmup=2, repeats=9,
+    model.host_deflate_s = deflate_times(model.activations, warmup=2, repeats=3, burst=ENCODE_RUNS,
                                          min_seconds=PROFILE_SECONDS["deflate"])
 
 
@@ -573,7 +582,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     cells.append({"device": d, "rate_mbps": rate, "model": model.name,
                                                   "preset": preset, "cache": cache,
                                                   "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
-                                                  "upload_rate_mbps": (link.upload_rate_bps or 0.0) / 1e6,
+                                                  "upload_rate_mbps": None if link.upload_rate_bps is None
+                                                  else link.upload_rate_bps / 1e6,
                                                   "probe": dataclasses.asdict(probes[-1]),
                                                   "speed_ratio": ratios[model.name], **cell})
                                     _progress(cells[-1])

@@ -17,14 +17,14 @@ queue + compute. The cost model prices an exchange's rest as
 
 So the model reproduces both probed exchanges (their medians) and prices every byte of a body
 between and beyond them at the measured slope. The hinge this replaced (ADR 0004: bodies free up
-to an overlap fitted to the same two probes) priced every body up to the small probe's size plus
-the hidden part alike; ``python -m bench.uplink --rate R`` (``bench/results/upload-sizes-R.json``)
-shows those bytes cost time. From the 354 B to the 844 B cut-0 packet, transfer medians grew by
-3.83 ms at 1 Mbit/s, 0.78 at 5 and 0.085 at 20; the hinge fitted in ``e2e.json`` (b90a80c) put
-0.17-0.37 ms of body under its overlap at 20 Mbit/s (bodies of about 380-830 B at the goodput)
-and 2.50-3.32 ms at 1 (about 290-380 B). The slope through the float32 packet (3,164 B)
-over-prices the small bodies' differences instead (9.33 us/B at 1 Mbit/s against 7.81 between
-354 and 844 B; 0.37 against 0.17 at 20), which errs toward sending fewer bytes.
+to an overlap fitted to the same two probes) turned any hidden part, however small, into a whole
+small body hidden: in ``e2e.json`` at b90a80c, 2% of the float packet's extra wire time at
+1 Mbit/s gave overlaps of 2.50-3.32 ms (about 290-380 B of body), and at 20 Mbit/s 0.17-0.37 ms
+(about 400-860 B). ``python -m bench.uplink`` (``bench/results/upload-sizes-R.json``) shows
+those bytes cost time: from the 354 B to the 844 B cut-0 packet, transfer medians grew by
+3.83 ms at 1 Mbit/s, 0.78 at 5 and 0.085 at 20. The slope through the float32 packet can
+over-price the small bodies' differences instead (in those files 9.33 us/B at 1 Mbit/s against
+7.81 between 354 and 844 B; 0.37 against 0.17 at 20), which errs toward sending fewer bytes.
 
 A device smooths both over its last probes, as TCP smooths its RTT (:data:`PROBE_WINDOW`).
 """
@@ -68,6 +68,7 @@ def probe_medians(small_rests: Sequence[float], large_rests: Sequence[float],
 # against the 354 B one's 1.660, bench/results/upload-sizes-100.json) is nearly free, but a rate
 # must be finite.
 MAX_RATE_FACTOR = 1000.0
+MAX_UPLOAD_RATE_BPS = 1e12  # what a plan request accepts (server.schemas.PlanRequest.upload_rate_bps)
 
 
 def fit_exchange(probes: Sequence[ExchangeProbe], goodput_bps: float,
@@ -76,13 +77,16 @@ def fit_exchange(probes: Sequence[ExchangeProbe], goodput_bps: float,
 
     ``small_transfer_s(upload_rate_bps)`` is what the cost model prices the small exchange's
     transfer at with no round trip and that upload rate. The rate lies in (0, goodput x
-    :data:`MAX_RATE_FACTOR`]; the overhead is never negative.
+    :data:`MAX_RATE_FACTOR`] and under :data:`MAX_UPLOAD_RATE_BPS`; the overhead is never
+    negative. Raises ValueError without probes or when the probed bodies are the same size.
     """
     if not probes:
         raise ValueError("no probe to fit")
     hidden = statistics.median(p.hidden_s for p in probes)
     extra = statistics.median(p.extra_wire_s for p in probes)
+    if not extra > 0:
+        raise ValueError("the probe's two bodies must differ in size")
     shown = max(extra - hidden, extra / MAX_RATE_FACTOR)  # the extra rest the extra bytes took
-    upload_rate = goodput_bps * extra / shown
+    upload_rate = min(goodput_bps * extra / shown, MAX_UPLOAD_RATE_BPS)
     rest = statistics.median(p.small_rest_s for p in probes)
     return max(rest - small_transfer_s(upload_rate), 0.0), upload_rate

@@ -9,7 +9,8 @@ request the trace gives when the headers' segment passed, when the body's last s
 when the answer's first data segment left the server. If the server handled requests only once
 the body was in, the answer would leave a fixed time after the body's end; when it starts on the
 headers, part of a longer body's wire time is hidden, and the answer leaves a fixed time after
-the headers instead. The planner's ``upload_overlap_s`` term prices that.
+the headers instead. The planner's ``upload_overlap_s`` term prices that (ADR 0004); ``bench.e2e``
+now fits an upload rate instead (ADR 0006).
 """
 
 from __future__ import annotations

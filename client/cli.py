@@ -110,9 +110,9 @@ def profile(
     name: Annotated[str | None, typer.Option(help="Name of the written profile.")] = None,
     repeats: Annotated[int, typer.Option(help="Least timed rounds; each runs every cut once (after 2 "
                                                "warm-ups).")] = 5,
-    seconds: Annotated[float, typer.Option(min=0.0, help="Keep timing rounds until this long has passed, "
-                                           "for each of heads, encodes and deflates: a busy or "
-                                           "throttling device's medians settle over seconds.")] = 2.0,
+    seconds: Annotated[float, typer.Option(
+        min=0.0, max=3600.0, help="Keep timing rounds until this long has passed, for each of heads, "
+        "encodes and deflates: a busy or throttling device's medians settle over seconds.")] = 2.0,
     server: ServerOpt = "http://127.0.0.1:8000",
 ) -> None:
     """Time every cut's head on this device and write a profile the server's planner accepts."""

@@ -1,8 +1,9 @@
 """ElasticTrainer-style timing profiler: per-cut head times of a model, measured on this device.
 
 Two warm-up runs, then at least ``repeats`` timed rounds at batch 1, each running every cut's head
-once (see :func:`models.timing.interleaved_medians`: a machine whose speed wanders slows all cuts
-alike, so their ratios hold); the median per cut goes into a device profile, which the planner then
+in turn (see :func:`models.timing.interleaved_medians`: a machine whose speed wanders slows all
+cuts alike, so their ratios hold; ``settle`` and ``burst`` time a head as a run of calls, where
+that is how it will run); the median per cut goes into a device profile, which the planner then
 prefers to its FLOP estimate. With ``min_seconds`` the rounds go on until that long has passed. The
 same for quantizing and packing each cut's activation and for deflating its packet (what the
 device does before uploading it).
@@ -25,7 +26,7 @@ from profiles.devices import DeviceProfile, MeasuredHeads
 
 
 def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
-                  threads: int | None = None, trained: bool = False,
+                  settle: int = 0, burst: int = 1, threads: int | None = None, trained: bool = False,
                   x: torch.Tensor | None = None) -> list[float]:
     """Median seconds of the head of every legal cut (index = cut), batch 1.
 
@@ -43,11 +44,11 @@ def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds:
     heads = [split(gm, cut)[0] for cut in cuts_of(gm)]
     with torch.inference_mode():
         return interleaved_medians([partial(head, x) for head in heads], warmup=warmup, repeats=repeats,
-                                   min_seconds=min_seconds)
+                                   min_seconds=min_seconds, settle=settle, burst=burst)
 
 
 def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
-                    largest_group: int = 256) -> list[float]:
+                    burst: int = 1, largest_group: int = 256) -> list[float]:
     """Median seconds to quantize (8 bits) and pack the activation of every cut but the last.
 
     The group size is the calibration's default rule (the largest divisor of the activation size
@@ -61,11 +62,12 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_second
         act = rng.random((1, *cut.shape), dtype=np.float32)
         plan = {"activation_bits": 8, "group_size": activation_group(cut.numel, largest_group)}
         encodes.append(partial(encode_for_plan, act, plan))
-    return interleaved_medians(encodes, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    return interleaved_medians(encodes, warmup=warmup, repeats=repeats, min_seconds=min_seconds, burst=burst)
 
 
 def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
-                  min_seconds: float = 0.0, largest_group: int = 256) -> list[dict[int, float]]:
+                  min_seconds: float = 0.0, burst: int = 1,
+                  largest_group: int = 256) -> list[dict[int, float]]:
     """Per activation (one per cut), median seconds to deflate its packet at each bits (1..8, 32).
 
     Measured per packet, not fitted over sizes: zlib's time is far from linear in the size (a line
@@ -78,7 +80,8 @@ def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: in
             packet = encode_for_plan(act, {"activation_bits": bits, "group_size": group})
             keys.append((i, bits))
             deflates.append(partial(deflate, packet))
-    times = interleaved_medians(deflates, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    times = interleaved_medians(deflates, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
+                                burst=burst)
     out: list[dict[int, float]] = [{} for _ in activations]
     for (i, bits), t in zip(keys, times, strict=True):
         out[i][bits] = t

@@ -185,7 +185,8 @@ class Engine:
         weights = PRESETS[req.weights] if isinstance(req.weights, WeightPreset) else req.weights
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments),
-                            req.upload_overlap_s, req.upload_deflate, req.upload_rate_bps)
+                            upload_overlap_s=req.upload_overlap_s, upload_deflate=req.upload_deflate,
+                            upload_rate_bps=req.upload_rate_bps)
         candidates = []
         tail_s = self.tail_seconds(model)
         answer = self.answer_bytes(model)

@@ -122,10 +122,10 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     trips less compute differed by 0.15 ms there against 0.22 ms of wire, by 0.02 ms in
     ``bench/results/uplink-100.json``. The device measures it on its link (``bench.exchange``).
 
-    With ``inputs.upload_rate_bps`` the activation body's bytes cost time at that rate (ADR 0006):
-    on the benchmark's shaped links the bytes of a one-packet body cost about the line rate,
-    less than the goodput of a long download says, and the server's pre-body work hides a little
-    only at 100 Mbit/s.
+    With ``inputs.upload_rate_bps`` the activation body's bytes cost time at that rate (ADR 0006).
+    On the benchmark's shaped links (``bench/results/upload-sizes-*.json``) the bytes of a
+    one-packet body cost about the line rate at 1 and 5 Mbit/s, less than half of it at 20 and
+    nothing measurable at 100; a long download's goodput says otherwise at every rate.
 
     With ``ratio`` the activation is sent deflated: priced at its raw size times the ratio (the
     calibration's mean, measured on one-sample packets: a batch is priced as that many samples),

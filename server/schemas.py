@@ -73,9 +73,11 @@ class PlanRequest(_Strict):
         0.0, ge=0, le=1, description="Seconds of an upload's body time that the server's request "
         "handling hides (it starts on the headers); measured by the device, default none.")
     upload_rate_bps: float | None = Field(
-        None, ge=1.0, le=1e12, description="Bit/s at which the activation body's bytes cost time, "
-        "measured by the device from uploads of two sizes (default: rate_bps). Headers, answers "
-        "and segment downloads count at rate_bps.")
+        None, ge=1.0, le=1e12, description="The marginal cost of the activation body's bytes, as a "
+        "rate (bit/s), which may exceed rate_bps: measured by the device from uploads of two sizes "
+        "(ADR 0006; default: rate_bps). Request headers, the deflate header, answers and segment "
+        "downloads count at rate_bps. A device that measures this has no use for upload_overlap_s "
+        "too: the overlap would discount the same body again.")
     upload_deflate: bool = Field(
         False, description="The device can send its activation packet with 'Content-Encoding: "
         "deflate' (zlib). Each plan is then priced both ways where the calibration measured the "

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.exchange import MAX_RATE_FACTOR, ExchangeProbe, fit_exchange, probe_medians
+from bench.exchange import MAX_RATE_FACTOR, MAX_UPLOAD_RATE_BPS, ExchangeProbe, fit_exchange, probe_medians
 
 
 def test_medians_pair_the_exchanges():
@@ -17,6 +17,8 @@ def test_medians_pair_the_exchanges():
         probe_medians([1.0], [1.0, 2.0], 0.5, 1.5)
     with pytest.raises(ValueError):
         fit_exchange([], 1e6, lambda r: 0.0)
+    with pytest.raises(ValueError, match="differ"):  # two bodies of one size say nothing of a rate
+        fit_exchange([ExchangeProbe(0.002, 0.0, 0.0, 0.0001)], 1e6, lambda r: 0.0)
 
 
 @given(base=st.floats(0.0005, 0.005), small_bytes=st.integers(50, 1000), extra_bytes=st.integers(100, 5000),
@@ -47,6 +49,8 @@ def test_bodies_that_took_no_time_are_priced_nearly_free_and_the_rtt_is_never_ne
     flat = ExchangeProbe(small_rest_s=0.0016, hidden_s=0.0003, extra_wire_s=0.0002, small_body_s=0.00003)
     rtt, rate = fit_exchange([flat], 1e8, lambda r: 0.0001)
     assert rate == pytest.approx(1e8 * MAX_RATE_FACTOR) and rtt == pytest.approx(0.0015)
+    # never above what a plan request accepts, however fast the link
+    assert fit_exchange([flat], 1e10, lambda r: 0.0001)[1] == MAX_UPLOAD_RATE_BPS
     # priced above what was measured: no negative overhead
     assert fit_exchange([flat], 1e8, lambda r: 0.004)[0] == 0.0
     # slower than the goodput (every packet's acknowledgement on a slow link): a slower rate

@@ -32,3 +32,20 @@ def test_medians_follow_the_functions_and_bad_repeats_are_refused():
     assert median_seconds(lambda: time.sleep(0.002), warmup=0, repeats=3) >= 0.002
     with pytest.raises(ValueError, match="repeats"):
         interleaved_medians([lambda: None], warmup=0, repeats=0)
+
+
+def test_each_round_settles_then_times_a_burst_back_to_back():
+    calls: list[int] = []
+    fns = [lambda i=i: calls.append(i) for i in range(3)]
+    interleaved_medians(fns, warmup=0, repeats=4, settle=2, burst=3)
+    runs = [calls[k:k + 5] for k in range(0, len(calls), 5)]  # settle + burst per function
+    assert len(runs) == 12 and all(len(set(r)) == 1 for r in runs)
+    rounds = [sorted(r[0] for r in runs[k:k + 3]) for k in range(0, 12, 3)]
+    assert rounds == [[0, 1, 2]] * 4
+
+
+@pytest.mark.parametrize("bad", [{"burst": 0}, {"settle": -1}, {"min_seconds": float("inf")},
+                                 {"min_seconds": float("nan")}, {"min_seconds": -1.0}])
+def test_settings_that_cannot_finish_or_time_nothing_are_refused(bad):
+    with pytest.raises(ValueError):
+        interleaved_medians([lambda: None], warmup=0, repeats=1, **bad)

@@ -48,7 +48,7 @@ def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds:
 
 
 def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
-                    burst: int = 1, largest_group: int = 256) -> list[float]:
+                    settle: int = 0, burst: int = 1, largest_group: int = 256) -> list[float]:
     """Median seconds to quantize (8 bits) and pack the activation of every cut but the last.
 
     The group size is the calibration's default rule (the largest divisor of the activation size
@@ -62,11 +62,12 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_second
         act = rng.random((1, *cut.shape), dtype=np.float32)
         plan = {"activation_bits": 8, "group_size": activation_group(cut.numel, largest_group)}
         encodes.append(partial(encode_for_plan, act, plan))
-    return interleaved_medians(encodes, warmup=warmup, repeats=repeats, min_seconds=min_seconds, burst=burst)
+    return interleaved_medians(encodes, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
+                               settle=settle, burst=burst)
 
 
 def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
-                  min_seconds: float = 0.0, burst: int = 1,
+                  min_seconds: float = 0.0, settle: int = 0, burst: int = 1,
                   largest_group: int = 256) -> list[dict[int, float]]:
     """Per activation (one per cut), median seconds to deflate its packet at each bits (1..8, 32).
 
@@ -81,7 +82,7 @@ def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: in
             keys.append((i, bits))
             deflates.append(partial(deflate, packet))
     times = interleaved_medians(deflates, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
-                                burst=burst)
+                                settle=settle, burst=burst)
     out: list[dict[int, float]] = [{} for _ in activations]
     for (i, bits), t in zip(keys, times, strict=True):
         out[i][bits] = t

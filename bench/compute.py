@@ -25,13 +25,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
-from bench import write_json
+from bench import REPO, write_json
 from models.data import Split, load_split
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from profiles.artifacts import load_artifact
-
-REPO = Path(__file__).resolve().parent.parent
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 MODELS = ("fmnist-cnn", "fmnist-resnet")

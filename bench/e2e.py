@@ -74,7 +74,7 @@ import httpx
 import numpy as np
 import torch
 
-from bench import write_json
+from bench import REPO, write_json
 from bench.exchange import PROBE_WINDOW, ExchangeProbe, fit_exchange, probe_medians
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
@@ -91,7 +91,6 @@ from profiles.devices import DeviceProfile, MeasuredHeads, get_device
 from server.planner import PlanInputs, price
 from server.schemas import PRESETS, WeightPreset
 
-REPO = Path(__file__).resolve().parent.parent
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc")
 RATES_MBPS = (1.0, 5.0, 20.0, 100.0)
 MODELS = ("fmnist-cnn", "fmnist-resnet")

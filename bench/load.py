@@ -38,13 +38,12 @@ import httpx
 import numpy as np
 import torch
 
-from bench import write_json
+from bench import REPO, write_json
 from bench.loadgen import GENERATOR_CORE, Server, start_server
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
 from server.schemas import WeightPreset
 
-REPO = Path(__file__).resolve().parent.parent
 MODELS = ("fmnist-cnn", "fmnist-resnet")
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc", "qpart-paper")
 DEMANDS = (0.0, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05)

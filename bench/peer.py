@@ -43,7 +43,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from bench import write_json
+from bench import REPO, write_json
 from bench.loadgen import (
     PRIVATE_NETWORK_FLAG,
     SERVER_CORE,
@@ -55,7 +55,6 @@ from bench.loadgen import (
     wrk,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 KSERVE_VENV = REPO / ".venv-kserve"
 KSERVE_PYTHON = KSERVE_VENV / "bin" / "python"
 TORCH_PIN = "torch==2.13.0"

@@ -38,11 +38,10 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import write_json
+from bench import REPO, write_json
 from bench.loadgen import Server, require_wrk, start_server, wrk
 from server.schemas import WeightPreset
 
-REPO = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 8, 32)
 MODELS = ("fmnist-cnn", "fmnist-resnet")
 CONFIGS = {True: 32, False: 1}  # batching -> QPART_MAX_BATCH_SIZE

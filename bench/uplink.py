@@ -29,14 +29,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import write_json
+from bench import REPO, write_json
 from bench.e2e import write_artifacts
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
 from client.runtime import encode_for_plan
 
-REPO = Path(__file__).resolve().parent.parent
 PORT = 18600
 FILLER_PORT = 18601  # bench.shaped_server's orders (filler frames per response)
 WARMUP_ROUNDS = 10

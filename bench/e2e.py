@@ -10,7 +10,11 @@ and answers really cross the shaped link. Nothing else is reachable from inside.
 
 Device compute is this machine's measured time scaled by the profile's speed: with ``H`` the
 host's FLOP/s (the whole model's FLOPs over its measured batch-1 time) and ``F`` the profile's
-``flops_per_s``, a head that takes ``t`` here takes ``t * H / F`` on the device. The device
+``flops_per_s``, a head that takes ``t`` here takes ``t * H / F`` on the device. ``H`` comes from
+the profile just before each cell; within the cell, each round's device seconds are also scaled by
+the host's speed in that round against the profile, read from a reference workload that runs among
+the round's strategies (:mod:`bench.device_clock`): the device's speed holds still while this shared
+machine's wanders. The device
 profile sent to the planner carries per-cut head times measured the same way (the profiler of
 ``qpart device profile``), so prediction and measurement use one clock. Before every cell the
 device also measures its link as a device in the field can, on the link itself
@@ -65,7 +69,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,17 +79,18 @@ import numpy as np
 import torch
 
 from bench import REPO, write_json
+from bench.device_clock import ENCODE_RUNS, HEAD_RUNS, ReferenceClock
 from bench.exchange import PROBE_WINDOW, ExchangeProbe, fit_exchange, probe_medians
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from client.profiler import deflate_times, measure_encodes, measure_heads
+from client.profiler import deflate_times, head_calls, measure_encodes
 from client.runtime import encode_for_plan, load_head, upload_body
 from kernels.packing import packed_size
 from models.data import Split, load_split
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
-from models.timing import median_latency
+from models.timing import interleaved_medians, median_latency
 from profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
 from profiles.devices import DeviceProfile, MeasuredHeads, get_device
 from server.planner import PlanInputs, price
@@ -102,6 +107,7 @@ QUICK_DEVICES = ("raspberry-pi-4", "phone-soc")
 QUICK_RATES_MBPS = (1.0, 20.0)
 QUICK_PRESETS = ("latency-first",)
 PORT = 18500
+CLOCK = "reference"  # the reference workload's place in a round's order (not a pattern id)
 FILLER_PORT = 18501  # bench.shaped_server's orders (filler frames per response)
 
 
@@ -171,6 +177,7 @@ class ModelView:
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
     host_deflate_s: list[dict[int, float]] = field(default_factory=list)  # per cut and bits
     activations: list[np.ndarray] = field(default_factory=list)  # the real image's, every cut but the last
+    reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
 
     def plan_of(self, p: dict[str, Any]) -> dict[str, Any]:
         """A pattern in the form of a plan (what load_head and encode_for_plan take)."""
@@ -409,9 +416,42 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
             "measured_server_s": statistics.median(r["server"] for r in runs)}
 
 
+def run_rounds(once: Callable[[str, int], dict[str, float]], patterns: list[str], images: int,
+               clock: ReferenceClock, reference_s: float, rng: random.Random,
+               reps: tuple[int, int, float]) -> tuple[dict[str, list[dict[str, float]]], list[float]]:
+    """``once(pattern, image)`` for every pattern each round until ``reps`` (least rounds, most
+    rounds, least seconds) say stop; the runs per pattern and the host's speed in each round.
+
+    Interleaved, in a fresh random order each round: a rotation keeps every pattern behind the same
+    predecessor (one ran always right after all-device's 14 head runs and a long idle server, and
+    measured up to 0.9 ms slower for it). The reference workload runs among them: the device's speed
+    holds still while the host's wanders, so each round's device seconds (``local``) are scaled by
+    the host's speed in it, ``reference_s`` (the profile's) over the reference's time there.
+    """
+    runs: dict[str, list[dict[str, float]]] = {pid: [] for pid in patterns}
+    order = [*patterns, CLOCK]
+    speeds: list[float] = []
+    least, most, seconds = reps
+    started = time.perf_counter()
+    while len(speeds) < most and (len(speeds) < least or time.perf_counter() - started < seconds):
+        i = len(speeds) % images
+        rng.shuffle(order)
+        this_round, speed = [], 1.0
+        for pid in order:
+            if pid == CLOCK:
+                speed = reference_s / clock.seconds()
+                continue
+            this_round.append(once(pid, i))
+            runs[pid].append(this_round[-1])
+        for r in this_round:
+            r["local"] *= speed
+        speeds.append(speed)
+    return runs, speeds
+
+
 def run_cell(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
              preset: str, link: Link, held: set[str], images: np.ndarray,
-             reps: tuple[int, int, float]) -> tuple[dict[str, Any], set[str]]:
+             reps: tuple[int, int, float], clock: ReferenceClock) -> tuple[dict[str, Any], set[str]]:
     """Every strategy in one cell; returns the cell's strategies and the segments downloaded."""
     # The server prices tails with what recent requests took: the same figures price the rest.
     model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
@@ -455,21 +495,13 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
         return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
 
     by_pattern = {key(p): s for s, p in reversed(plans.items())}
-    runs: dict[str, list[dict[str, float]]] = {pid: [] for pid in by_pattern}
-    order = list(by_pattern)
+
+    def once(pid: str, i: int) -> dict[str, float]:
+        s = by_pattern[pid]
+        return run_once(client, url, model, plans[s], heads[s], images[i : i + 1], ratio, link)
+
     rng = random.Random(f"{model.name}/{device.name}/{link.rate_mbps}/{preset}/{sorted(held)}")
-    least, most, seconds = reps
-    started = time.perf_counter()
-    rounds = 0
-    while rounds < most and (rounds < least or time.perf_counter() - started < seconds):
-        i, rounds = rounds % len(images), rounds + 1
-        # Interleaved, in a fresh random order each time: a rotation keeps every pattern behind
-        # the same predecessor (one ran always right after all-device's 14 head runs and a long
-        # idle server, and measured up to 0.9 ms slower for it).
-        rng.shuffle(order)
-        for pid in order:
-            s = by_pattern[pid]
-            runs[pid].append(run_once(client, url, model, plans[s], heads[s], images[i : i + 1], ratio, link))
+    runs, speeds = run_rounds(once, list(by_pattern), len(images), clock, model.reference_s, rng, reps)
     out = {}
     for s, p in plans.items():
         predicted = qplan["predicted"] if s == "qpart" else _predict(model, p, inputs)
@@ -482,7 +514,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
                   **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
                   "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
-    cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": rounds,
+    cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds),
+            "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)},
             "best_any": min(out, key=lambda s: out[s]["measured_J"]),
             "qpart_regret": out["qpart"]["measured_J"] / out[best]["measured_J"] - 1.0,
             # the server's prediction for its plan equals this benchmark's pricing of it
@@ -493,12 +526,13 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
 
 # ---- the grid -----------------------------------------------------------------------------------
 
-def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.ndarray) -> ModelView:
+def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.ndarray,
+          clock: ReferenceClock) -> ModelView:
     info = client.get(f"{url}/v1/models/{name}").json()
     torch.set_num_threads(1)
     view = ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
                      load_artifact(artifacts / name), [], [], info["answer_bytes"])
-    reprofile(view, image)
+    reprofile(view, image, clock)
     return view
 
 
@@ -506,27 +540,19 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
 # run before (e2e.json at b90a80c) one profile of 9 calls per cut read the CNN at 0.905 ms on this
 # machine; the cell that followed took a median 1.267 ms, and the planner lost 25.1% there.
 PROFILE_SECONDS = {"head": 2.0, "encode": 0.5, "deflate": 0.5}
-# How run_once times a head and an encode (untimed calls, then timed calls back to back): the
-# profile times them the same way in each round. Timed as single calls in rounds, the heads read a
-# median 13% slower than run_once then measured them (a 12-cell run at 20 Mbit/s, not committed),
-# and device plans were priced that much too high. Timed without untimed calls first, a cut-0
-# 4-bit encode and deflate of the image took 19.7 us after 3 ms idle against 15.0 us in rounds
-# (/tmp/enc.py, not committed), and in the grid at 3bb0d42 the device's encode-and-deflate work
-# measured about twice its prediction (Jetson, CNN, 5 Mbit/s, energy-first: 56 against 27 us; at
-# 10 W that decided a cell the planner lost by 9.4%).
-HEAD_RUNS = {"settle": 5, "burst": 9}
-ENCODE_RUNS = {"settle": 2, "burst": 3}
 
 
-def reprofile(model: ModelView, image: np.ndarray) -> None:
+def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> None:
     """Measure the host's head, encode and deflate times again. This shared machine's speed drifts
     over seconds to minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a
     device's time is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's
-    device times and the measured ones run on different clocks."""
-    # the trained model on a real image: what the device runs
-    model.host_head_s = measure_heads(model.name, warmup=2, repeats=3, trained=True,
-                                      x=torch.from_numpy(image), min_seconds=PROFILE_SECONDS["head"],
-                                      **HEAD_RUNS)
+    device times and the measured ones run on different clocks. The reference workload is timed in
+    the same rounds: the cell's rounds scale device time by it (bench.device_clock)."""
+    # the trained model on a real image: what the device runs; the reference in the same rounds
+    calls = [*head_calls(model.name, trained=True, x=torch.from_numpy(image)), clock.call]
+    with torch.inference_mode():
+        *model.host_head_s, model.reference_s = interleaved_medians(
+            calls, warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"], **HEAD_RUNS)
     model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=3,
                                           min_seconds=PROFILE_SECONDS["encode"], **ENCODE_RUNS)
     if not model.activations:  # the device deflates its own packets of the real image
@@ -558,7 +584,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             with wire.client(timeout=300) as client:
                 url = server.url
-                views = [_view(client, url, m, Path(tmp), images[:1]) for m in args.model]
+                clock = ReferenceClock(torch.from_numpy(images[:1]))
+                views = [_view(client, url, m, Path(tmp), images[:1], clock) for m in args.model]
                 probe_rng = random.Random(0)  # the order within each probe's pairs
                 for rate in rates:
                     rtt = probe_rtt(client, url, views[0], images[:1], wire, rate)  # for the goodput only
@@ -578,13 +605,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     # profile, taken three cells earlier, said 1.62) and the
                                     # exchange's overhead and upload rate (one cut-0 exchange took 2.1
                                     # to 3.1 ms across one rate's cells).
-                                    reprofile(model, images[:1])
+                                    reprofile(model, images[:1], clock)
                                     profile, ratios = device_profile(d, [model])
                                     probes.append(probe_exchange(client, url, model, images[:1], link,
                                                                  probe_rng))
                                     link.rtt_s, link.upload_rate_bps = fit_link(model, link, probes)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
-                                                         preset, link, held, images, reps)
+                                                         preset, link, held, images, reps, clock)
                                     held |= got
                                     cells.append({"device": d, "rate_mbps": rate, "model": model.name,
                                                   "preset": preset, "cache": cache,

@@ -11,6 +11,7 @@ device does before uploading it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -38,13 +39,20 @@ def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds:
     """
     if threads is not None:
         torch.set_num_threads(threads)
+    with torch.inference_mode():
+        return interleaved_medians(head_calls(model, trained=trained, x=x), warmup=warmup, repeats=repeats,
+                                   min_seconds=min_seconds, settle=settle, burst=burst)
+
+
+def head_calls(model: str, *, trained: bool = False,
+               x: torch.Tensor | None = None) -> list[Callable[[], object]]:
+    """One call per legal cut (index = cut) that runs that cut's head on ``x`` (see
+    :func:`measure_heads`); call them under ``torch.inference_mode``. For timing the heads in the
+    same rounds as other work."""
     spec = get_model(model)
     gm = prepare(spec.load() if trained else spec.build(), spec.input_shape)
     x = torch.rand((1, *spec.input_shape)) if x is None else x
-    heads = [split(gm, cut)[0] for cut in cuts_of(gm)]
-    with torch.inference_mode():
-        return interleaved_medians([partial(head, x) for head in heads], warmup=warmup, repeats=repeats,
-                                   min_seconds=min_seconds, settle=settle, burst=burst)
+    return [partial(split(gm, cut)[0], x) for cut in cuts_of(gm)]
 
 
 def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,

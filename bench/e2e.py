@@ -80,7 +80,7 @@ import torch
 
 from bench import REPO, write_json
 from bench.device_clock import ENCODE_RUNS, HEAD_RUNS, ReferenceClock
-from bench.exchange import PROBE_WINDOW, ExchangeProbe, fit_exchange, probe_medians
+from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, fit_exchange, overhead, probe_medians
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
@@ -416,6 +416,21 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
             "measured_server_s": statistics.median(r["server"] for r in runs)}
 
 
+def implied_rtt(model: ModelView, exchanged: dict[str, dict[str, Any]],
+                runs: dict[str, list[dict[str, float]]], inputs: PlanInputs) -> float | None:
+    """The exchange overhead a cell's own traffic implies (None if no plan crossed the link): for
+    each plan that did, the median of its exchanges' rests (round trip less the server's time)
+    less what the cost model prices its transfer at besides the overhead, no download; the
+    median over those plans."""
+    if not exchanged:
+        return None
+    held = frozenset(p["segment"]["id"] for p in exchanged.values() if p.get("segment"))
+    bare = dataclasses.replace(inputs, rtt_s=0.0, held=held)
+    rests = {k: statistics.median(r["round_trip"] - r["server"] for r in runs[k]) for k in exchanged}
+    return float(statistics.median(rests[k] - _predict(model, p, bare)["time_s"]["transfer"]
+                                   for k, p in exchanged.items()))
+
+
 def run_rounds(once: Callable[[str, int], dict[str, float]], patterns: list[str], images: int,
                clock: ReferenceClock, reference_s: float, rng: random.Random,
                reps: tuple[int, int, float]) -> tuple[dict[str, list[dict[str, float]]], list[float]]:
@@ -514,9 +529,11 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
                   **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
                   "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
+    exchanged = {key(p): p for p in plans.values() if p["cut"] < model.cuts - 1}
     cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds),
             "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)},
             "best_any": min(out, key=lambda s: out[s]["measured_J"]),
+            "implied_rtt_s": implied_rtt(model, exchanged, runs, inputs),
             "qpart_regret": out["qpart"]["measured_J"] / out[best]["measured_J"] - 1.0,
             # the server's prediction for its plan equals this benchmark's pricing of it
             "qpart_plan_check": math.isclose(_predict(model, qplan, inputs)["objective"],
@@ -596,6 +613,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         # A full window from the start: the first cells smooth as the later do.
                         probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
                                         for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
+                        implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
                         for d in devices:
                             for preset in presets:
                                 held: set[str] = set()
@@ -609,13 +627,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     profile, ratios = device_profile(d, [model])
                                     probes.append(probe_exchange(client, url, model, images[:1], link,
                                                                  probe_rng))
-                                    link.rtt_s, link.upload_rate_bps = fit_link(model, link, probes)
+                                    fitted, link.upload_rate_bps = fit_link(model, link, probes)
+                                    link.rtt_s = overhead(fitted, implied)
                                     cell, got = run_cell(client, url, model, profile, ratios[model.name],
                                                          preset, link, held, images, reps, clock)
                                     held |= got
+                                    if cell["implied_rtt_s"] is not None:
+                                        implied.append(cell["implied_rtt_s"])
                                     cells.append({"device": d, "rate_mbps": rate, "model": model.name,
                                                   "preset": preset, "cache": cache,
                                                   "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
+                                                  "probe_rtt_s": fitted,
                                                   "upload_rate_mbps": None if link.upload_rate_bps is None
                                                   else link.upload_rate_bps / 1e6,
                                                   "probe": dataclasses.asdict(probes[-1]),

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.e2e import (
     EXTRA_LEVEL,
     STRATEGIES,
+    ModelView,
+    _predict,
+    implied_rtt,
     markdown,
     meets_demand,
     with_baselines,
 )
 from profiles.artifacts import load_artifact
-from server.planner import allowed_patterns
+from profiles.devices import get_device
+from server.planner import PlanInputs, allowed_patterns
+from server.schemas import PRESETS, WeightPreset
 
 
 def test_baseline_patterns_cover_every_cut_and_no_demand_admits_them(artifacts_dir):
@@ -44,3 +51,21 @@ def test_the_table_names_each_cells_repetitions():
                "cells_qpart_beats": {}}
     row = markdown({"cells": [cell], "summary": summary}).splitlines()[2]
     assert "| cold | 37 | 0 |" in row
+
+
+def test_a_cells_traffic_implies_the_overhead_its_exchanges_took_beyond_their_priced_bytes(artifacts_dir):
+    artifact = with_baselines(load_artifact(artifacts_dir / "fmnist-cnn"))
+    cuts = len(artifact.cuts)
+    model = ModelView("fmnist-cnn", artifact.version, cuts, [0.0] * cuts, [], artifact, [], [], 200)
+    inputs = PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.LATENCY_FIRST], 20e6, 0.9e-3, 1, 1.0,
+                        frozenset(), upload_deflate=True)
+    plans = {f"{pid}/identity": {"pattern_id": pid, "cut": 0, "segment": None, "upload_encoding": "identity"}
+             for pid in ("u8-c0", "c0-81c59f5957aefb40")}
+    bare = PlanInputs(inputs.device, inputs.weights, 20e6, 0.0, 1, 1.0, frozenset(), upload_deflate=True)
+    runs = {}
+    for k, p in plans.items():
+        wire = _predict(model, p, bare)["time_s"]["transfer"]
+        # exchanges that took 1.5 ms beyond their priced bytes, whatever the server's time
+        runs[k] = [{"local": 0.0, "server": s, "round_trip": s + wire + 1.5e-3} for s in (1e-3, 2e-3, 3e-3)]
+    assert implied_rtt(model, plans, runs, inputs) == pytest.approx(1.5e-3)
+    assert implied_rtt(model, {}, runs, inputs) is None  # all-device: nothing crossed the link

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.exchange import MAX_RATE_FACTOR, MAX_UPLOAD_RATE_BPS, ExchangeProbe, fit_exchange, probe_medians
+from bench.exchange import (
+    MAX_RATE_FACTOR,
+    MAX_UPLOAD_RATE_BPS,
+    ExchangeProbe,
+    fit_exchange,
+    overhead,
+    probe_medians,
+)
 
 
 def test_medians_pair_the_exchanges():
@@ -63,3 +70,15 @@ def test_the_window_takes_medians_so_one_odd_probe_does_not_move_the_plan():
     odd = ExchangeProbe(0.0040, -0.001, 0.0003, 0.00003)
     rtt, rate = fit_exchange([usual, odd, usual], 1e7, lambda r: 0.0001)
     assert rtt == pytest.approx(0.0020) and rate == pytest.approx(1e7 * 0.0003 / 0.0002)
+
+
+def test_the_overhead_follows_the_traffic_once_two_cells_agree():
+    assert overhead(0.8e-3, []) == 0.8e-3  # probes alone at first
+    assert overhead(0.8e-3, [1.5e-3]) == pytest.approx(1.15e-3)
+    assert overhead(0.8e-3, [1.5e-3, 1.6e-3]) == 1.5e-3  # one probe cannot outvote two cells
+    assert overhead(0.8e-3, [-1e-3, -2e-3]) == 0.0  # never negative
+
+
+def test_the_overhead_refuses_what_is_not_a_number():
+    with pytest.raises(ValueError, match="finite"):
+        overhead(float("nan"), [1e-3])

@@ -14,13 +14,14 @@ host's FLOP/s (the whole model's FLOPs over its measured batch-1 time) and ``F``
 the profile just before each cell; within the cell, each round's device seconds are also scaled by
 the host's speed in that round against the profile, read from a reference workload that runs among
 the round's strategies (:mod:`bench.device_clock`): the device's speed holds still while this shared
-machine's wanders. The device
-profile sent to the planner carries per-cut head times measured the same way (the profiler of
-``qpart device profile``), so prediction and measurement use one clock. Before every cell the
-device also measures its link as a device in the field can, on the link itself
-(:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) and the rate at which an
-upload body's bytes cost time (``upload_rate_bps``, ADR 0006). Its plan request carries the fit
-of the medians of its last three probes at this rate and model (:data:`PROBE_WINDOW`).
+machine's wanders. The device profile sent to the planner carries per-cut head times measured
+the same way (the profiler of ``qpart device profile``), so prediction and measurement use one
+clock. Before every cell the device also measures its link as a device in the field can, on the
+link itself (:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) and the rate at
+which an upload body's bytes cost time (``upload_rate_bps``, ADR 0006). Its plan request carries
+the fit of the medians of its last three probes at this rate and model (:data:`PROBE_WINDOW`),
+except that the overhead is the median of that fit and what the last two cells' own exchanges
+implied (:func:`implied_rtt`, :func:`bench.exchange.overhead`).
 
 Strategies per cell (model, device, rate, weight preset, cache state):
 

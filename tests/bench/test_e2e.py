@@ -69,3 +69,19 @@ def test_a_cells_traffic_implies_the_overhead_its_exchanges_took_beyond_their_pr
         runs[k] = [{"local": 0.0, "server": s, "round_trip": s + wire + 1.5e-3} for s in (1e-3, 2e-3, 3e-3)]
     assert implied_rtt(model, plans, runs, inputs) == pytest.approx(1.5e-3)
     assert implied_rtt(model, {}, runs, inputs) is None  # all-device: nothing crossed the link
+
+
+def test_the_overhead_a_cold_cell_implies_leaves_its_segment_downloads_out(artifacts_dir):
+    artifact = with_baselines(load_artifact(artifacts_dir / "fmnist-cnn"))
+    cuts = len(artifact.cuts)
+    model = ModelView("fmnist-cnn", artifact.version, cuts, [0.0] * cuts, [], artifact, [], [], 200)
+    inputs = PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.ENERGY_FIRST], 5e6, 2e-3, 1, 1.0,
+                        frozenset(), upload_deflate=True)  # cold: the device holds no segment
+    head = next(p for p in artifact.patterns if p.cut == 1 and p.level == 0.01)
+    plan = {"pattern_id": head.pattern_id, "cut": 1, "segment": {"id": "seg-1", "size_bytes": 1 << 20}}
+    held = PlanInputs(inputs.device, inputs.weights, 5e6, 0.0, 1, 1.0, frozenset({"seg-1"}),
+                      upload_deflate=True)
+    wire = _predict(model, plan, held)["time_s"]["transfer"]
+    assert _predict(model, plan, inputs)["time_s"]["transfer"] > wire + 1.0  # a MiB at 5 Mbit/s
+    runs = {"k": [{"local": 0.0, "server": 1e-3, "round_trip": 1e-3 + wire + 0.7e-3}]}
+    assert implied_rtt(model, {"k": plan}, runs, inputs) == pytest.approx(0.7e-3)

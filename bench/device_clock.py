@@ -33,6 +33,7 @@ from torch import nn
 from bench import write_json
 from client.profiler import head_calls
 from models.data import Split, load_split
+from models.timing import median_seconds
 
 # How the grid times a head and an encode on the device (untimed calls, then timed calls back to
 # back; the median of the timed ones), in its rounds and in the profile before them alike. Timed as
@@ -77,14 +78,7 @@ class ReferenceClock:
 
 def timed_burst(fn: Callable[[], object]) -> float:
     """``fn`` as the grid times a head: :data:`HEAD_RUNS` untimed calls, then the timed calls' median."""
-    for _ in range(HEAD_RUNS["settle"]):
-        fn()
-    timed = []
-    for _ in range(HEAD_RUNS["burst"]):
-        start = time.perf_counter()
-        fn()
-        timed.append(time.perf_counter() - start)
-    return statistics.median(timed)
+    return median_seconds(fn, warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
 
 
 def drift(samples: Sequence[float], reference: Sequence[float], profile: int, cell: int,

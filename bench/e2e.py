@@ -91,7 +91,7 @@ from kernels.packing import packed_size
 from models.data import Split, load_split
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
-from models.timing import interleaved_medians, median_latency
+from models.timing import interleaved_medians, median_latency, median_seconds
 from profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
 from profiles.devices import DeviceProfile, MeasuredHeads, get_device
 from server.planner import PlanInputs, price
@@ -378,14 +378,9 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     if plan["cut"] < model.cuts - 1:
         # quantize, pack and (if the plan says so) deflate: all device work, timed in steady state
         # as the head is (untimed runs first)
-        for _ in range(ENCODE_RUNS["settle"]):
-            upload_body(plan, encode_for_plan(act, plan))
-        encodes = []
-        for _ in range(ENCODE_RUNS["burst"]):
-            start = time.perf_counter()
-            packet, headers = upload_body(plan, encode_for_plan(act, plan))
-            encodes.append(time.perf_counter() - start)
-        host_encode = statistics.median(encodes)
+        host_encode = median_seconds(lambda: upload_body(plan, encode_for_plan(act, plan)),
+                                     warmup=ENCODE_RUNS["settle"], repeats=ENCODE_RUNS["burst"])
+        packet, headers = upload_body(plan, encode_for_plan(act, plan))
     local = (host_head + host_encode) * ratio
     if plan["cut"] == model.cuts - 1:
         return {"local": local, "round_trip": 0.0, "server": 0.0}

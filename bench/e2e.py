@@ -32,8 +32,9 @@ Strategies per cell (model, device, rate, weight preset, cache state):
 - ``uniform-int8``: the best cut with every weight tensor and the activation at 8 bits;
 - ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut.
 
-Every strategy offers deflated uploads (ADR 0005) and sends its packet as the cost model prices
-cheaper; the device's deflate time is part of its encode time (measured, scaled).
+Every strategy offers deflate and zstd uploads (ADRs 0005, 0007) and sends its packet the way the
+cost model prices cheapest; the device's compression time is part of its encode time (measured,
+scaled).
 
 A cell's best is the strategy with the smallest measured ``J`` among those that keep the accuracy
 demand (:func:`meets_demand`); ``best_any`` ignores the demand.
@@ -85,8 +86,9 @@ from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, fit_exch
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from client.profiler import deflate_times, head_calls, measure_encodes
+from client.profiler import CodingTimes, coding_times, head_calls, measure_encodes
 from client.runtime import encode_for_plan, load_head, upload_body
+from kernels.coding import Coding
 from kernels.packing import packed_size
 from models.data import Split, load_split
 from models.partition import cuts_of, prepare, split
@@ -176,7 +178,7 @@ class ModelView:
     answer_bytes: int
     heads: dict[str, torch.nn.Module] = field(default_factory=dict)
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
-    host_deflate_s: list[dict[int, float]] = field(default_factory=list)  # per cut and bits
+    host_coding_s: CodingTimes = field(default_factory=dict)  # per coding, cut and bits
     activations: list[np.ndarray] = field(default_factory=list)  # the real image's, every cut but the last
     reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
 
@@ -297,10 +299,12 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
     """The preset with per-cut head times = host times x (host FLOP/s / device FLOP/s)."""
     base = get_device(name)
     ratios = {m.name: host_flops_per_s(m) / base.flops_per_s for m in models}
+    def scaled(m: ModelView, coding: Coding) -> list[dict[int, float]]:
+        return [{b: t * ratios[m.name] for b, t in cut.items()} for cut in m.host_coding_s.get(coding, [])]
+
     measured = {m.name: MeasuredHeads(version=m.version, head_s=[t * ratios[m.name] for t in m.host_head_s],
                                       encode_s=[t * ratios[m.name] for t in m.host_encode_s],
-                                      deflate_s=[{b: t * ratios[m.name] for b, t in cut.items()}
-                                                 for cut in m.host_deflate_s],
+                                      deflate_s=scaled(m, Coding.DEFLATE), zstd_s=scaled(m, Coding.ZSTD),
                                       warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"])
                 for m in models}
     return base.model_copy(update={"measured": measured}), ratios
@@ -316,7 +320,7 @@ class Choice:
 
 def _inputs(device: DeviceProfile, preset: str, link: Link, held: set[str]) -> PlanInputs:
     return PlanInputs(device, PRESETS[WeightPreset(preset)], link.goodput_bps, link.rtt_s, 1, 1.0,
-                      frozenset(held), upload_deflate=True, upload_rate_bps=link.upload_rate_bps)
+                      frozenset(held), upload_codings=frozenset(Coding), upload_rate_bps=link.upload_rate_bps)
 
 
 def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[str, Any]:
@@ -376,7 +380,7 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     packet, host_encode = b"", 0.0
     headers: dict[str, str] = {}
     if plan["cut"] < model.cuts - 1:
-        # quantize, pack and (if the plan says so) deflate: all device work, timed in steady state
+        # quantize, pack and (if the plan says so) compress: all device work, timed in steady state
         # as the head is (untimed runs first)
         host_encode = median_seconds(lambda: upload_body(plan, encode_for_plan(act, plan)),
                                      warmup=ENCODE_RUNS["settle"], repeats=ENCODE_RUNS["burst"])
@@ -469,7 +473,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     inputs = _inputs(device, preset, link, held)
     body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
             "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_rate_bps": link.upload_rate_bps,
-            "upload_deflate": True, "weights": preset,
+            "upload_codings": sorted(Coding), "weights": preset,
             "device": device.model_dump(mode="json"), "held_segments": sorted(held)}
     start = time.perf_counter()
     plan = client.post(f"{url}/v1/plan", json=body)
@@ -501,7 +505,7 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
     # repetition and its runs count for every strategy that chose it (otherwise two names for one
     # plan would differ by measurement noise alone).
-    # (A pattern sent raw and deflated is two plans.)
+    # (A pattern sent raw, deflated or zstd-compressed is three plans.)
     def key(p: dict[str, Any]) -> str:
         return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
 
@@ -552,11 +556,11 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
 # Seconds of interleaved timing rounds per re-profile (models.timing.interleaved_medians). In the
 # run before (e2e.json at b90a80c) one profile of 9 calls per cut read the CNN at 0.905 ms on this
 # machine; the cell that followed took a median 1.267 ms, and the planner lost 25.1% there.
-PROFILE_SECONDS = {"head": 2.0, "encode": 0.5, "deflate": 0.5}
+PROFILE_SECONDS = {"head": 2.0, "encode": 0.5, "coding": 1.0}  # coding: deflate and zstd, 0.5 s before
 
 
 def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> None:
-    """Measure the host's head, encode and deflate times again. This shared machine's speed drifts
+    """Measure the host's head, encode and coding times again. This shared machine's speed drifts
     over seconds to minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a
     device's time is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's
     device times and the measured ones run on different clocks. The reference workload is timed in
@@ -568,14 +572,14 @@ def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> Non
             calls, warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"], **HEAD_RUNS)
     model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=3,
                                           min_seconds=PROFILE_SECONDS["encode"], **ENCODE_RUNS)
-    if not model.activations:  # the device deflates its own packets of the real image
+    if not model.activations:  # the device compresses its own packets of the real image
         spec = get_model(model.name)
         gm = prepare(spec.load(), spec.input_shape)
         with torch.inference_mode():
             model.activations = [split(gm, cut)[0](torch.from_numpy(image)).numpy()
                                  for cut in cuts_of(gm)[:-1]]
-    model.host_deflate_s = deflate_times(model.activations, warmup=2, repeats=3,
-                                         min_seconds=PROFILE_SECONDS["deflate"], **ENCODE_RUNS)
+    model.host_coding_s = coding_times(model.activations, warmup=2, repeats=3,
+                                       min_seconds=PROFILE_SECONDS["coding"], **ENCODE_RUNS)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

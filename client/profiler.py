@@ -5,8 +5,8 @@ in turn (see :func:`models.timing.interleaved_medians`: a machine whose speed wa
 cuts alike, so their ratios hold; ``settle`` and ``burst`` time a head as a run of calls, where
 that is how it will run); the median per cut goes into a device profile, which the planner then
 prefers to its FLOP estimate. With ``min_seconds`` the rounds go on until that long has passed. The
-same for quantizing and packing each cut's activation and for deflating its packet (what the
-device does before uploading it).
+same for quantizing and packing each cut's activation and for compressing its packet in each
+upload coding, deflate and zstd (what the device does before uploading it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from client.runtime import encode_for_plan
 from kernels import activation_group
-from kernels.coding import CODING_BITS, deflate
+from kernels.coding import CODING_BITS, Coding, encode
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from models.timing import interleaved_medians
@@ -74,50 +74,56 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_second
                                settle=settle, burst=burst)
 
 
-def deflate_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
-                  min_seconds: float = 0.0, settle: int = 0, burst: int = 1,
-                  largest_group: int = 256) -> list[dict[int, float]]:
-    """Per activation (one per cut), median seconds to deflate its packet at each bits (1..8, 32).
+CodingTimes = dict[Coding, list[dict[int, float]]]  # per coding, per cut, per bits
+
+
+def coding_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
+                 min_seconds: float = 0.0, settle: int = 0, burst: int = 1,
+                 largest_group: int = 256) -> CodingTimes:
+    """Per coding, per activation (one per cut), median seconds to compress its packet at each
+    bits (1..8, 32); every coding timed in the same rounds.
 
     Measured per packet, not fitted over sizes: zlib's time is far from linear in the size (a line
     fitted through one image's packets of every cut put five times the measured time on a 452 B
     one; commit c63db9a)."""
-    keys, deflates = [], []
+    keys, calls = [], []
     for i, act in enumerate(activations):
         group = activation_group(act[0].size, largest_group)
         for bits in CODING_BITS:
             packet = encode_for_plan(act, {"activation_bits": bits, "group_size": group})
-            keys.append((i, bits))
-            deflates.append(partial(deflate, packet))
-    times = interleaved_medians(deflates, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
+            for coding in Coding:
+                keys.append((coding, i, bits))
+                calls.append(partial(encode, packet, coding))
+    times = interleaved_medians(calls, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
                                 settle=settle, burst=burst)
-    out: list[dict[int, float]] = [{} for _ in activations]
-    for (i, bits), t in zip(keys, times, strict=True):
-        out[i][bits] = t
+    out: CodingTimes = {coding: [{} for _ in activations] for coding in Coding}
+    for (coding, i, bits), t in zip(keys, times, strict=True):
+        out[coding][i][bits] = t
     return out
 
 
-def measure_deflate(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
-                    largest_group: int = 256) -> list[dict[int, float]]:
-    """:func:`deflate_times` of ``model``'s cuts but the last, on a sparse random activation (half
+def measure_codings(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
+                    largest_group: int = 256) -> CodingTimes:
+    """:func:`coding_times` of ``model``'s cuts but the last, on a sparse random activation (half
     zeros, as after a ReLU)."""
     spec = get_model(model)
     cuts = cuts_of(prepare(spec.build(), spec.input_shape))
     rng = np.random.default_rng(0)
     acts = [rng.random((1, *c.shape), dtype=np.float32) * (rng.random((1, *c.shape)) < 0.5).astype(np.float32)
             for c in cuts[:-1]]
-    return deflate_times(acts, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
-                         largest_group=largest_group)
+    return coding_times(acts, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
+                        largest_group=largest_group)
 
 
 def profile_device(base: DeviceProfile, model: str, version: str, *, name: str | None = None,
                    warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0) -> DeviceProfile:
-    """``base`` with measured head, encode and deflate times of ``model`` added (for the given
+    """``base`` with measured head, encode and coding times of ``model`` added (for the given
     artifact version); each kind timed for at least ``repeats`` rounds and ``min_seconds``."""
     head_s = measure_heads(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     encode_s = measure_encodes(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
-    deflate_s = measure_deflate(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    coded = measure_codings(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     measured = dict(base.measured)
-    measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s, deflate_s=deflate_s,
+    measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s,
+                                    deflate_s=coded[Coding.DEFLATE], zstd_s=coded[Coding.ZSTD],
                                     warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     return base.model_copy(update={"measured": measured, "name": name or base.name})

@@ -21,7 +21,7 @@ from client.segment_cache import SegmentCache
 from client.settings import DeviceSettings
 from client.transport import Transport
 from kernels import KernelError, unpack_dequantize
-from kernels.coding import deflate
+from kernels.coding import Coding, encode
 from kernels.wire import decode_segment, encode_float_activation, encode_quantized_activation
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
@@ -88,11 +88,12 @@ def encode_for_plan(activation: np.ndarray, plan: dict[str, Any]) -> bytes:
 
 
 def upload_body(plan: dict[str, Any], packet: bytes) -> tuple[bytes, dict[str, str]]:
-    """The body and headers that upload ``packet`` as the plan says: deflated (kernels.coding)
-    when its ``upload_encoding`` is ``deflate``, else as is."""
+    """The body and headers that upload ``packet`` as the plan says: compressed (kernels.coding)
+    when its ``upload_encoding`` is ``deflate`` or ``zstd``, else as is."""
     headers = {"Content-Type": "application/octet-stream"}
-    if plan.get("upload_encoding") == "deflate":
-        return deflate(packet), {**headers, "Content-Encoding": "deflate"}
+    coding = plan.get("upload_encoding")
+    if coding in {c.value for c in Coding}:
+        return encode(packet, coding), {**headers, "Content-Encoding": coding}
     return packet, headers
 
 
@@ -119,8 +120,8 @@ class DeviceRuntime:
             "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
             "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
         }
-        if self.settings.upload_deflate and self._deflate_measured(model):
-            body["upload_deflate"] = True  # only then: a server before deflated uploads refuses the field
+        if offered := self._codings_measured(model):
+            body["upload_codings"] = offered  # only then: a server before compressed uploads refuses it
         if self.device_profile is not None:
             body["device"] = self.device_profile.model_dump(mode="json")
         elif self.device is not None:
@@ -132,11 +133,13 @@ class DeviceRuntime:
         plan: dict[str, Any] = self.transport.request("POST", "/v1/plan", json=body).json()
         return plan
 
-    def _deflate_measured(self, model: str) -> bool:
-        """Whether the device profile carries deflate times for ``model`` (the planner deflates
-        nothing without them)."""
+    def _codings_measured(self, model: str) -> list[str]:
+        """The upload codings the settings allow whose times the device profile carries for
+        ``model`` (the planner prices no coding without them)."""
         measured = self.device_profile.measured.get(model) if self.device_profile else None
-        return measured is not None and bool(measured.deflate_s)
+        if measured is None:
+            return []
+        return [c for c in self.settings.upload_codings if measured.coding_s(c)]
 
     def fetch_segment(
         self, plan: dict[str, Any], progress: Callable[[int, int], None] | None = None
@@ -149,7 +152,7 @@ class DeviceRuntime:
         return fetched.data, fetched.downloaded_bytes
 
     def upload(self, plan: dict[str, Any], packet: bytes) -> dict[str, Any]:
-        """POST the activation packet to the plan's tail (deflated if the plan says so) and return
+        """POST the activation packet to the plan's tail (compressed if the plan says so) and return
         the server's result."""
         return self._post(plan, *upload_body(plan, packet))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,4 +23,6 @@ class DeviceSettings(BaseSettings):
     backoff_s: float = Field(0.2, gt=0, description="First backoff; doubles each retry, with jitter.")
     max_backoff_s: float = Field(10.0, gt=0, description="Longest single wait between retries.")
     rate_smoothing: float = Field(0.3, gt=0, le=1, description="Weight of the newest rate sample.")
-    upload_deflate: bool = Field(True, description="Offer to deflate uploads (the plan says when it pays).")
+    upload_codings: tuple[Literal["deflate", "zstd"], ...] = Field(
+        ("deflate", "zstd"), description="Upload codings to offer (the plan says which pays); "
+        "empty: always upload packets as is.")

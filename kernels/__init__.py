@@ -1,6 +1,6 @@
 """Quantize, dequantize, pack and unpack kernels and the wire formats built on them."""
 
-from kernels.coding import deflate, inflate
+from kernels.coding import Coding, decode, deflate, encode, inflate
 from kernels.errors import (
     KernelError,
     OversizeError,
@@ -29,6 +29,7 @@ from kernels.quantization import (
 __all__ = [
     "DEFAULT_ACTIVATION_GROUP",
     "Backend",
+    "Coding",
     "KernelError",
     "OversizeError",
     "PackedTensor",
@@ -38,7 +39,9 @@ __all__ = [
     "WireFormatError",
     "activation_group",
     "active_backend",
+    "decode",
     "deflate",
+    "encode",
     "fake_quantize",
     "inflate",
     "pack_codes",

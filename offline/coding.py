@@ -1,10 +1,11 @@
-"""How far each cut's activation packets shrink under the upload coding (``kernels.coding``).
+"""How far each cut's activation packets shrink under the upload codings (``kernels.coding``).
 
-The planner prices an upload that a device sends with ``Content-Encoding: deflate`` at the raw
-packet size times the cut's :attr:`profiles.artifacts.CutProfile.deflate_ratio` for the packet's
-bits. The ratio is measured here, on calibration samples (never the test split): the float head's
+The planner prices an upload that a device sends with ``Content-Encoding: deflate`` or ``zstd`` at
+the raw packet size times the cut's :attr:`profiles.artifacts.CutProfile.deflate_ratio` or
+:attr:`~profiles.artifacts.CutProfile.zstd_ratio` for the packet's bits. The ratios are measured
+here, on calibration samples (never the test split): the float head's
 activation at the cut, quantized with each bit width (1..8) and the cut's group size, or sent as
-float32, one packet per sample as devices send them; the ratio is the deflated bytes over the raw
+float32, one packet per sample as devices send them; the ratio is the coded bytes over the raw
 bytes, summed over the samples (so ``ratio * raw size`` is the mean deflated size).
 
 The heads that patterns run have quantized weights, whose activations differ slightly from the
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.coding import CODING_BITS, deflate
+from kernels.coding import CODING_BITS, Coding, encode
 from kernels.wire import encode_float_activation, encode_quantized_activation
 from models.data import Split, load_split
 from models.registry import get_model
@@ -33,36 +34,43 @@ from profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, s
 CODING_SAMPLES = 500
 
 
-def deflate_ratios(runner: ModelRunner, images: np.ndarray,
-                   advance: Callable[[int], None] | None = None) -> list[dict[int, float]]:
-    """Per cut, per bits: deflated over raw packet bytes on ``images`` (the last cut: empty, it
-    uploads nothing)."""
-    out: list[dict[int, float]] = []
+CodingRatios = dict[Coding, list[dict[int, float]]]  # per coding, per cut, per bits
+
+
+def coding_ratios(runner: ModelRunner, images: np.ndarray,
+                  advance: Callable[[int], None] | None = None) -> CodingRatios:
+    """Per coding, per cut, per bits: coded over raw packet bytes on ``images`` (the last cut:
+    empty, it uploads nothing)."""
+    out: CodingRatios = {coding: [] for coding in Coding}
     for cut in runner.cuts:
         if advance:
             advance(cut.index)
         if cut.index == len(runner.cuts) - 1:
-            out.append({})
+            for per_cut in out.values():
+                per_cut.append({})
             continue
         acts = runner.head_outputs(images, cut.index).numpy()
-        ratios = {}
+        raw = dict.fromkeys(CODING_BITS, 0)
+        coded = {coding: dict.fromkeys(CODING_BITS, 0) for coding in Coding}
         for bits in CODING_BITS:
-            raw = coded = 0
             for act in acts:
                 packet = (encode_float_activation(act[None]) if bits >= FLOAT_BITS
                           else encode_quantized_activation(act[None], bits, runner.groups[cut.index]))
-                raw += len(packet)
-                coded += len(deflate(packet))
-            ratios[bits] = coded / raw
-        out.append(ratios)
+                raw[bits] += len(packet)
+                for coding in Coding:
+                    coded[coding][bits] += len(encode(packet, coding))
+        for coding in Coding:
+            out[coding].append({bits: coded[coding][bits] / raw[bits] for bits in CODING_BITS})
     if advance:
         advance(len(runner.cuts))
     return out
 
 
-def with_deflate_ratios(artifact: CalibrationArtifact, ratios: list[dict[int, float]]) -> CalibrationArtifact:
-    """``artifact`` with each cut's measured ratios."""
-    cuts = [c.model_copy(update={"deflate_ratio": r}) for c, r in zip(artifact.cuts, ratios, strict=True)]
+def with_coding_ratios(artifact: CalibrationArtifact, ratios: CodingRatios) -> CalibrationArtifact:
+    """``artifact`` with each cut's measured ratios of every coding."""
+    cuts = [c.model_copy(update={f"{coding.value}_ratio": per_cut[c.index]
+                                 for coding, per_cut in ratios.items()})
+            for c in artifact.cuts]
     return artifact.model_copy(update={"cuts": cuts})
 
 
@@ -90,6 +98,6 @@ def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
     if any(runner.groups[cut] != group for cut, group in groups):
         raise CalibrationConfigError("the artifact's group sizes differ from the runner's")
     images = load_split(Split.CALIBRATION).images[fit_start : fit_start + samples]
-    measured = with_deflate_ratios(artifact, deflate_ratios(runner, images, advance))
+    measured = with_coding_ratios(artifact, coding_ratios(runner, images, advance))
     save_artifact(measured, directory)
     return measured

@@ -25,7 +25,7 @@ from models.data import Dataset, Split, describe_splits, load_split
 from models.registry import ModelSpec
 from models.timing import median_latency
 from offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
-from offline.coding import CODING_SAMPLES, deflate_ratios, with_deflate_ratios
+from offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
 from offline.errors import CalibrationConfigError
 from offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from offline.runner import ModelRunner
@@ -350,8 +350,8 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
     cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
     patterns, baseline = _all_patterns(st, cuts, budgets, points, sink)
-    ratios = deflate_ratios(runner, data.fit.images[:CODING_SAMPLES],
-                            sink.start("upload coding", len(runner.cuts)))
+    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES],
+                           sink.start("upload coding", len(runner.cuts)))
     timing["total_without_report"] = time.perf_counter() - started
     artifact = CalibrationArtifact(
         model=spec.name, version=_version(spec), factory=spec.factory,
@@ -369,7 +369,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
         baseline_qpart_paper=baseline, timing_s=timing,
     )
-    artifact = with_deflate_ratios(artifact, ratios)
+    artifact = with_coding_ratios(artifact, ratios)
     write_outputs(artifact, agreement, out_dir)
     # The artifact folder is self-contained: the server loads these exact weights (sha256-checked).
     shutil.copyfile(spec.weights, out_dir / "weights.safetensors")

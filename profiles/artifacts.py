@@ -53,6 +53,14 @@ class CutProfile(_Frozen):
         description="Per activation bits (1..8, 32): mean deflated size of this cut's activation "
                     "packet over its raw size, on calibration samples (kernels.coding). Empty: "
                     "not measured; uploads are priced raw.")
+    zstd_ratio: dict[Bits, Annotated[float, Field(gt=0, le=2)]] = Field(
+        default_factory=dict,
+        description="As deflate_ratio, for the zstd upload coding. Empty: not measured; uploads are "
+                    "not priced zstd-compressed.")
+
+    def coding_ratio(self, coding: str) -> dict[int, float]:
+        """The measured ratios of ``coding`` (``deflate`` or ``zstd``; empty for anything else)."""
+        return {"deflate": self.deflate_ratio, "zstd": self.zstd_ratio}.get(coding, {})
 
 
 class Pattern(_Frozen):

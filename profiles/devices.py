@@ -30,7 +30,7 @@ class EnergyModel(StrEnum):
 
 
 # Seconds per bit width (1..32; JSON object keys are strings, so the schema says which ones).
-DeflateTimes = Annotated[
+CodingTimes = Annotated[
     dict[Annotated[int, Field(ge=1, le=32)], Annotated[float, Field(ge=0, le=10)]],
     Field(json_schema_extra={"propertyNames": {"pattern": "^([1-9]|[12][0-9]|3[0-2])$"}}),
 ]
@@ -49,15 +49,23 @@ class MeasuredHeads(BaseModel):
         default_factory=list,
         description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
                     "empty when not measured.")
-    deflate_s: list[DeflateTimes] = Field(
+    deflate_s: list[CodingTimes] = Field(
         default_factory=list, max_length=256,
         description="Seconds to deflate an upload (kernels.coding) per cut (index = cut index) and "
                     "activation bits (1..8, 32), batch 1; empty: uploads are not deflated.")
+    zstd_s: list[CodingTimes] = Field(
+        default_factory=list, max_length=256,
+        description="As deflate_s, for the zstd upload coding; empty: uploads are not "
+                    "zstd-compressed.")
     warmup: int = Field(ge=0, description="Warm-up iterations before timing.")
     repeats: int = Field(ge=1, description="Least timed rounds (each runs every cut once); the lists "
                                            "hold medians over the rounds.")
     min_seconds: float = Field(default=0.0, ge=0, le=3600,
                                description="Rounds went on until this long had passed.")
+
+    def coding_s(self, coding: str) -> list[dict[int, float]]:
+        """The measured times of ``coding`` (``deflate`` or ``zstd``; empty for anything else)."""
+        return {"deflate": self.deflate_s, "zstd": self.zstd_s}.get(coding, [])
 
 
 class DeviceProfile(BaseModel):

@@ -158,9 +158,9 @@ def measure_coding(
     artifact: Annotated[Path, typer.Option(help="Artifact folder (artifact.json + weights.safetensors).")],
     samples: Annotated[int, typer.Option(help="Calibration fit samples to measure on.")] = 500,
 ) -> None:
-    """Measure how far each cut's activation packets shrink under the deflate upload coding, into
-    an existing artifact (calibrate does this for new ones); the planner prices deflated uploads
-    with it."""
+    """Measure how far each cut's activation packets shrink under the deflate and zstd upload
+    codings, into an existing artifact (calibrate does this for new ones); the planner prices
+    compressed uploads with it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from offline.coding import measure_artifact
@@ -170,9 +170,10 @@ def measure_coding(
         advance = _RichSink(bar).start("upload coding", _cut_count(artifact))
         measured = measure_artifact(artifact, samples, advance)
     for cut in measured.cuts:
-        if cut.deflate_ratio:
-            shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(cut.deflate_ratio.items()))
-            typer.echo(f"cut {cut.index}: {shown}")
+        for coding in ("deflate", "zstd"):
+            if ratios := cut.coding_ratio(coding):
+                shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(ratios.items()))
+                typer.echo(f"cut {cut.index} {coding}: {shown}")
     typer.echo(f"wrote {artifact}/artifact.json")
 
 

@@ -1,14 +1,15 @@
-"""Request bodies in a Content-Encoding: ``identity`` (as is) or ``deflate`` (zlib, RFC 9110 8.4.1.2).
+"""Request bodies in a Content-Encoding: ``identity`` (as is), ``deflate`` (zlib, RFC 9110 8.4.1.2)
+or ``zstd`` (one Zstandard frame, RFC 8878).
 
-Devices may deflate activation packets on the tail route (``kernels.coding``; the plan's
-``upload_encoding`` says when it pays). Other routes take identity only and answer 415 otherwise.
+Devices may compress activation packets on the tail route (``kernels.coding``; the plan's
+``upload_encoding`` says when and how it pays). Other routes take identity only and answer 415 otherwise.
 The inflated body is bounded by what the route can use.
 """
 
 from __future__ import annotations
 
 from kernels import KernelError, OversizeError
-from kernels.coding import DEFLATE, inflate
+from kernels.coding import Coding, decode
 from server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
 IDENTITY = "identity"
@@ -19,39 +20,39 @@ def content_coding(values: list[str]) -> str:
     identity) is named, else the one named.
 
     Raises:
-        UnsupportedMediaTypeError: a coding other than deflate, or more than one coding (415).
+        UnsupportedMediaTypeError: a coding other than deflate or zstd, or more than one (415).
     """
     codings = [c.strip().lower() for value in values for c in value.split(",")]
     named = [c for c in codings if c and c != IDENTITY]
     if not named:
         return IDENTITY
-    if len(named) > 1 or named[0] != DEFLATE:
+    if len(named) > 1 or named[0] not in {c.value for c in Coding}:
         raise UnsupportedMediaTypeError(
             f"Content-Encoding {', '.join(named)!r} is not supported; send the body as is or with "
-            "'Content-Encoding: deflate' (zlib), one coding")
-    return DEFLATE
+            "'Content-Encoding: deflate' (zlib) or 'zstd' (one Zstandard frame), one coding")
+    return named[0]
 
 
 def decode_content(body: bytes, coding: str, limit: int) -> bytes:
     """``body`` with ``coding`` (from :func:`content_coding`) undone; at most ``limit`` bytes.
 
     Raises:
-        PayloadTooLargeError: the body inflates past ``limit`` (413).
-        BadRequestError: not a complete, valid zlib stream (400).
+        PayloadTooLargeError: the body decodes past ``limit`` (413).
+        BadRequestError: not a complete, valid zlib stream or Zstandard frame (400).
     """
     if coding == IDENTITY:
         return body
     try:
-        return inflate(body, max_bytes=limit)
+        return decode(body, coding, max_bytes=limit)
     except OversizeError as exc:
-        raise PayloadTooLargeError(f"the deflated body inflates past the {limit} bytes this route "
+        raise PayloadTooLargeError(f"the {coding} body decodes past the {limit} bytes this route "
                                    "can use") from exc
     except KernelError as exc:
-        raise BadRequestError(f"invalid deflate body: {exc}") from exc
+        raise BadRequestError(f"invalid {coding} body: {exc}") from exc
 
 
 def identity_only(values: list[str]) -> None:
     """Refuse (415) any coding but identity: the route takes plain bodies only."""
     if content_coding(values) != IDENTITY:
         raise UnsupportedMediaTypeError("this route takes bodies as is (no Content-Encoding); "
-                                        "deflate is taken on the tail route only")
+                                        "deflate and zstd are taken on the tail route only")

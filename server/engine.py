@@ -185,7 +185,7 @@ class Engine:
         weights = PRESETS[req.weights] if isinstance(req.weights, WeightPreset) else req.weights
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments),
-                            upload_overlap_s=req.upload_overlap_s, upload_deflate=req.upload_deflate,
+                            upload_overlap_s=req.upload_overlap_s, upload_codings=req.offered_codings(),
                             upload_rate_bps=req.upload_rate_bps)
         candidates = []
         tail_s = self.tail_seconds(model)
@@ -193,8 +193,8 @@ class Engine:
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
             index = self._segment_for(model, pattern)
             seg_id, size = (index.segment_id, index.size) if index else (None, 0)
-            # Raw and deflated uploads are separate candidates: the cheaper one may miss a
-            # deadline the other meets (deflating can save energy and cost time).
+            # Raw and compressed uploads are separate candidates: the cheaper one may miss a
+            # deadline the other meets (compressing can save energy and cost time).
             tail = tail_s[pattern.cut]
             options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
             candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
 from profiles.devices import DeviceProfile
 from server.errors import UnprocessableError
-from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
+from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown, UploadCoding
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class PlanInputs:
     price_per_second: float
     held: frozenset[str]
     upload_overlap_s: float = 0.0
-    upload_deflate: bool = False  # the device sends Content-Encoding: deflate where it pays
+    upload_codings: frozenset[UploadCoding] = frozenset()  # Content-Encodings the device may upload with
     upload_rate_bps: float | None = None  # the activation body's bit/s (None: rate_bps)
 
 
@@ -47,7 +47,11 @@ class Candidate:
 # shaper's own counters (`tc -s qdisc`) for a tail request of this server from httpx: 1,854 B on
 # the wire for a 452 B packet and a 634 B answer.
 HTTP_EXCHANGE_BYTES = 768
-CODING_HEADER_BYTES = len(b"Content-Encoding: deflate\r\n")  # what a deflated upload adds to that
+
+
+def coding_header_bytes(coding: str) -> int:
+    """What an upload in ``coding`` adds to :data:`HTTP_EXCHANGE_BYTES`: its header field."""
+    return len(f"Content-Encoding: {coding}\r\n")
 
 
 def head_seconds(artifact: CalibrationArtifact, cut: CutProfile, device: DeviceProfile) -> float:
@@ -68,30 +72,36 @@ def encode_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: Devi
     return measured.encode_s[pattern.cut]
 
 
-def deflate_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: DeviceProfile) -> float | None:
-    """Device time to deflate one sample's upload, as the device measured it for this cut and bits;
-    None when its profile has no such figure for this version (the upload is then not deflated)."""
+def coding_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: DeviceProfile,
+                   coding: str) -> float | None:
+    """Device time to compress one sample's upload in ``coding``, as the device measured it for
+    this cut and bits; None when its profile has no such figure for this version (the upload is
+    then not sent in that coding)."""
     measured = device.measured.get(artifact.model)
-    if measured is None or measured.version != artifact.version or pattern.cut >= len(measured.deflate_s):
+    times = [] if measured is None or measured.version != artifact.version else measured.coding_s(coding)
+    if pattern.cut >= len(times):
         return None
-    return measured.deflate_s[pattern.cut].get(pattern.activation_bits)
+    return times[pattern.cut].get(pattern.activation_bits)
 
 
 def price_options(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
                   segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
                   answer_bytes: int = 0) -> list[CostBreakdown]:
-    """The pattern priced with its activation sent as is, and also deflated when the device offers
-    it (``inputs.upload_deflate``), the calibration measured how far this cut's packets at these
-    bits shrink (``CutProfile.deflate_ratio``, below 1), and the device's profile says how long
-    deflating takes (``MeasuredHeads.deflate_s``). See :func:`price_upload`."""
-    plain = price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes)
-    ratio = artifact.cuts[pattern.cut].deflate_ratio.get(pattern.activation_bits)
-    last = pattern.cut == len(artifact.cuts) - 1
-    t_deflate = deflate_seconds(artifact, pattern, inputs.device)
-    if not inputs.upload_deflate or last or ratio is None or ratio >= 1 or t_deflate is None:
-        return [plain]
-    return [plain, price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
-                                ratio=ratio, extra_local_s=t_deflate)]
+    """The pattern priced with its activation sent as is, and also in each coding the device offers
+    (``inputs.upload_codings``: deflate, zstd) for which the calibration measured how far this
+    cut's packets at these bits shrink (``CutProfile.coding_ratio``, below 1) and the device's
+    profile says how long compressing takes (``MeasuredHeads.coding_s``). See
+    :func:`price_upload`."""
+    options = [price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes)]
+    if pattern.cut == len(artifact.cuts) - 1:
+        return options
+    for coding in sorted(inputs.upload_codings):
+        ratio = artifact.cuts[pattern.cut].coding_ratio(coding).get(pattern.activation_bits)
+        t_code = coding_seconds(artifact, pattern, inputs.device, coding)
+        if ratio is not None and ratio < 1 and t_code is not None:
+            options.append(price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s,
+                                        answer_bytes, ratio=ratio, extra_local_s=t_code, coding=coding))
+    return options
 
 
 def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
@@ -105,7 +115,7 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
 def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
                  segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
                  answer_bytes: int = 0, *, ratio: float | None = None,
-                 extra_local_s: float = 0.0) -> CostBreakdown:
+                 extra_local_s: float = 0.0, coding: UploadCoding = "deflate") -> CostBreakdown:
     """Predicted time, energy, server cost and objective of one pattern for one request.
 
     ``tail_s`` is the tail's batch-1 time on the serving machine (default: the artifact's figure,
@@ -127,9 +137,10 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     one-packet body cost about the line rate at 1 and 5 Mbit/s, less than half of it at 20 and
     nothing measurable at 100; a long download's goodput says otherwise at every rate.
 
-    With ``ratio`` the activation is sent deflated: priced at its raw size times the ratio (the
-    calibration's mean, measured on one-sample packets: a batch is priced as that many samples),
-    plus :data:`CODING_HEADER_BYTES`, and ``extra_local_s`` (the device's deflate time) per sample.
+    With ``ratio`` the activation is sent in ``coding`` (deflate or zstd): priced at its raw size
+    times the ratio (the calibration's mean, measured on one-sample packets: a batch is priced as
+    that many samples), plus the coding's header field (:func:`coding_header_bytes`), and
+    ``extra_local_s`` (the device's compression time) per sample.
     """
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1
@@ -141,7 +152,7 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     activation = pattern.activation_bytes * (1.0 if ratio is None else ratio)
     z_x = 0.0 if last else (activation + answer_bytes) * inputs.batch
     exchanges = (1 if z_w else 0) + (0 if last else 1)
-    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + (0 if ratio is None else CODING_HEADER_BYTES)
+    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + (0 if ratio is None else coding_header_bytes(coding))
     body = 0.0 if last else activation * inputs.batch
     t_body = body * 8 / (inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps)
     t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
@@ -157,7 +168,7 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
         time_s=TimeBreakdown(local=t_local, transfer=t_tran, server=t_server, total=total_t),
         energy_j=EnergyBreakdown(local=e_local, transfer=e_tran, total=e_local + e_tran),
         server_cost=cost, objective=objective, transfer_bytes=round(sent),
-        upload_encoding="identity" if ratio is None else "deflate",
+        upload_encoding="identity" if ratio is None else coding,
     )
 
 

@@ -144,15 +144,16 @@ def segment_head(
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary",
                                                          "x-qpart-format": "activation-packet-v1"}}}},
                  "parameters": [{"name": "Content-Encoding", "in": "header", "required": False,
-                                 "description": "identity (default) or deflate (zlib)",
-                                 "schema": {"type": "string", "enum": ["identity", "deflate"]}}]},
+                                 "description": "identity (default), deflate (zlib) or zstd",
+                                 "schema": {"type": "string", "enum": ["identity", "deflate", "zstd"]}}]},
              summary="Run the tail on an uploaded activation packet")
 async def infer_tail(
     model: str, version: str, pattern_id: str, request: Request, engine: EngineDep,
     top_k: Annotated[int, Query(ge=1, le=TOP_K_MAX)] = TOP_K_DEFAULT,
 ) -> Response:
     """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups, as
-    is or with ``Content-Encoding: deflate`` (zlib; the plan's ``upload_encoding`` says when)."""
+    is or with ``Content-Encoding: deflate`` (zlib) or ``zstd`` (the plan's ``upload_encoding`` says
+    which)."""
     return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k,
                                      request.headers.getlist("content-encoding"))
 

@@ -53,6 +53,9 @@ PRESETS: dict[WeightPreset, ObjectiveWeights] = {
 }
 
 
+UploadCoding = Literal["deflate", "zstd"]  # a compressed upload's Content-Encoding (kernels.coding)
+
+
 class PlanRequest(_Strict):
     """A device asks for a plan: which cut and which bits, under its accuracy demand."""
 
@@ -78,14 +81,23 @@ class PlanRequest(_Strict):
         "(ADR 0006; default: rate_bps). Request headers, the deflate header, answers and segment "
         "downloads count at rate_bps. A device that measures this has no use for upload_overlap_s "
         "too: the overlap would discount the same body again.")
+    upload_codings: list[UploadCoding] = Field(
+        default_factory=list, max_length=2, description="Content-Encodings the device can send its "
+        "activation packet with: 'deflate' (zlib), 'zstd' (one Zstandard frame). Each plan is then "
+        "priced as is and in each of them where the calibration measured the cut's packets so "
+        "coded and the device profile has the coding's times; the plan's upload_encoding says "
+        "which won.")
     upload_deflate: bool = Field(
-        False, description="The device can send its activation packet with 'Content-Encoding: "
-        "deflate' (zlib). Each plan is then priced both ways where the calibration measured the "
-        "cut's packets deflated and the device profile has deflate times; the plan's "
-        "upload_encoding says which won.")
+        False, description="The same as listing 'deflate' in upload_codings (kept for devices that "
+        "predate zstd).")
+
+    def offered_codings(self) -> frozenset[UploadCoding]:
+        """The codings the device offers, from both fields."""
+        deflate: list[UploadCoding] = ["deflate"] if self.upload_deflate else []
+        return frozenset([*self.upload_codings, *deflate])
 
 
-UploadEncoding = Literal["identity", "deflate"]  # how an activation packet is sent (server.content)
+UploadEncoding = Literal["identity", "deflate", "zstd"]  # how an activation packet is sent (server.content)
 
 
 class TimeBreakdown(_Strict):
@@ -114,8 +126,8 @@ class CostBreakdown(_Strict):
     objective: float
     transfer_bytes: int
     upload_encoding: UploadEncoding = Field(
-        "identity", description="How the activation is sent in this plan (deflate: its mean deflated "
-        "size, plus the device's time to deflate it).")
+        "identity", description="How the activation is sent in this plan (deflate, zstd: its mean "
+        "compressed size, plus the device's time to compress it).")
 
 
 class SegmentRef(_Strict):
@@ -148,7 +160,8 @@ class PlanResponse(_Strict):
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
     upload_encoding: UploadEncoding = Field(
-        description="How to send the packet: as is, or deflated with 'Content-Encoding: deflate' "
+        description="How to send the packet: as is, or compressed with 'Content-Encoding: deflate' "
+        "or 'zstd' "
         "(only when the request allowed it and it was priced so).")
 
 

@@ -19,6 +19,7 @@ from profiles.devices import get_device
 from server.planner import PlanInputs, allowed_patterns
 from server.schemas import PRESETS, WeightPreset
 
+CODINGS = frozenset({"deflate", "zstd"})
 
 def test_baseline_patterns_cover_every_cut_and_no_demand_admits_them(artifacts_dir):
     artifact = load_artifact(artifacts_dir / "fmnist-cnn")
@@ -58,10 +59,10 @@ def test_a_cells_traffic_implies_the_overhead_its_exchanges_took_beyond_their_pr
     cuts = len(artifact.cuts)
     model = ModelView("fmnist-cnn", artifact.version, cuts, [0.0] * cuts, [], artifact, [], [], 200)
     inputs = PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.LATENCY_FIRST], 20e6, 0.9e-3, 1, 1.0,
-                        frozenset(), upload_deflate=True)
+                        frozenset(), upload_codings=CODINGS)
     plans = {f"{pid}/identity": {"pattern_id": pid, "cut": 0, "segment": None, "upload_encoding": "identity"}
              for pid in ("u8-c0", "c0-81c59f5957aefb40")}
-    bare = PlanInputs(inputs.device, inputs.weights, 20e6, 0.0, 1, 1.0, frozenset(), upload_deflate=True)
+    bare = PlanInputs(inputs.device, inputs.weights, 20e6, 0.0, 1, 1.0, frozenset(), upload_codings=CODINGS)
     runs = {}
     for k, p in plans.items():
         wire = _predict(model, p, bare)["time_s"]["transfer"]
@@ -76,11 +77,11 @@ def test_the_overhead_a_cold_cell_implies_leaves_its_segment_downloads_out(artif
     cuts = len(artifact.cuts)
     model = ModelView("fmnist-cnn", artifact.version, cuts, [0.0] * cuts, [], artifact, [], [], 200)
     inputs = PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.ENERGY_FIRST], 5e6, 2e-3, 1, 1.0,
-                        frozenset(), upload_deflate=True)  # cold: the device holds no segment
+                        frozenset(), upload_codings=CODINGS)  # cold: the device holds no segment
     head = next(p for p in artifact.patterns if p.cut == 1 and p.level == 0.01)
     plan = {"pattern_id": head.pattern_id, "cut": 1, "segment": {"id": "seg-1", "size_bytes": 1 << 20}}
     held = PlanInputs(inputs.device, inputs.weights, 5e6, 0.0, 1, 1.0, frozenset({"seg-1"}),
-                      upload_deflate=True)
+                      upload_codings=CODINGS)
     wire = _predict(model, plan, held)["time_s"]["transfer"]
     assert _predict(model, plan, inputs)["time_s"]["transfer"] > wire + 1.0  # a MiB at 5 Mbit/s
     runs = {"k": [{"local": 0.0, "server": 1e-3, "round_trip": 1e-3 + wire + 0.7e-3}]}

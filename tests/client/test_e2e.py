@@ -87,23 +87,29 @@ def test_activation_upload_path_matches_offline(server, runner, tmp_path, demand
     _compare(runner, doc, demand)
 
 
-def test_a_profiled_device_on_a_slow_link_uploads_deflated_packets(server, runner, tmp_path):
-    """A profile with deflate times (1 us for every cut and bits) at 1 Mbit/s: the plan says
-    deflate, the client sends the packets deflated (fewer bytes than raw), the answers match."""
+@pytest.mark.parametrize(("times", "coding"), [
+    pytest.param({"deflate_s": 1e-6}, "deflate", id="deflate"),
+    pytest.param({"deflate_s": 1e-3, "zstd_s": 1e-4}, "zstd", id="zstd-faster"),
+])
+def test_a_profiled_device_on_a_slow_link_uploads_compressed_packets(server, runner, tmp_path, times, coding):
+    """A profile with coding times for every cut and bits at 1 Mbit/s: the plan says the coding
+    that prices cheapest (deflate when it is the only one; zstd when it takes a tenth of deflate's
+    time), the client sends the packets so (fewer bytes than raw), the server decodes them and
+    the answers match."""
     from kernels import packed_size
     from profiles.devices import get_device
 
     info = httpx.get(f"{server.url}/v1/models/fmnist-cnn").json()
-    fast_deflate = [dict.fromkeys([*range(1, 9), 32], 1e-6)] * info["cuts"]
     profile = get_device("raspberry-pi-4").model_dump(mode="json")
     slow_heads = [0.0] + [1.0] * (info["cuts"] - 1)  # a device that cannot run any head: cut 0
-    profile["measured"] = {"fmnist-cnn": {"version": info["version"], "head_s": slow_heads,
-                                          "deflate_s": fast_deflate, "warmup": 0, "repeats": 1}}
+    coded = {k: [dict.fromkeys([*range(1, 9), 32], t)] * info["cuts"] for k, t in times.items()}
+    profile["measured"] = {"fmnist-cnn": {"version": info["version"], "head_s": slow_heads, **coded,
+                                          "warmup": 0, "repeats": 1}}
     path = tmp_path / "pi.json"
     path.write_text(json.dumps(profile))
     doc = _infer(server, tmp_path / "cache", 0.01, ["--device-profile", str(path), "--rate-mbps", "1"])
     plan = doc["plan"]
-    assert plan["infer_url"] is not None and plan["upload_encoding"] == "deflate"
+    assert plan["infer_url"] is not None and plan["upload_encoding"] == coding
     numel, bits = int(np.prod(plan["activation_shape"])), plan["activation_bits"]
     groups = -(-numel // plan["group_size"])
     raw_per_sample = 4 * numel if bits == 32 else packed_size(numel, bits) + 8 * groups

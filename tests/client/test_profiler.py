@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from client.profiler import profile_device
 from profiles.artifacts import load_artifact
 from profiles.devices import DeviceProfile, get_device
@@ -38,23 +40,27 @@ def test_encode_times_price_quantized_uploads_but_not_float_ones(artifacts_dir):
     assert encode_seconds(artifact, quantized, get_device("raspberry-pi-4")) == 0.0  # not measured
 
 
-def test_the_profiler_times_deflating_every_cut_at_every_bits(artifacts_dir):
-    from client.profiler import measure_deflate
-    from kernels.coding import CODING_BITS
+def test_the_profiler_times_every_coding_at_every_cut_and_bits(artifacts_dir):
+    from client.profiler import measure_codings
+    from kernels.coding import CODING_BITS, Coding
 
     artifact = load_artifact(artifacts_dir / "fmnist-cnn")
-    times = measure_deflate("fmnist-cnn", repeats=3)
-    assert len(times) == len(artifact.cuts) - 1  # the last cut uploads nothing
-    assert all(sorted(t) == sorted(CODING_BITS) and all(0 < v < 0.1 for v in t.values()) for t in times)
+    timed = measure_codings("fmnist-cnn", repeats=3)
+    assert sorted(timed) == sorted(Coding)
+    for times in timed.values():
+        assert len(times) == len(artifact.cuts) - 1  # the last cut uploads nothing
+        assert all(sorted(t) == sorted(CODING_BITS) and all(0 < v < 0.1 for v in t.values()) for t in times)
 
 
-def test_upload_body_deflates_only_when_the_plan_says_so():
+@pytest.mark.parametrize("coding", ["deflate", "zstd"])
+def test_upload_body_compresses_only_when_the_plan_says_so(coding):
     from client.runtime import upload_body
-    from kernels.coding import inflate
+    from kernels.coding import decode
 
     packet = b"QPA\x01" + bytes(400)
-    body, headers = upload_body({"upload_encoding": "deflate"}, packet)
-    assert headers["Content-Encoding"] == "deflate" and inflate(body, max_bytes=404) == packet
+    body, headers = upload_body({"upload_encoding": coding}, packet)
+    assert headers["Content-Encoding"] == coding and decode(body, coding, max_bytes=404) == packet
+    assert len(body) < len(packet) / 4
     plain = (packet, {"Content-Type": "application/octet-stream"})
     assert upload_body({"upload_encoding": "identity"}, packet) == plain
     assert upload_body({}, packet)[0] is packet

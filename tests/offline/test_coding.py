@@ -1,4 +1,4 @@
-"""qpart measure-coding: deflate ratios into an existing artifact, nothing else changed."""
+"""qpart measure-coding: deflate and zstd ratios into an existing artifact, nothing else changed."""
 
 from __future__ import annotations
 
@@ -20,18 +20,22 @@ def copy(artifacts_dir, tmp_path):
 
 def test_the_ratios_are_measured_and_nothing_else_changes(copy):
     before = load_artifact(copy)
-    stripped = before.model_copy(update={"cuts": [c.model_copy(update={"deflate_ratio": {}})
+    stripped = before.model_copy(update={"cuts": [c.model_copy(update={"deflate_ratio": {}, "zstd_ratio": {}})
                                                   for c in before.cuts]})
     (copy / "artifact.json").write_text(stripped.model_dump_json(indent=1))
     after = measure_artifact(copy, samples=40)
     assert load_artifact(copy) == after
     assert after.patterns == before.patterns and after.baseline_qpart_paper == before.baseline_qpart_paper
     for cut in after.cuts[:-1]:
-        assert sorted(cut.deflate_ratio) == [*range(1, 9), 32]
-        assert all(0 < r < 1.2 for r in cut.deflate_ratio.values())
-    assert after.cuts[-1].deflate_ratio == {}
+        for coding in ("deflate", "zstd"):
+            assert sorted(cut.coding_ratio(coding)) == [*range(1, 9), 32]
+            assert all(0 < r < 1.2 for r in cut.coding_ratio(coding).values())
+    assert after.cuts[-1].deflate_ratio == {} and after.cuts[-1].zstd_ratio == {}
     # 40 samples against the committed 500: the same picture, to a few percent
     assert after.cuts[0].deflate_ratio[4] == pytest.approx(before.cuts[0].deflate_ratio[4], rel=0.1)
+    assert after.cuts[0].zstd_ratio[4] == pytest.approx(before.cuts[0].zstd_ratio[4], rel=0.1)
+    # zstd at level 1 gives up a little size for speed: Fashion-MNIST's input, 4 bits
+    assert 1.0 < after.cuts[0].zstd_ratio[4] / after.cuts[0].deflate_ratio[4] < 1.15
 
 
 def test_other_weights_or_too_many_samples_are_refused(copy):

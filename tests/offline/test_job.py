@@ -43,6 +43,8 @@ def test_artifact_round_trips_and_lists_lossless_patterns(small_run):
     every = [*range(1, 9), 32]
     assert [sorted(c.deflate_ratio) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
     assert loaded.cuts[-1].deflate_ratio == {} and 0 < loaded.cuts[0].deflate_ratio[32] < 0.6
+    assert [sorted(c.zstd_ratio) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
+    assert loaded.cuts[-1].zstd_ratio == {} and 0 < loaded.cuts[0].zstd_ratio[32] < 0.7
 
 
 def test_validation_json_has_the_documented_fields(small_run):

@@ -281,13 +281,17 @@ def test_fastapis_native_opentelemetry_follows_the_setting(cnn_only, on):
 def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(client):
     import zlib
 
-    from kernels.coding import deflate
+    import zstandard
+
+    from kernels.coding import deflate, zstd_compress
 
     plan = _plan(client, rate_bps=1e6)
     packet = encode_for_plan(load_split(Split.TEST, limit=1).images, plan)
     plain = client.post(plan["infer_url"], content=packet).json()
     coded = client.post(plan["infer_url"], content=deflate(packet), headers={"Content-Encoding": "deflate"})
     assert coded.status_code == 200 and coded.json()["results"] == plain["results"]
+    zst = client.post(plan["infer_url"], content=zstd_compress(packet), headers={"Content-Encoding": "zstd"})
+    assert zst.status_code == 200 and zst.json()["results"] == plain["results"]
     unsupported = client.post(plan["infer_url"], content=packet, headers={"Content-Encoding": "gzip"})
     assert unsupported.status_code == 415 and "deflate" in unsupported.json()["error"]
     coded_header = {"Content-Encoding": "deflate"}
@@ -295,7 +299,13 @@ def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(clie
     assert broken.status_code == 400 and "deflate" in broken.json()["error"]
     bomb = zlib.compress(b"\0" * (9 << 20), 9)  # inflates past the 8 MiB body limit
     big = client.post(plan["infer_url"], content=bomb, headers={"Content-Encoding": "deflate"})
-    assert big.status_code == 413 and "inflates past" in big.json()["error"]
+    assert big.status_code == 413 and "decodes past" in big.json()["error"]
+    zbomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (9 << 20))
+    zbig = client.post(plan["infer_url"], content=zbomb, headers={"Content-Encoding": "zstd"})
+    assert zbig.status_code == 413 and "decodes past" in zbig.json()["error"]
+    zbroken = client.post(plan["infer_url"], content=b"\x28\xb5\x2f\xfdgarbage",
+                          headers={"Content-Encoding": "zstd"})
+    assert zbroken.status_code == 400 and "zstd" in zbroken.json()["error"]
 
 
 def test_a_device_with_deflate_times_is_told_to_deflate_on_a_slow_link(client):
@@ -311,3 +321,5 @@ def test_a_device_with_deflate_times_is_told_to_deflate_on_a_slow_link(client):
     assert slow["upload_encoding"] == "deflate" and slow["predicted"]["upload_encoding"] == "deflate"
     assert _plan(client, rate_bps=1e5, device=device)["upload_encoding"] == "identity"  # not offered
     assert _plan(client, rate_bps=1e10, device=device, upload_deflate=True)["upload_encoding"] == "identity"
+    both = _plan(client, rate_bps=1e5, device=device, upload_codings=["zstd", "deflate"])
+    assert both["upload_encoding"] == "deflate"  # the profile has no zstd times

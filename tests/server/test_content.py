@@ -1,4 +1,4 @@
-"""Content-Encoding of request bodies: one coding (identity or deflate) or a 415 that says why."""
+"""Content-Encoding of request bodies: one coding (identity, deflate or zstd) or a 415 that says why."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels.coding import deflate
+from kernels.coding import deflate, zstd_compress
 from server.content import content_coding, decode_content, identity_only
 from server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
@@ -16,14 +16,15 @@ from server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMedi
 @pytest.mark.parametrize(("values", "coding"), [
     ([], "identity"), ([""], "identity"), (["identity"], "identity"), (["IDENTITY, identity"], "identity"),
     (["deflate"], "deflate"), ([" Deflate "], "deflate"), (["deflate, identity"], "deflate"),
-    (["identity", "deflate"], "deflate"),
+    (["identity", "deflate"], "deflate"), (["zstd"], "zstd"), (["identity, ZSTD"], "zstd"),
 ])
 def test_one_coding_is_named(values, coding):
     assert content_coding(values) == coding
 
 
 @pytest.mark.parametrize("values", [["gzip"], ["br"], ["deflate, gzip"], ["deflate", "deflate"],
-                                    ["deflate", "gzip"], ["x-deflate"]])
+                                    ["deflate", "gzip"], ["x-deflate"], ["zstd, deflate"],
+                                    ["zstd", "zstd"]])
 def test_anything_else_is_a_415_naming_it(values):
     with pytest.raises(UnsupportedMediaTypeError, match="not supported"):
         content_coding(values)
@@ -32,7 +33,7 @@ def test_anything_else_is_a_415_naming_it(values):
 @given(st.lists(st.text(max_size=30), max_size=4))
 def test_any_header_values_give_a_coding_or_a_415(values):
     with contextlib.suppress(UnsupportedMediaTypeError):
-        assert content_coding(values) in ("identity", "deflate")
+        assert content_coding(values) in ("identity", "deflate", "zstd")
 
 
 def test_decoding_is_bounded_and_refuses_bad_streams():
@@ -42,6 +43,11 @@ def test_decoding_is_bounded_and_refuses_bad_streams():
         decode_content(deflate(b"x" * 101), "deflate", 100)
     with pytest.raises(BadRequestError, match="invalid deflate"):
         decode_content(b"nope", "deflate", 100)
+    assert decode_content(zstd_compress(b"x" * 100), "zstd", 100) == b"x" * 100
+    with pytest.raises(PayloadTooLargeError, match="the 100 bytes"):
+        decode_content(zstd_compress(b"x" * 101), "zstd", 100)
+    with pytest.raises(BadRequestError, match="invalid zstd"):
+        decode_content(b"nope", "zstd", 100)
 
 
 def test_identity_only_routes_refuse_codings():
@@ -49,3 +55,5 @@ def test_identity_only_routes_refuse_codings():
     identity_only(["identity"])
     with pytest.raises(UnsupportedMediaTypeError, match="tail route only"):
         identity_only(["deflate"])
+    with pytest.raises(UnsupportedMediaTypeError, match="tail route only"):
+        identity_only(["zstd"])

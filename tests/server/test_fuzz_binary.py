@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernels.coding import zstd_compress
+
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -26,9 +28,14 @@ def test_tail_infer_never_5xx(client, infer_urls, data, body):
     if data.draw(st.booleans()):  # a plausible header with hostile fields behind it
         body = b"QPA\x01" + body
     headers = {}
-    coding = data.draw(st.sampled_from([None, "deflate", "raw-deflate-garbage"]))
+    coding = data.draw(st.sampled_from([None, "deflate", "zstd", "deflate-garbage", "zstd-garbage"]))
     if coding == "deflate":  # the same hostile packet, validly deflated
         body, headers = zlib.compress(body), {"Content-Encoding": "deflate"}
+    elif coding == "zstd":  # or validly zstd-compressed
+        body, headers = zstd_compress(body), {"Content-Encoding": "zstd"}
+    elif coding == "zstd-garbage":  # bytes that claim to be a zstd frame, some behind its magic number
+        prefix = b"\x28\xb5\x2f\xfd" if data.draw(st.booleans()) else b""
+        body, headers = prefix + body, {"Content-Encoding": "zstd"}
     elif coding is not None:  # bytes that claim to be deflated
         headers = {"Content-Encoding": "deflate"}
     response = client.post(url, content=body, headers=headers)

@@ -9,7 +9,7 @@ import pytest
 
 from profiles.artifacts import load_artifact
 from profiles.devices import get_device
-from server.planner import CODING_HEADER_BYTES, HTTP_EXCHANGE_BYTES, PlanInputs, price, price_upload
+from server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, coding_header_bytes, price, price_upload
 from server.schemas import PRESETS, WeightPreset
 
 
@@ -100,7 +100,7 @@ def _deflating(rate_bps, seconds=1e-4, offer=True):
                               warmup=0, repeats=1)
         return PlanInputs(base.model_copy(update={"measured": {artifact.model: heads}}),
                           PRESETS[WeightPreset.LATENCY_FIRST], rate_bps, 0.01, 1, 1.0, frozenset(), 0.0,
-                          upload_deflate=offer)
+                          upload_codings=frozenset({"deflate"} if offer else ()))
 
     return base, inputs
 
@@ -111,12 +111,46 @@ def test_a_slow_link_deflates_the_upload_at_the_measured_ratio_plus_the_deflate_
     assert 0 < ratio < 1
     _, inputs = _deflating(1e6)
     coded = price(artifact, p, None, 0, inputs(artifact), 0.001, 600)
-    plain = price(artifact, p, None, 0, replace(inputs(artifact), upload_deflate=False), 0.001, 600)
+    plain = price(artifact, p, None, 0, replace(inputs(artifact), upload_codings=frozenset()), 0.001, 600)
     assert (plain.upload_encoding, coded.upload_encoding) == ("identity", "deflate")
-    saved = p.activation_bytes * (1 - ratio) - CODING_HEADER_BYTES  # the header field costs bytes too
+    saved = p.activation_bytes * (1 - ratio) - coding_header_bytes("deflate")  # the header field costs too
     assert abs(plain.transfer_bytes - coded.transfer_bytes - saved) <= 1  # whole bytes reported
     assert coded.time_s.local - plain.time_s.local == pytest.approx(1e-4)
     assert plain.time_s.transfer - coded.time_s.transfer == pytest.approx(saved * 8 / 1e6)
+
+
+def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper_wins(artifact):
+    from profiles.devices import MeasuredHeads
+    from server.planner import price_options
+
+    p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
+    ratios = {"deflate_ratio": {32: 0.30}, "zstd_ratio": {32: 0.35}}
+    cuts = [c.model_copy(update=ratios) for c in artifact.cuts]
+    coded = artifact.model_copy(update={"cuts": cuts})
+    n = len(artifact.cuts)
+
+    def inputs(deflate_s, zstd_s, offered=frozenset({"deflate", "zstd"})):
+        heads = MeasuredHeads(version=artifact.version, head_s=[0.0] * n,
+                              deflate_s=[{32: deflate_s}] * n, zstd_s=[{32: zstd_s}] * n, warmup=0, repeats=1)
+        device = get_device("phone-soc").model_copy(update={"measured": {artifact.model: heads}})
+        return PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], 1e6, 0.01, 1, 1.0, frozenset(), 0.0,
+                          upload_codings=offered)
+
+    raw, deflated, zstd = price_options(coded, p, None, 0, inputs(1e-3, 1e-5), 0.001, 600)
+    assert [c.upload_encoding for c in (raw, deflated, zstd)] == ["identity", "deflate", "zstd"]
+    assert zstd.transfer_bytes - deflated.transfer_bytes == pytest.approx(
+        p.activation_bytes * 0.05 + coding_header_bytes("zstd") - coding_header_bytes("deflate"), abs=1)
+    assert zstd.time_s.local - raw.time_s.local == pytest.approx(1e-5)
+    assert deflated.time_s.local - raw.time_s.local == pytest.approx(1e-3)
+    # zstd's 157 more bytes cost 1.25 ms at 1 Mbit/s: worth it against a 3 ms deflate, not a 10 us one
+    assert price(coded, p, None, 0, inputs(3e-3, 1e-5), 0.001, 600).upload_encoding == "zstd"
+    assert price(coded, p, None, 0, inputs(1e-5, 1e-5), 0.001, 600).upload_encoding == "deflate"
+    only_deflate = inputs(1e-3, 1e-5, frozenset({"deflate"}))
+    assert [c.upload_encoding for c in price_options(coded, p, None, 0, only_deflate, 0.001, 600)] == [
+        "identity", "deflate"]
+    unmeasured = artifact.model_copy(update={"cuts": [c.model_copy(update={"zstd_ratio": {}}) for c in cuts]})
+    assert "zstd" not in [c.upload_encoding for c in
+                          price_options(unmeasured, p, None, 0, inputs(1e-3, 1e-5), 0.001, 600)]
 
 
 def test_a_fast_link_or_a_slow_deflate_sends_the_packet_as_is(artifact):

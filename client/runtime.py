@@ -120,8 +120,11 @@ class DeviceRuntime:
             "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
             "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
         }
-        if offered := self._codings_measured(model):
-            body["upload_codings"] = offered  # only then: a server before compressed uploads refuses it
+        offered = self._codings_measured(model)
+        if offered == ["deflate"]:  # understood by servers from before zstd (ADR 0005) too
+            body["upload_deflate"] = True
+        elif offered:  # only then: a server before compressed uploads refuses the field
+            body["upload_codings"] = offered
         if self.device_profile is not None:
             body["device"] = self.device_profile.model_dump(mode="json")
         elif self.device is not None:

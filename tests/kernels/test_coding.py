@@ -113,7 +113,7 @@ def test_zstd_truncated_and_trailing_bytes(coder):
     for extra in (frame + b"x", frame + frame):
         with pytest.raises(WireFormatError, match="follow the end"):
             zstd_decompress(extra, max_bytes=10_000)
-    with pytest.raises(WireFormatError, match="not a valid"):
+    with pytest.raises(WireFormatError, match="not a zstd frame"):
         zstd_decompress(b"QPA\x01garbage", max_bytes=10_000)
 
 
@@ -136,3 +136,26 @@ def test_a_packet_survives_the_coding_and_shrinks_where_activations_are_sparse(c
     assert len(coded) < len(packet) / 2
     assert decode(coded, coding, max_bytes=len(packet)) == packet
     decode_activation_array(decode(coded, coding, max_bytes=len(packet)))
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b"\x50\x2a\x4d\x18" + (0xFFFFFFFF).to_bytes(4, "little"), id="skippable-4GiB"),
+    pytest.param(b"\x50\x2a\x4d\x18" + (0).to_bytes(4, "little") + b"anything", id="skippable-empty"),
+])
+def test_skippable_frames_are_refused_before_anything_is_allocated(body):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireFormatError, match="magic number"):
+            zstd_decompress(body, max_bytes=1000)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_empty_frame_with_bytes_behind_it_is_refused():
+    assert zstd_decompress(zstd_compress(b""), max_bytes=0) == b""
+    for extra in (b"garbage", zstd_compress(b"x" * 500)):
+        with pytest.raises(WireFormatError):  # trailing bytes, or a reader that stumbled on them
+            zstd_decompress(zstd_compress(b"") + extra, max_bytes=1000)

@@ -86,7 +86,7 @@ from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, fit_exch
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from client.profiler import CodingTimes, coding_times, head_calls, measure_encodes
+from client.profiler import CodingSeconds, coding_times, head_calls, measure_encodes
 from client.runtime import encode_for_plan, load_head, upload_body
 from kernels.coding import Coding
 from kernels.packing import packed_size
@@ -178,7 +178,7 @@ class ModelView:
     answer_bytes: int
     heads: dict[str, torch.nn.Module] = field(default_factory=dict)
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
-    host_coding_s: CodingTimes = field(default_factory=dict)  # per coding, cut and bits
+    host_coding_s: CodingSeconds = field(default_factory=dict)  # per coding, cut and bits
     activations: list[np.ndarray] = field(default_factory=list)  # the real image's, every cut but the last
     reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
 

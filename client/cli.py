@@ -112,7 +112,8 @@ def profile(
                                                "warm-ups).")] = 5,
     seconds: Annotated[float, typer.Option(
         min=0.0, max=3600.0, help="Keep timing rounds until this long has passed, for each of heads, "
-        "encodes and deflates: a busy or throttling device's medians settle over seconds.")] = 2.0,
+        "encodes and upload codings (deflate, zstd): a busy or throttling device's medians "
+        "settle over seconds.")] = 2.0,
     server: ServerOpt = "http://127.0.0.1:8000",
 ) -> None:
     """Time every cut's head on this device and write a profile the server's planner accepts."""

@@ -74,12 +74,12 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_second
                                settle=settle, burst=burst)
 
 
-CodingTimes = dict[Coding, list[dict[int, float]]]  # per coding, per cut, per bits
+CodingSeconds = dict[Coding, list[dict[int, float]]]  # per coding, per cut, per bits
 
 
 def coding_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int = 5,
                  min_seconds: float = 0.0, settle: int = 0, burst: int = 1,
-                 largest_group: int = 256) -> CodingTimes:
+                 largest_group: int = 256) -> CodingSeconds:
     """Per coding, per activation (one per cut), median seconds to compress its packet at each
     bits (1..8, 32); every coding timed in the same rounds.
 
@@ -96,14 +96,14 @@ def coding_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int
                 calls.append(partial(encode, packet, coding))
     times = interleaved_medians(calls, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
                                 settle=settle, burst=burst)
-    out: CodingTimes = {coding: [{} for _ in activations] for coding in Coding}
+    out: CodingSeconds = {coding: [{} for _ in activations] for coding in Coding}
     for (coding, i, bits), t in zip(keys, times, strict=True):
         out[coding][i][bits] = t
     return out
 
 
 def measure_codings(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,
-                    largest_group: int = 256) -> CodingTimes:
+                    largest_group: int = 256) -> CodingSeconds:
     """:func:`coding_times` of ``model``'s cuts but the last, on a sparse random activation (half
     zeros, as after a ReLU)."""
     spec = get_model(model)

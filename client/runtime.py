@@ -126,7 +126,8 @@ class DeviceRuntime:
         elif offered:  # only then: a server before compressed uploads refuses the field
             body["upload_codings"] = offered
         if self.device_profile is not None:
-            body["device"] = self.device_profile.model_dump(mode="json")
+            # defaults left out: a server from before a field (e.g. zstd_s) refuses it, even empty
+            body["device"] = self.device_profile.model_dump(mode="json", exclude_defaults=True)
         elif self.device is not None:
             body["device"] = self.device
         if preset is not None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,3 +28,23 @@ class DeviceSettings(BaseSettings):
     upload_codings: tuple[Literal["deflate", "zstd"], ...] = Field(
         ("deflate", "zstd"), description="Upload codings to offer (the plan says which pays); "
         "empty: always upload packets as is.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_upload_deflate(cls, data: Any) -> Any:
+        """Honour ``QPART_DEVICE_UPLOAD_DEFLATE`` (before zstd uploads, ADR 0007) when
+        ``QPART_DEVICE_UPLOAD_CODINGS`` is unset: false offers no coding, true the default ones."""
+        old = os.environ.get("QPART_DEVICE_UPLOAD_DEFLATE")
+        if old is None or not isinstance(data, dict):
+            return data
+        if "upload_codings" in data:
+            warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is ignored: upload_codings is set too",
+                          DeprecationWarning, stacklevel=2)
+            return data
+        flag = old.strip().lower()
+        if flag not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+            raise ValueError(f"QPART_DEVICE_UPLOAD_DEFLATE={old!r}: use QPART_DEVICE_UPLOAD_CODINGS "
+                             "instead, e.g. '[]' (upload as is) or '[\"deflate\",\"zstd\"]'")
+        warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is deprecated: use QPART_DEVICE_UPLOAD_CODINGS "
+                      "('[]' to upload as is)", DeprecationWarning, stacklevel=2)
+        return data if flag in {"1", "true", "yes", "on"} else {**data, "upload_codings": ()}

@@ -64,15 +64,28 @@ def zstd_compress(data: bytes) -> bytes:
     return _compressor().compress(data)
 
 
+def coding_of(name: Coding | str) -> Coding:
+    """The :class:`Coding` called ``name``.
+
+    Raises:
+        WireFormatError: no coding has that name.
+    """
+    try:
+        return Coding(name)
+    except ValueError as exc:
+        known = ", ".join(c.value for c in Coding)
+        raise WireFormatError(f"unknown content coding {name!r}: use one of {known}") from exc
+
+
 def encode(data: bytes, coding: Coding | str) -> bytes:
-    """``data`` in ``coding``."""
-    return deflate(data) if Coding(coding) is Coding.DEFLATE else zstd_compress(data)
+    """``data`` in ``coding`` (:func:`coding_of` names the error for an unknown one)."""
+    return deflate(data) if coding_of(coding) is Coding.DEFLATE else zstd_compress(data)
 
 
 def decode(data: bytes, coding: Coding | str, *, max_bytes: int) -> bytes:
     """The bytes ``data`` holds in ``coding``, at most ``max_bytes`` of them (see :func:`inflate`,
     :func:`zstd_decompress`)."""
-    if Coding(coding) is Coding.DEFLATE:
+    if coding_of(coding) is Coding.DEFLATE:
         return inflate(data, max_bytes=max_bytes)
     return zstd_decompress(data, max_bytes=max_bytes)
 
@@ -89,7 +102,7 @@ def inflate(data: bytes, *, max_bytes: int) -> bytes:
     try:
         out = inflater.decompress(data, max_bytes + 1)
     except zlib.error as exc:
-        raise WireFormatError(f"not a valid deflate (zlib) stream: {exc}") from None
+        raise WireFormatError(f"not a valid deflate (zlib) stream: {exc}") from exc
     if len(out) > max_bytes:
         raise OversizeError(f"the deflate stream holds more than {max_bytes} bytes")
     if not inflater.eof:
@@ -125,7 +138,7 @@ def zstd_decompress(data: bytes, *, max_bytes: int) -> bytes:
         stream = ctx.decompressobj()
         out = stream.decompress(data)
     except zstandard.ZstdError as exc:
-        raise _zstd_error(str(exc)) from None
+        raise _zstd_error(str(exc)) from exc
     if not stream.eof:
         raise TruncatedError("the zstd frame ends before its last block")
     if stream.unused_data:
@@ -142,11 +155,12 @@ def _zstd_content_size(data: bytes) -> int:
     try:
         return int(zstandard.frame_content_size(data))
     except zstandard.ZstdError as exc:
-        raise TruncatedError(f"the zstd frame header is incomplete: {exc}") from None
+        raise TruncatedError(f"the zstd frame header is incomplete: {exc}") from exc
 
 
 def _zstd_error(message: str) -> WireFormatError:
-    """The typed error for a zstandard library error."""
+    """The typed error for a zstandard library error. python-zstandard exposes no error codes, so
+    the message picks the subclass; an unrecognised one is still a :class:`WireFormatError`."""
     if "did not decompress full frame" in message:
         return TruncatedError("the zstd frame ends before its last block")
     if "unused data" in message:

@@ -6,7 +6,7 @@ the raw packet size times the cut's :attr:`profiles.artifacts.CutProfile.deflate
 here, on calibration samples (never the test split): the float head's
 activation at the cut, quantized with each bit width (1..8) and the cut's group size, or sent as
 float32, one packet per sample as devices send them; the ratio is the coded bytes over the raw
-bytes, summed over the samples (so ``ratio * raw size`` is the mean deflated size).
+bytes, summed over the samples (so ``ratio * raw size`` is the mean coded size).
 
 The heads that patterns run have quantized weights, whose activations differ slightly from the
 float head's; the ratio is measured once per (cut, bits), not per pattern.
@@ -67,7 +67,15 @@ def coding_ratios(runner: ModelRunner, images: np.ndarray,
 
 
 def with_coding_ratios(artifact: CalibrationArtifact, ratios: CodingRatios) -> CalibrationArtifact:
-    """``artifact`` with each cut's measured ratios of every coding."""
+    """``artifact`` with each cut's measured ratios of every coding.
+
+    Raises:
+        CalibrationConfigError: a coding's ratios are not one per cut of the artifact.
+    """
+    for coding, per_cut in ratios.items():
+        if len(per_cut) != len(artifact.cuts):
+            raise CalibrationConfigError(f"{len(per_cut)} {coding.value} ratios for an artifact of "
+                                         f"{len(artifact.cuts)} cuts")
     cuts = [c.model_copy(update={f"{coding.value}_ratio": per_cut[c.index]
                                  for coding, per_cut in ratios.items()})
             for c in artifact.cuts]

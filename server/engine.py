@@ -355,7 +355,7 @@ class Engine:
 
     def packet_limit(self, model: LoadedModel, pattern: Pattern) -> int:
         """The largest activation packet ``decode_for`` can take for this pattern (float32 at the
-        queue's sample limit), within the body limit: what a deflated body may inflate to."""
+        queue's sample limit), within the body limit: what a coded (deflate or zstd) body may inflate to."""
         largest = float_packet_bytes((self.settings.max_queue, *model.cuts[pattern.cut].shape))
         return min(largest, self.settings.max_body_bytes)
 

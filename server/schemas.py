@@ -78,7 +78,7 @@ class PlanRequest(_Strict):
     upload_rate_bps: float | None = Field(
         None, ge=1.0, le=1e12, description="The marginal cost of the activation body's bytes, as a "
         "rate (bit/s), which may exceed rate_bps: measured by the device from uploads of two sizes "
-        "(ADR 0006; default: rate_bps). Request headers, the deflate header, answers and segment "
+        "(ADR 0006; default: rate_bps). Request headers, the coding's header, answers and segment "
         "downloads count at rate_bps. A device that measures this has no use for upload_overlap_s "
         "too: the overlap would discount the same body again.")
     upload_codings: list[UploadCoding] = Field(

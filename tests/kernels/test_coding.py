@@ -159,3 +159,11 @@ def test_an_empty_frame_with_bytes_behind_it_is_refused():
     for extra in (b"garbage", zstd_compress(b"x" * 500)):
         with pytest.raises(WireFormatError):  # trailing bytes, or a reader that stumbled on them
             zstd_decompress(zstd_compress(b"") + extra, max_bytes=1000)
+
+
+@pytest.mark.parametrize("name", ["br", "gzip", "", "DEFLATE"])
+def test_an_unknown_coding_is_a_wire_format_error_naming_the_known_ones(name):
+    with pytest.raises(WireFormatError, match="deflate, zstd"):
+        decode(b"x", name, max_bytes=10)
+    with pytest.raises(WireFormatError, match="unknown content coding"):
+        encode(b"x", name)

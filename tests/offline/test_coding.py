@@ -44,3 +44,14 @@ def test_other_weights_or_too_many_samples_are_refused(copy):
     (copy / "weights.safetensors").write_bytes(b"not the weights")
     with pytest.raises(CalibrationConfigError, match="sha256"):
         measure_artifact(copy, samples=10)
+
+
+def test_ratios_for_another_number_of_cuts_are_refused(copy):
+    from kernels.coding import Coding
+    from offline.coding import with_coding_ratios
+
+    artifact = load_artifact(copy)
+    n = len(artifact.cuts)
+    for wrong in (n - 1, n + 1):
+        with pytest.raises(CalibrationConfigError, match=f"{wrong} zstd ratios for an artifact of {n} cuts"):
+            with_coding_ratios(artifact, {Coding.ZSTD: [{4: 0.5}] * wrong})

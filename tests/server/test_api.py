@@ -303,6 +303,11 @@ def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(clie
     zbomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (9 << 20))
     zbig = client.post(plan["infer_url"], content=zbomb, headers={"Content-Encoding": "zstd"})
     assert zbig.status_code == 413 and "decodes past" in zbig.json()["error"]
+    # a frame that does not declare its size is cut off by the bounded reader, not inflated whole
+    unsized = zstandard.ZstdCompressor(level=19, write_content_size=False).compress(b"\0" * (9 << 20))
+    assert zstandard.frame_content_size(unsized) == -1
+    zbig = client.post(plan["infer_url"], content=unsized, headers={"Content-Encoding": "zstd"})
+    assert zbig.status_code == 413 and "decodes past" in zbig.json()["error"]
     zbroken = client.post(plan["infer_url"], content=b"\x28\xb5\x2f\xfdgarbage",
                           headers={"Content-Encoding": "zstd"})
     assert zbroken.status_code == 400 and "zstd" in zbroken.json()["error"]

@@ -151,6 +151,12 @@ def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper
     unmeasured = artifact.model_copy(update={"cuts": [c.model_copy(update={"zstd_ratio": {}}) for c in cuts]})
     assert "zstd" not in [c.upload_encoding for c in
                           price_options(unmeasured, p, None, 0, inputs(1e-3, 1e-5), 0.001, 600)]
+    # a coding that does not shrink this cut's packets (ratio >= 1, e.g. ResNet's cut 8) is not priced
+    for ratio in (1.0, 1.02):
+        growing = artifact.model_copy(update={"cuts": [c.model_copy(update={"zstd_ratio": {32: ratio}})
+                                                       for c in cuts]})
+        assert [c.upload_encoding for c in price_options(growing, p, None, 0, inputs(1e-3, 0.0), 0.001,
+                                                          600)] == ["identity", "deflate"]
 
 
 def test_a_fast_link_or_a_slow_deflate_sends_the_packet_as_is(artifact):

@@ -126,8 +126,7 @@ class DeviceRuntime:
         elif offered:  # only then: a server before compressed uploads refuses the field
             body["upload_codings"] = offered
         if self.device_profile is not None:
-            # defaults left out: a server from before a field (e.g. zstd_s) refuses it, even empty
-            body["device"] = self.device_profile.model_dump(mode="json", exclude_defaults=True)
+            body["device"] = self._inline_profile(self.device_profile)
         elif self.device is not None:
             body["device"] = self.device
         if preset is not None:
@@ -136,6 +135,15 @@ class DeviceRuntime:
             body["deadline_s"] = deadline_s
         plan: dict[str, Any] = self.transport.request("POST", "/v1/plan", json=body).json()
         return plan
+
+    def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
+        """``profile`` as a plan request carries it: without the times of codings the settings do
+        not offer, and without defaults, so a server from before a field (e.g. ``zstd_s``, ADR
+        0007) accepts it when the settings do not offer that coding."""
+        offered = self.settings.upload_codings
+        measured = {m: heads.offering_only(offered) for m, heads in profile.measured.items()}
+        trimmed = profile.model_copy(update={"measured": measured})
+        return trimmed.model_dump(mode="json", exclude_defaults=True)
 
     def _codings_measured(self, model: str) -> list[str]:
         """The upload codings the settings allow whose times the device profile carries for

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from profiles.codings import UploadCoding
 
 
 class DeviceSettings(BaseSettings):
@@ -25,26 +27,35 @@ class DeviceSettings(BaseSettings):
     backoff_s: float = Field(0.2, gt=0, description="First backoff; doubles each retry, with jitter.")
     max_backoff_s: float = Field(10.0, gt=0, description="Longest single wait between retries.")
     rate_smoothing: float = Field(0.3, gt=0, le=1, description="Weight of the newest rate sample.")
-    upload_codings: tuple[Literal["deflate", "zstd"], ...] = Field(
+    upload_codings: tuple[UploadCoding, ...] = Field(
         ("deflate", "zstd"), description="Upload codings to offer (the plan says which pays); "
         "empty: always upload packets as is.")
+
+    @field_validator("upload_codings")
+    @classmethod
+    def _once_each(cls, codings: tuple[str, ...]) -> tuple[str, ...]:
+        """Each coding once, in the given order (the server refuses a longer list)."""
+        return tuple(dict.fromkeys(codings))
 
     @model_validator(mode="before")
     @classmethod
     def _deprecated_upload_deflate(cls, data: Any) -> Any:
         """Honour ``QPART_DEVICE_UPLOAD_DEFLATE`` (before zstd uploads, ADR 0007) when
-        ``QPART_DEVICE_UPLOAD_CODINGS`` is unset: false offers no coding, true the default ones."""
+        ``QPART_DEVICE_UPLOAD_CODINGS`` is unset, as it meant then: false offers no coding, true
+        deflate alone (which servers from before zstd understand). A :class:`FutureWarning`, which
+        Python shows by default, tells the user to move."""
         old = os.environ.get("QPART_DEVICE_UPLOAD_DEFLATE")
         if old is None or not isinstance(data, dict):
             return data
         if "upload_codings" in data:
             warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is ignored: upload_codings is set too",
-                          DeprecationWarning, stacklevel=2)
+                          FutureWarning, stacklevel=2)
             return data
         flag = old.strip().lower()
         if flag not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
             raise ValueError(f"QPART_DEVICE_UPLOAD_DEFLATE={old!r}: use QPART_DEVICE_UPLOAD_CODINGS "
                              "instead, e.g. '[]' (upload as is) or '[\"deflate\",\"zstd\"]'")
         warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is deprecated: use QPART_DEVICE_UPLOAD_CODINGS "
-                      "('[]' to upload as is)", DeprecationWarning, stacklevel=2)
-        return data if flag in {"1", "true", "yes", "on"} else {**data, "upload_codings": ()}
+                      "('[\"deflate\"]' as before, '[\"deflate\",\"zstd\"]' to offer zstd too, '[]' "
+                      "to upload as is)", FutureWarning, stacklevel=2)
+        return {**data, "upload_codings": ("deflate",) if flag in {"1", "true", "yes", "on"} else ()}

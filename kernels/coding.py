@@ -38,13 +38,14 @@ class Coding(StrEnum):
     """An HTTP content coding a device may upload an activation packet with."""
 
     DEFLATE = "deflate"
+    """A zlib stream (RFC 1950/1951): the smaller packet, at four times zstd's device time."""
     ZSTD = "zstd"
+    """One Zstandard frame (RFC 8878) at :data:`ZSTD_LEVEL`, declaring its content size."""
 
 
-DEFLATE = Coding.DEFLATE.value  # the HTTP content codings' names
-ZSTD = Coding.ZSTD.value
-
-_local = threading.local()  # a zstd context per thread: creating one costs more than a packet
+# A zstd context per thread: creating one costs more than compressing a packet. The one piece of
+# module state in kernels, a cache with no observable effect (ADR 0007).
+_local = threading.local()
 
 
 def _compressor() -> zstandard.ZstdCompressor:
@@ -116,8 +117,10 @@ def zstd_decompress(data: bytes, *, max_bytes: int) -> bytes:
     """The bytes one Zstandard frame holds, at most ``max_bytes`` of them.
 
     A frame that declares its content size is refused past ``max_bytes`` before any decoding; one
-    that does not is first read through a reader that stops after ``max_bytes + 1`` bytes. Frames
-    asking for more than :data:`ZSTD_MAX_WINDOW` of history are refused.
+    that does not is first read through a reader that stops after ``max_bytes + 1`` bytes (and then
+    decoded a second time, for its end and trailing bytes: this project's encoder always declares
+    the size, so only foreign encoders pay for that). Frames asking for more than
+    :data:`ZSTD_MAX_WINDOW` of history are refused, on either path.
 
     Raises:
         OversizeError: the frame holds more than ``max_bytes``.
@@ -131,10 +134,12 @@ def zstd_decompress(data: bytes, *, max_bytes: int) -> bytes:
     try:
         if size > 0:  # (a declared 0 returns b"" in the library before trailing bytes are checked)
             return ctx.decompress(data, allow_extra_data=False)
-        # Unknown or zero size: find out, reading no more than one byte past the limit, then decode.
-        with ctx.stream_reader(data, read_across_frames=False) as reader:
-            if len(reader.read(max_bytes + 1)) > max_bytes:
-                raise OversizeError(f"the zstd frame holds more than {max_bytes} bytes")
+        if size < 0:  # unknown: find out, reading no more than one byte past the limit, then decode
+            with ctx.stream_reader(data, read_across_frames=False) as reader:
+                if len(reader.read(max_bytes + 1)) > max_bytes:
+                    raise OversizeError(f"the zstd frame holds more than {max_bytes} bytes")
+        # A declared 0 needs no reader: libzstd fails a block that decodes past the declared size,
+        # and a reader would run on into a frame behind it.
         stream = ctx.decompressobj()
         out = stream.decompress(data)
     except zstandard.ZstdError as exc:

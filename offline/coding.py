@@ -76,8 +76,7 @@ def with_coding_ratios(artifact: CalibrationArtifact, ratios: CodingRatios) -> C
         if len(per_cut) != len(artifact.cuts):
             raise CalibrationConfigError(f"{len(per_cut)} {coding.value} ratios for an artifact of "
                                          f"{len(artifact.cuts)} cuts")
-    cuts = [c.model_copy(update={f"{coding.value}_ratio": per_cut[c.index]
-                                 for coding, per_cut in ratios.items()})
+    cuts = [c.with_coding_ratios({coding.value: per_cut[c.index] for coding, per_cut in ratios.items()})
             for c in artifact.cuts]
     return artifact.model_copy(update={"cuts": cuts})
 

@@ -7,11 +7,13 @@ per (cut, accuracy level). ``offline`` writes it, ``server`` reads it; nothing e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from profiles.codings import coding_field
 from profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
 ARTIFACT_SCHEMA_VERSION = 1
@@ -59,8 +61,20 @@ class CutProfile(_Frozen):
                     "not priced zstd-compressed.")
 
     def coding_ratio(self, coding: str) -> dict[int, float]:
-        """The measured ratios of ``coding`` (``deflate`` or ``zstd``; empty for anything else)."""
-        return {"deflate": self.deflate_ratio, "zstd": self.zstd_ratio}.get(coding, {})
+        """The measured ratios of ``coding`` (``deflate`` or ``zstd``; empty: not measured).
+
+        Raises:
+            UnknownCodingError: any other coding.
+        """
+        return dict(getattr(self, coding_field(coding, "ratio")))
+
+    def with_coding_ratios(self, ratios: Mapping[str, dict[int, float]]) -> CutProfile:
+        """A copy holding ``ratios`` (coding -> ratio per bits) in place of those codings' own.
+
+        Raises:
+            UnknownCodingError: a coding no field holds ratios for.
+        """
+        return self.model_copy(update={coding_field(c, "ratio"): dict(r) for c, r in ratios.items()})
 
 
 class Pattern(_Frozen):

@@ -8,12 +8,14 @@ instead of the FLOP estimate.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from profiles.codings import UPLOAD_CODINGS, coding_field
 from profiles.errors import ProfileFormatError, ProfileNotFoundError
 
 DEVICES_DIR = Path(__file__).resolve().parent / "devices"
@@ -64,8 +66,17 @@ class MeasuredHeads(BaseModel):
                                description="Rounds went on until this long had passed.")
 
     def coding_s(self, coding: str) -> list[dict[int, float]]:
-        """The measured times of ``coding`` (``deflate`` or ``zstd``; empty for anything else)."""
-        return {"deflate": self.deflate_s, "zstd": self.zstd_s}.get(coding, [])
+        """The measured times of ``coding`` (``deflate`` or ``zstd``; empty: not measured).
+
+        Raises:
+            UnknownCodingError: any other coding.
+        """
+        return list(getattr(self, coding_field(coding, "s")))
+
+    def offering_only(self, codings: Collection[str]) -> MeasuredHeads:
+        """A copy without the times of the codings not in ``codings``, as if never measured (a
+        server from before a coding refuses its field)."""
+        return self.model_copy(update={coding_field(c, "s"): [] for c in UPLOAD_CODINGS if c not in codings})
 
 
 class DeviceProfile(BaseModel):

@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass
 
 from profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
+from profiles.codings import UploadCoding
 from profiles.devices import DeviceProfile
 from server.errors import UnprocessableError
-from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown, UploadCoding
+from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
 def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
                  segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
                  answer_bytes: int = 0, *, ratio: float | None = None,
-                 extra_local_s: float = 0.0, coding: UploadCoding = "deflate") -> CostBreakdown:
+                 extra_local_s: float = 0.0, coding: UploadCoding | None = None) -> CostBreakdown:
     """Predicted time, energy, server cost and objective of one pattern for one request.
 
     ``tail_s`` is the tail's batch-1 time on the serving machine (default: the artifact's figure,
@@ -137,11 +138,13 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     one-packet body cost about the line rate at 1 and 5 Mbit/s, less than half of it at 20 and
     nothing measurable at 100; a long download's goodput says otherwise at every rate.
 
-    With ``ratio`` the activation is sent in ``coding`` (deflate or zstd): priced at its raw size
-    times the ratio (the calibration's mean, measured on one-sample packets: a batch is priced as
-    that many samples), plus the coding's header field (:func:`coding_header_bytes`), and
-    ``extra_local_s`` (the device's compression time) per sample.
+    With ``ratio`` the activation is sent in ``coding`` (deflate or zstd; each needs the other):
+    priced at its raw size times the ratio (the calibration's mean, measured on one-sample packets:
+    a batch is priced as that many samples), plus the coding's header field
+    (:func:`coding_header_bytes`), and ``extra_local_s`` (the device's compression time) per sample.
     """
+    if (ratio is None) != (coding is None):
+        raise TypeError("price_upload: a coded upload needs both its ratio and its coding")
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1
     t_local = (head_seconds(artifact, cut, inputs.device)
@@ -152,7 +155,8 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     activation = pattern.activation_bytes * (1.0 if ratio is None else ratio)
     z_x = 0.0 if last else (activation + answer_bytes) * inputs.batch
     exchanges = (1 if z_w else 0) + (0 if last else 1)
-    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + (0 if ratio is None else coding_header_bytes(coding))
+    header = 0 if coding is None else coding_header_bytes(coding)
+    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + header
     body = 0.0 if last else activation * inputs.batch
     t_body = body * 8 / (inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps)
     t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
@@ -168,7 +172,7 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
         time_s=TimeBreakdown(local=t_local, transfer=t_tran, server=t_server, total=total_t),
         energy_j=EnergyBreakdown(local=e_local, transfer=e_tran, total=e_local + e_tran),
         server_cost=cost, objective=objective, transfer_bytes=round(sent),
-        upload_encoding="identity" if ratio is None else coding,
+        upload_encoding="identity" if coding is None else coding,
     )
 
 

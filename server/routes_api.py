@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernels.coding import Coding
 from server.content import content_coding, decode_content
 from server.deps import EngineDep, read_body, require_admin, require_token
 from server.engine import Engine
@@ -145,7 +146,8 @@ def segment_head(
                                                          "x-qpart-format": "activation-packet-v1"}}}},
                  "parameters": [{"name": "Content-Encoding", "in": "header", "required": False,
                                  "description": "identity (default), deflate (zlib) or zstd",
-                                 "schema": {"type": "string", "enum": ["identity", "deflate", "zstd"]}}]},
+                                 "schema": {"type": "string",
+                                            "enum": ["identity", *(c.value for c in Coding)]}}]},
              summary="Run the tail on an uploaded activation packet")
 async def infer_tail(
     model: str, version: str, pattern_id: str, request: Request, engine: EngineDep,

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
+from profiles.codings import UploadCoding
 from profiles.devices import DeviceProfile
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -53,7 +54,6 @@ PRESETS: dict[WeightPreset, ObjectiveWeights] = {
 }
 
 
-UploadCoding = Literal["deflate", "zstd"]  # a compressed upload's Content-Encoding (kernels.coding)
 
 
 class PlanRequest(_Strict):

@@ -66,20 +66,39 @@ def test_the_inline_profile_leaves_out_empty_fields_an_older_server_would_refuse
     assert DeviceProfile.model_validate(body["device"]) == _profile(deflate_s=CODED)
 
 
+def test_a_deflate_only_device_sends_nothing_a_server_from_before_zstd_would_refuse(tmp_path):
+    # A profile written now holds zstd times; settings offering deflate alone keep them home.
+    body = _plan_body(tmp_path, _profile(deflate_s=CODED, zstd_s=CODED), upload_codings=("deflate",))
+    assert body["upload_deflate"] is True and "upload_codings" not in body
+    measured = body["device"]["measured"]["fmnist-cnn"]
+    assert "zstd_s" not in measured and len(measured["deflate_s"]) == 3
+
+
+def test_no_coding_offered_sends_no_coding_times(tmp_path):
+    body = _plan_body(tmp_path, _profile(deflate_s=CODED, zstd_s=CODED), upload_codings=())
+    assert not {"deflate_s", "zstd_s"} & set(body["device"]["measured"]["fmnist-cnn"])
+
+
+def test_a_coding_named_twice_in_the_settings_is_offered_once(tmp_path):
+    conf = DeviceSettings(upload_codings=("zstd", "deflate", "zstd"), cache_dir=tmp_path)
+    assert conf.upload_codings == ("zstd", "deflate")
+
+
 @pytest.mark.parametrize(("value", "expected"), [
-    ("false", ()), ("0", ()), ("true", ("deflate", "zstd")), ("ON", ("deflate", "zstd")),
+    ("false", ()), ("0", ()), ("true", ("deflate",)), ("ON", ("deflate",)),
 ])
-def test_the_deprecated_upload_deflate_variable_still_works_with_a_warning(monkeypatch, value, expected):
+def test_the_deprecated_upload_deflate_variable_keeps_its_meaning_with_a_visible_warning(
+        monkeypatch, value, expected):
     monkeypatch.setenv("QPART_DEVICE_UPLOAD_DEFLATE", value)
     monkeypatch.delenv("QPART_DEVICE_UPLOAD_CODINGS", raising=False)
-    with pytest.warns(DeprecationWarning, match="QPART_DEVICE_UPLOAD_CODINGS"):
+    with pytest.warns(FutureWarning, match="QPART_DEVICE_UPLOAD_CODINGS"):  # shown by default
         assert DeviceSettings().upload_codings == expected
 
 
 def test_upload_codings_wins_over_the_deprecated_variable(monkeypatch):
     monkeypatch.setenv("QPART_DEVICE_UPLOAD_DEFLATE", "false")
     monkeypatch.setenv("QPART_DEVICE_UPLOAD_CODINGS", '["zstd"]')
-    with pytest.warns(DeprecationWarning, match="ignored"):
+    with pytest.warns(FutureWarning, match="ignored"):
         assert DeviceSettings().upload_codings == ("zstd",)
 
 

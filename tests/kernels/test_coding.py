@@ -12,7 +12,16 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.coding import Coding, decode, deflate, encode, inflate, zstd_compress, zstd_decompress
+from kernels.coding import (
+    ZSTD_MAGIC,
+    Coding,
+    decode,
+    deflate,
+    encode,
+    inflate,
+    zstd_compress,
+    zstd_decompress,
+)
 from kernels.errors import OversizeError, TruncatedError, WireFormatError
 from kernels.wire import decode_activation_array, encode_quantized_activation
 
@@ -156,9 +165,18 @@ def test_skippable_frames_are_refused_before_anything_is_allocated(body):
 
 def test_an_empty_frame_with_bytes_behind_it_is_refused():
     assert zstd_decompress(zstd_compress(b""), max_bytes=0) == b""
-    for extra in (b"garbage", zstd_compress(b"x" * 500)):
-        with pytest.raises(WireFormatError):  # trailing bytes, or a reader that stumbled on them
+    for extra in (b"garbage", zstd_compress(b"x" * 500), zstd_compress(b"x" * 5000)):
+        with pytest.raises(WireFormatError, match="follow the end") as refused:
             zstd_decompress(zstd_compress(b"") + extra, max_bytes=1000)
+        assert type(refused.value) is WireFormatError  # a 400: the frame itself holds nothing
+
+
+def test_a_frame_declaring_nothing_whose_block_holds_100_kb_is_refused():
+    n = 100_000  # one raw block (RFC 8878 3.1.1.2): last-block bit, type 0, size
+    frame = ZSTD_MAGIC + bytes([0x20, 0x00]) + (1 | n << 3).to_bytes(3, "little") + b"x" * n
+    assert zstandard.frame_content_size(frame) == 0
+    with pytest.raises(WireFormatError, match="not a valid"):
+        zstd_decompress(frame, max_bytes=1000)
 
 
 @pytest.mark.parametrize("name", ["br", "gzip", "", "DEFLATE"])

@@ -82,8 +82,9 @@ def test_an_upload_rate_prices_only_the_activation_body(artifact, batch):
     # a deflated body goes at the upload rate too, its coding header at the rate
     ratio = 0.5
     raw = price_upload(artifact, p, "seg", 5000, replace(_inputs(batch=batch), upload_rate_bps=32e6), 0.001,
-                       600, ratio=ratio)
-    plain = price_upload(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, 600, ratio=ratio)
+                       600, ratio=ratio, coding="deflate")
+    plain = price_upload(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, 600, ratio=ratio,
+                         coding="deflate")
     assert raw.time_s.transfer == pytest.approx(plain.time_s.transfer - body * ratio * 8 / 8e6
                                                 + body * ratio * 8 / 32e6)
 

@@ -1,5 +1,5 @@
 """Plan request schema: the upload codings a device offers, from both fields, and the coding
-names the schema, the kernels and the device client agree on."""
+names the schema, the kernels, the profiles and the device client agree on."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from pydantic import ValidationError
 
 from client.settings import DeviceSettings
 from kernels.coding import Coding
+from profiles.artifacts import CutProfile
+from profiles.codings import UPLOAD_CODINGS, coding_field
+from profiles.devices import MeasuredHeads
 from server.schemas import PlanRequest, UploadCoding, UploadEncoding
 
 
@@ -43,3 +46,6 @@ def test_every_layer_names_the_same_codings():
     assert set(get_args(UploadEncoding)) == names | {"identity"}
     settings_type = DeviceSettings.model_fields["upload_codings"].annotation
     assert set(get_args(get_args(settings_type)[0])) == names
+    assert set(UPLOAD_CODINGS) == names  # and each has its figures' fields in the profiles
+    assert {coding_field(c, "ratio") for c in names} <= set(CutProfile.model_fields)
+    assert {coding_field(c, "s") for c in names} <= set(MeasuredHeads.model_fields)

@@ -28,6 +28,33 @@ def provenance() -> dict[str, Any]:
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+PROC_STAT = Path("/proc/stat")
+STEAL_FIELD = 7  # /proc/stat "cpu" line: user nice system idle iowait irq softirq steal ...
+
+
+def cpu_ticks(stat: Path = PROC_STAT) -> tuple[int, int] | None:
+    """(steal, total) ticks of all CPUs since boot; None without a readable ``/proc/stat``.
+
+    Steal is time a virtual machine's CPUs were ready to run but the hypervisor ran something else:
+    on a shared host it is the part of the noise the benchmarks can see (a grid at 6ff9c20 ran at
+    12-14% steal by ``vmstat``, against 0-1% with the machine idle)."""
+    try:
+        first = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu" or len(first) <= STEAL_FIELD + 1:
+        return None
+    ticks = [int(f) for f in first[1:]]
+    return ticks[STEAL_FIELD], sum(ticks[:STEAL_FIELD + 1])  # guest time is already in user
+
+
+def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time stolen between two :func:`cpu_ticks` readings (None: unknown)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def write_json(path: Path, doc: dict[str, Any], indent: int = 1) -> None:
     """Write a benchmark's JSON document (creating its folder), with its :func:`provenance`."""
     path.parent.mkdir(parents=True, exist_ok=True)

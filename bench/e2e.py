@@ -80,7 +80,7 @@ import httpx
 import numpy as np
 import torch
 
-from bench import REPO, write_json
+from bench import REPO, cpu_ticks, steal_fraction, write_json
 from bench.device_clock import ENCODE_RUNS, HEAD_RUNS, ReferenceClock
 from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, fit_exchange, overhead, probe_medians
 from bench.link import ShapedLink, idle_gap_s
@@ -623,6 +623,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     # profile, taken three cells earlier, said 1.62) and the
                                     # exchange's overhead and upload rate (one cut-0 exchange took 2.1
                                     # to 3.1 ms across one rate's cells).
+                                    ticks = cpu_ticks()
                                     reprofile(model, images[:1], clock)
                                     profile, ratios = device_profile(d, [model])
                                     probes.append(probe_exchange(client, url, model, images[:1], link,
@@ -641,7 +642,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                   "upload_rate_mbps": None if link.upload_rate_bps is None
                                                   else link.upload_rate_bps / 1e6,
                                                   "probe": dataclasses.asdict(probes[-1]),
-                                                  "speed_ratio": ratios[model.name], **cell})
+                                                  "speed_ratio": ratios[model.name], **cell,
+                                                  "cpu_steal": steal_fraction(ticks, cpu_ticks())})
                                     _progress(cells[-1])
         finally:
             wire.set_rate(None)
@@ -656,7 +658,12 @@ def _progress(cell: dict[str, Any]) -> None:
     q = cell["strategies"]["qpart"]
     print(f"{cell['model']:<14} {cell['device']:<15} {cell['rate_mbps']:>5g} Mb/s {cell['preset']:<14} "
           f"{cell['cache']:<4}  qpart cut {q['cut']}  J {q['measured_J']:.4g} (pred {q['predicted_J']:.4g})  "
-          f"best {cell['best']:<12} regret {cell['qpart_regret']:+.1%}", file=sys.stderr)
+          f"best {cell['best']:<12} regret {cell['qpart_regret']:+.1%}  steal {_pct(cell.get('cpu_steal'))}",
+          file=sys.stderr)
+
+
+def _pct(share: float | None) -> str:
+    return "?" if share is None else f"{share:.1%}"
 
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -666,10 +673,13 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     beats = {s: sum(1 for c in cells
                     if c["strategies"]["qpart"]["measured_J"] < c["strategies"][s]["measured_J"])
              for s in STRATEGIES[1:]}
+    steal = [c["cpu_steal"] for c in cells if c.get("cpu_steal") is not None]
     return {"cells": len(cells), "max_regret": max(c["qpart_regret"] for c in cells),
             "cells_regret_over_5pct": sum(1 for c in cells if c["qpart_regret"] > 0.05),
             "median_time_error": statistics.median(errors), "cells_qpart_beats": beats,
-            "plan_checks_ok": all(c["qpart_plan_check"] for c in cells)}
+            "plan_checks_ok": all(c["qpart_plan_check"] for c in cells),
+            # the host's noise the VM can see (bench.cpu_ticks); None where /proc/stat has none
+            "cpu_steal": {"median": statistics.median(steal), "max": max(steal)} if steal else None}
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -688,7 +698,9 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"Cells: {sm['cells']}; max regret {sm['max_regret']:+.1%}; cells over 5%: "
               f"{sm['cells_regret_over_5pct']}; median |predicted - measured| / measured time "
               f"{sm['median_time_error']:.1%}; cells where qpart strictly beats each: "
-              f"{sm['cells_qpart_beats']}"]
+              f"{sm['cells_qpart_beats']}; CPU steal per cell "
+              + ("unknown" if not sm.get("cpu_steal") else
+                 f"median {sm['cpu_steal']['median']:.1%}, max {sm['cpu_steal']['max']:.1%}")]
     return "\n".join(lines) + "\n"
 
 

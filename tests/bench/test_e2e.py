@@ -12,6 +12,7 @@ from bench.e2e import (
     implied_rtt,
     markdown,
     meets_demand,
+    summarize,
     with_baselines,
 )
 from profiles.artifacts import load_artifact
@@ -52,6 +53,16 @@ def test_the_table_names_each_cells_repetitions():
                "cells_qpart_beats": {}}
     row = markdown({"cells": [cell], "summary": summary}).splitlines()[2]
     assert "| cold | 37 | 0 |" in row
+    assert markdown({"cells": [cell], "summary": summary}).rstrip().endswith("CPU steal per cell unknown")
+
+
+def test_the_summary_reports_the_cpu_steal_the_cells_ran_under():
+    cell = {"qpart_regret": 0.0, "qpart_plan_check": True,
+            "strategies": {s: {"measured_J": 1.0, "predicted_time_s": 1.0, "measured_time_s": 1.0}
+                           for s in STRATEGIES}}
+    cells = [{**cell, "cpu_steal": 0.02}, {**cell, "cpu_steal": 0.14}, {**cell, "cpu_steal": None}]
+    assert summarize(cells)["cpu_steal"] == {"median": 0.08, "max": 0.14}
+    assert summarize([cell])["cpu_steal"] is None  # grids from before it was recorded
 
 
 def test_a_cells_traffic_implies_the_overhead_its_exchanges_took_beyond_their_priced_bytes(artifacts_dir):

@@ -37,7 +37,9 @@ def cpu_ticks(stat: Path = PROC_STAT) -> tuple[int, int] | None:
 
     Steal is time a virtual machine's CPUs were ready to run but the hypervisor ran something else:
     on a shared host it is the part of the noise the benchmarks can see (a grid at 6ff9c20 ran at
-    12-14% steal by ``vmstat``, against 0-1% with the machine idle)."""
+    12-14% steal, read by hand with ``vmstat``, against 0-1% with the machine idle). The counts
+    cover every CPU, so a benchmark's reading includes its load generator's core; a container
+    whose ``/proc/stat`` is virtualised may read 0 rather than unknown."""
     try:
         first = stat.read_text().split("\n", 1)[0].split()
     except OSError:

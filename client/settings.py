@@ -7,10 +7,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from profiles.codings import UploadCoding
+
+_BOOL = TypeAdapter(bool)
 
 
 class DeviceSettings(BaseSettings):
@@ -51,11 +53,12 @@ class DeviceSettings(BaseSettings):
             warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is ignored: upload_codings is set too",
                           FutureWarning, stacklevel=2)
             return data
-        flag = old.strip().lower()
-        if flag not in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        try:
+            flag = _BOOL.validate_python(old.strip())  # pydantic's reading of a boolean setting
+        except ValidationError:
             raise ValueError(f"QPART_DEVICE_UPLOAD_DEFLATE={old!r}: use QPART_DEVICE_UPLOAD_CODINGS "
-                             "instead, e.g. '[]' (upload as is) or '[\"deflate\",\"zstd\"]'")
+                             "instead, e.g. '[]' (upload as is) or '[\"deflate\",\"zstd\"]'") from None
         warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is deprecated: use QPART_DEVICE_UPLOAD_CODINGS "
                       "('[\"deflate\"]' as before, '[\"deflate\",\"zstd\"]' to offer zstd too, '[]' "
                       "to upload as is)", FutureWarning, stacklevel=2)
-        return {**data, "upload_codings": ("deflate",) if flag in {"1", "true", "yes", "on"} else ()}
+        return {**data, "upload_codings": ("deflate",) if flag else ()}

@@ -66,7 +66,8 @@ class CutProfile(_Frozen):
         Raises:
             UnknownCodingError: any other coding.
         """
-        return dict(getattr(self, coding_field(coding, "ratio")))
+        ratios: dict[int, float] = getattr(self, coding_field(coding, "ratio"))  # frozen model: no copy
+        return ratios
 
     def with_coding_ratios(self, ratios: Mapping[str, dict[int, float]]) -> CutProfile:
         """A copy holding ``ratios`` (coding -> ratio per bits) in place of those codings' own.

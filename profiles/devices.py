@@ -71,7 +71,8 @@ class MeasuredHeads(BaseModel):
         Raises:
             UnknownCodingError: any other coding.
         """
-        return list(getattr(self, coding_field(coding, "s")))
+        times: list[dict[int, float]] = getattr(self, coding_field(coding, "s"))  # frozen model: no copy
+        return times
 
     def offering_only(self, codings: Collection[str]) -> MeasuredHeads:
         """A copy without the times of the codings not in ``codings``, as if never measured (a

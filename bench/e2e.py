@@ -52,6 +52,12 @@ one download when cold. A fixed count would leave the fast cells, where strategi
 tenth of a millisecond in 2-3 ms of noisy round trip (tenth to ninetieth percentile: 2.0 to
 3.3 ms at 100 Mbit/s), to a median of eleven.
 
+CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
+A cell that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
+``--steal-retries`` (2) more times (:func:`steal_gated`); the decision reads the steal, never a
+result. The JSON keeps every discarded attempt inside its cell, and the summary gives the grid as
+first measured (``first_attempts``) beside the grid as recorded.
+
 Measured ``J`` uses the cost model's weights and powers on measured times:
 ``J = w_t*T + w_e*(P_compute*T_local + P_tx*T_transfer) + w_c*price*T_server``, where
 ``T_server`` is the queue + compute time the server reports and ``T_transfer`` the rest of the
@@ -62,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -582,6 +589,58 @@ def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> Non
                                        min_seconds=PROFILE_SECONDS["coding"], **ENCODE_RUNS)
 
 
+def _measure_cell(client: httpx.Client, url: str, model: ModelView, device: str, preset: str, cache: str,
+                  link: Link, held: set[str], images: np.ndarray, reps: tuple[int, int, float],
+                  clock: ReferenceClock, probes: deque[ExchangeProbe], implied: deque[float],
+                  probe_rng: random.Random) -> dict[str, Any]:
+    """One cell, with its record: the segments it downloaded under ``"downloaded"``."""
+    # Before every cell, one clock for prediction and measurement: host head times (an all-device
+    # run took 2.25 ms where its profile, taken three cells earlier, said 1.62) and the exchange's
+    # overhead and upload rate (one cut-0 exchange took 2.1 to 3.1 ms across one rate's cells).
+    ticks = cpu_ticks()
+    reprofile(model, images[:1], clock)
+    profile, ratios = device_profile(device, [model])
+    probes.append(probe_exchange(client, url, model, images[:1], link, probe_rng))
+    fitted, link.upload_rate_bps = fit_link(model, link, probes)
+    link.rtt_s = overhead(fitted, implied)
+    cell, got = run_cell(client, url, model, profile, ratios[model.name], preset, link, held, images,
+                         reps, clock)
+    return {"device": device, "rate_mbps": link.rate_mbps, "model": model.name, "preset": preset,
+            "cache": cache, "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
+            "probe_rtt_s": fitted,
+            "upload_rate_mbps": None if link.upload_rate_bps is None else link.upload_rate_bps / 1e6,
+            "probe": dataclasses.asdict(probes[-1]), "speed_ratio": ratios[model.name], **cell,
+            "cpu_steal": steal_fraction(ticks, cpu_ticks()), "downloaded": sorted(got)}
+
+
+STEAL_GATE = 0.05
+STEAL_RETRIES = 2
+
+
+def steal_gated(measure: Callable[[], dict[str, Any]], probes: deque[ExchangeProbe], gate: float,
+                retries: int) -> dict[str, Any]:
+    """``measure()`` a cell, and again (at most ``retries`` more times) while the CPU steal it ran
+    under (``cpu_steal``) exceeds ``gate``; the last attempt is the cell's record, the earlier ones
+    ride along under ``"discarded"``, whole, for the raw summary (:func:`summarize`).
+
+    The decision reads the steal only, never a result: on this shared host the planner's regret
+    followed the host's steal (in dbfb5d4's grid every cell under 5% steal was within 5% of the
+    best, every failure ran at 11.7-24.2%), which is the neighbours' load, not the cost model's
+    error. A discarded attempt's link probe leaves the window (``probes``) so the retry prices with
+    what the undisturbed cells measured. A cell whose steal is unknown is never retried."""
+    kept = list(probes)
+    discarded: list[dict[str, Any]] = []
+    while True:
+        cell = measure()
+        steal = cell["cpu_steal"]
+        if steal is None or steal <= gate or len(discarded) >= retries:
+            return {**cell, "steal_gate": gate, "discarded": discarded}
+        print(f"  steal {steal:.1%} over the gate {gate:.0%}: measuring the cell again", file=sys.stderr)
+        discarded.append(cell)
+        probes.clear()
+        probes.extend(kept)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The grid; returns the JSON document."""
     devices = QUICK_DEVICES if args.quick else DEVICES
@@ -618,38 +677,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             for preset in presets:
                                 held: set[str] = set()
                                 for cache in ("cold", "warm"):
-                                    # Before every cell, one clock for prediction and measurement:
-                                    # host head times (an all-device run took 2.25 ms where its
-                                    # profile, taken three cells earlier, said 1.62) and the
-                                    # exchange's overhead and upload rate (one cut-0 exchange took 2.1
-                                    # to 3.1 ms across one rate's cells).
-                                    ticks = cpu_ticks()
-                                    reprofile(model, images[:1], clock)
-                                    profile, ratios = device_profile(d, [model])
-                                    probes.append(probe_exchange(client, url, model, images[:1], link,
-                                                                 probe_rng))
-                                    fitted, link.upload_rate_bps = fit_link(model, link, probes)
-                                    link.rtt_s = overhead(fitted, implied)
-                                    cell, got = run_cell(client, url, model, profile, ratios[model.name],
-                                                         preset, link, held, images, reps, clock)
-                                    held |= got
+                                    measure = functools.partial(
+                                        _measure_cell, client, url, model, d, preset, cache, link,
+                                        set(held), images, reps, clock, probes, implied, probe_rng)
+                                    cell = steal_gated(measure, probes, args.steal_gate, args.steal_retries)
+                                    held |= set(cell.pop("downloaded"))
                                     if cell["implied_rtt_s"] is not None:
                                         implied.append(cell["implied_rtt_s"])
-                                    cells.append({"device": d, "rate_mbps": rate, "model": model.name,
-                                                  "preset": preset, "cache": cache,
-                                                  "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
-                                                  "probe_rtt_s": fitted,
-                                                  "upload_rate_mbps": None if link.upload_rate_bps is None
-                                                  else link.upload_rate_bps / 1e6,
-                                                  "probe": dataclasses.asdict(probes[-1]),
-                                                  "speed_ratio": ratios[model.name], **cell,
-                                                  "cpu_steal": steal_fraction(ticks, cpu_ticks())})
+                                    cells.append(cell)
                                     _progress(cells[-1])
         finally:
             wire.set_rate(None)
             wire.close()
             server.stop()
-    return {"cells": cells, "summary": summarize(cells), "demand": DEMAND,
+    return {"cells": cells, "summary": gated_summary(cells, args.steal_gate), "demand": DEMAND,
             "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
             "quick": args.quick, "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}
 
@@ -682,6 +723,22 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_steal": {"median": statistics.median(steal), "max": max(steal)} if steal else None}
 
 
+def first_attempts(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each cell as first measured, before :func:`steal_gated` measured any again: the raw grid."""
+    return [c["discarded"][0] if c.get("discarded") else c for c in cells]
+
+
+def gated_summary(cells: list[dict[str, Any]], gate: float) -> dict[str, Any]:
+    """:func:`summarize` of the cells as recorded, beside the raw grid's (first attempts) and how
+    many cells were measured again or stayed over the steal gate."""
+    over = [c for c in cells if c.get("cpu_steal") is not None and c["cpu_steal"] > gate]
+    return {**summarize(cells), "steal_gate": gate,
+            "cells_measured_again": sum(1 for c in cells if c.get("discarded")),
+            "cells_over_steal_gate": len(over),
+            "cells_over_steal_gate_regret_over_5pct": sum(1 for c in over if c["qpart_regret"] > 0.05),
+            "first_attempts": summarize(first_attempts(cells))}
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """One row per cell: the planner's measured J, the best strategy, the regret."""
     lines = ["| model | device | Mbit/s | preset | cache | reps | qpart cut | qpart J | best | best J | "
@@ -701,6 +758,13 @@ def markdown(doc: dict[str, Any]) -> str:
               f"{sm['cells_qpart_beats']}; CPU steal per cell "
               + ("unknown" if not sm.get("cpu_steal") else
                  f"median {sm['cpu_steal']['median']:.1%}, max {sm['cpu_steal']['max']:.1%}")]
+    if "first_attempts" in sm:
+        raw = sm["first_attempts"]
+        lines += ["", f"Steal gate {sm['steal_gate']:.0%}: {sm['cells_measured_again']} cells measured "
+                  f"again; {sm['cells_over_steal_gate']} stayed over the gate "
+                  f"({sm['cells_over_steal_gate_regret_over_5pct']} of them over 5% regret). As first "
+                  f"measured: max regret {raw['max_regret']:+.1%}, cells over 5%: "
+                  f"{raw['cells_regret_over_5pct']}, median time error {raw['median_time_error']:.1%}"]
     return "\n".join(lines) + "\n"
 
 
@@ -745,8 +809,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-reps", type=int, default=400, help="most inferences per strategy and cell")
     parser.add_argument("--model", action="append", choices=MODELS, help="model(s) (default: both)")
     parser.add_argument("--rate", action="append", type=float, help="rate(s) in Mbit/s (default: the grid's)")
+    parser.add_argument("--steal-gate", type=float, default=STEAL_GATE,
+                        help="measure a cell again when the CPU steal it ran under exceeds this share "
+                             f"(default {STEAL_GATE}; the first attempt is kept and summarized apart)")
+    parser.add_argument("--steal-retries", type=int, default=STEAL_RETRIES,
+                        help=f"most extra attempts per cell (default {STEAL_RETRIES}; 0: never again)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.steal_gate <= 1.0:
+        parser.error(f"--steal-gate is a share of CPU time between 0 and 1, not {args.steal_gate}")
+    if args.steal_retries < 0:
+        parser.error(f"--steal-retries counts extra attempts: 0 or more, not {args.steal_retries}")
     args.model = args.model or list(MODELS)
     enter_private_network("bench.e2e", argv, tools=("tc",), mtu=1500)
     doc = run(args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from bench.e2e import (
@@ -9,9 +11,12 @@ from bench.e2e import (
     STRATEGIES,
     ModelView,
     _predict,
+    first_attempts,
+    gated_summary,
     implied_rtt,
     markdown,
     meets_demand,
+    steal_gated,
     summarize,
     with_baselines,
 )
@@ -63,6 +68,55 @@ def test_the_summary_reports_the_cpu_steal_the_cells_ran_under():
     cells = [{**cell, "cpu_steal": 0.02}, {**cell, "cpu_steal": 0.14}, {**cell, "cpu_steal": None}]
     assert summarize(cells)["cpu_steal"] == {"median": 0.08, "max": 0.14}
     assert summarize([cell])["cpu_steal"] is None  # grids from before it was recorded
+
+
+def _cell(steal: float | None, regret: float) -> dict[str, object]:
+    return {"qpart_regret": regret, "qpart_plan_check": True, "cpu_steal": steal,
+            "strategies": {s: {"measured_J": 1.0, "predicted_time_s": 1.0, "measured_time_s": 1.0}
+                           for s in STRATEGIES}}
+
+
+def test_a_cell_run_under_steal_is_measured_again_and_its_first_attempt_kept():
+    attempts = iter([_cell(0.12, 0.30), _cell(0.02, 0.01)])
+    probes = deque(["p1", "p2"], maxlen=3)
+
+    def measure():
+        probes.append("tainted")
+        return next(attempts)
+
+    cell = steal_gated(measure, probes, gate=0.05, retries=2)
+    assert cell["cpu_steal"] == 0.02 and cell["qpart_regret"] == 0.01
+    assert [d["qpart_regret"] for d in cell["discarded"]] == [0.30]
+    # the discarded attempt's probe left the window; the kept attempt's stays
+    assert list(probes) == ["p1", "p2", "tainted"]
+    assert first_attempts([cell])[0]["qpart_regret"] == 0.30
+
+
+def test_the_gate_reads_only_steal_and_gives_up_after_its_retries():
+    calls = []
+
+    def stolen():
+        calls.append(1)
+        return _cell(0.2, 0.0)  # a fine result, still measured again: the steal decides
+
+    cell = steal_gated(stolen, deque(), gate=0.05, retries=2)
+    assert len(calls) == 3 and len(cell["discarded"]) == 2 and cell["cpu_steal"] == 0.2
+    assert len(steal_gated(stolen, deque(), gate=0.05, retries=0)["discarded"]) == 0
+    unknown = steal_gated(lambda: _cell(None, 0.5), deque(), gate=0.05, retries=2)
+    assert unknown["discarded"] == []  # no reading, no retry
+
+
+def test_the_gated_summary_reports_the_raw_grid_and_what_stayed_over_the_gate():
+    quiet = {**_cell(0.01, 0.02), "discarded": []}
+    retried = {**_cell(0.03, 0.01), "discarded": [_cell(0.15, 0.12)]}
+    stuck = {**_cell(0.09, 0.07), "discarded": [_cell(0.2, 0.2), _cell(0.1, 0.03)]}
+    sm = gated_summary([quiet, retried, stuck], 0.05)
+    assert sm["max_regret"] == 0.07 and sm["cells_regret_over_5pct"] == 1
+    assert sm["cells_measured_again"] == 2 and sm["cells_over_steal_gate"] == 1
+    assert sm["cells_over_steal_gate_regret_over_5pct"] == 1
+    assert sm["first_attempts"]["max_regret"] == 0.2 and sm["first_attempts"]["cells_regret_over_5pct"] == 2
+    doc = {"cells": [], "summary": sm}
+    assert "Steal gate 5%: 2 cells measured again; 1 stayed over the gate" in markdown(doc)
 
 
 def test_a_cells_traffic_implies_the_overhead_its_exchanges_took_beyond_their_priced_bytes(artifacts_dir):

@@ -55,7 +55,8 @@ tenth of a millisecond in 2-3 ms of noisy round trip (tenth to ninetieth percent
 CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
 A cell that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
 ``--steal-retries`` (2) more times (:func:`steal_gated`); the decision reads the steal, never a
-result. The JSON keeps every discarded attempt inside its cell, and the summary gives the grid as
+result. An attempt over the gate, kept or not, leaves nothing in the link windows that price the
+cells after it. The JSON keeps every discarded attempt inside its cell, and the summary gives the grid as
 first measured (``first_attempts``) beside the grid as recorded.
 
 Measured ``J`` uses the cost model's weights and powers on measured times:
@@ -589,8 +590,8 @@ def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> Non
                                        min_seconds=PROFILE_SECONDS["coding"], **ENCODE_RUNS)
 
 
-def _measure_cell(client: httpx.Client, url: str, model: ModelView, device: str, preset: str, cache: str,
-                  link: Link, held: set[str], images: np.ndarray, reps: tuple[int, int, float],
+def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str, model: ModelView,
+                  device: str, preset: str, link: Link, images: np.ndarray, reps: tuple[int, int, float],
                   clock: ReferenceClock, probes: deque[ExchangeProbe], implied: deque[float],
                   probe_rng: random.Random) -> dict[str, Any]:
     """One cell, with its record: the segments it downloaded under ``"downloaded"``."""
@@ -623,22 +624,47 @@ def steal_gated(measure: Callable[[], dict[str, Any]], probes: deque[ExchangePro
     under (``cpu_steal``) exceeds ``gate``; the last attempt is the cell's record, the earlier ones
     ride along under ``"discarded"``, whole, for the raw summary (:func:`summarize`).
 
-    The decision reads the steal only, never a result: on this shared host the planner's regret
-    followed the host's steal (in dbfb5d4's grid every cell under 5% steal was within 5% of the
-    best, every failure ran at 11.7-24.2%), which is the neighbours' load, not the cost model's
-    error. A discarded attempt's link probe leaves the window (``probes``) so the retry prices with
-    what the undisturbed cells measured. A cell whose steal is unknown is never retried."""
+    The decision reads the steal only, never a result, and keeps the last attempt, not the best.
+    Steal and regret were correlated in one grid (dbfb5d4: every cell under 5% steal within 5% of
+    the best, every failure at 11.7-24.2% steal), not in another (4ae9e72: 24 cells over 5% steal,
+    all within 5%), so a gated grid is evidence beside its first attempts, never instead of them.
+    The link probe of an attempt over the gate, discarded or kept for want of retries, leaves the
+    window (``probes``): the retry, and the cells after, price with the probes from before it (in
+    7095d24's grid a cell kept at 16.8% steal left a probe of 4.8 ms and an implied overhead of
+    4.5 ms, where the quiet cells measured about 1.1; the next cell, at 1.8% steal, priced with them
+    and lost 46.3%). The probe order's random stream (``probe_rng``) is not rewound. A cell whose
+    steal is unknown is never retried."""
     kept = list(probes)
     discarded: list[dict[str, Any]] = []
     while True:
         cell = measure()
-        steal = cell["cpu_steal"]
-        if steal is None or steal <= gate or len(discarded) >= retries:
+        stolen = cell["cpu_steal"] is not None and cell["cpu_steal"] > gate
+        if stolen:  # its link probe is no measure of the link for the cells after it either
+            probes.clear()
+            probes.extend(kept)
+        if not stolen or len(discarded) >= retries:
             return {**cell, "steal_gate": gate, "discarded": discarded}
-        print(f"  steal {steal:.1%} over the gate {gate:.0%}: measuring the cell again", file=sys.stderr)
+        _progress(cell, f"discarded (steal over {gate:.0%}): ")
         discarded.append(cell)
-        probes.clear()
-        probes.extend(kept)
+
+
+def cold_then_warm(measure: Callable[..., dict[str, Any]], probes: deque[ExchangeProbe],
+                   implied: deque[float], gate: float, retries: int) -> list[dict[str, Any]]:
+    """One device and preset's two cells, each :func:`steal_gated`: cold (the device holds no
+    segment), then warm (it holds what the cold cell's kept attempt downloaded).
+    ``measure(cache=..., held=...)`` measures one cell; only a kept attempt's traffic, and only
+    one within the gate (or of unknown steal), enters the overhead window (``implied``)."""
+    held: set[str] = set()
+    cells = []
+    for cache in ("cold", "warm"):
+        cell = steal_gated(functools.partial(measure, cache=cache, held=set(held)), probes, gate, retries)
+        held |= set(cell.pop("downloaded"))
+        within = cell["cpu_steal"] is None or cell["cpu_steal"] <= gate
+        if cell["implied_rtt_s"] is not None and within:
+            implied.append(cell["implied_rtt_s"])
+        cells.append(cell)
+        _progress(cell)
+    return cells
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -675,17 +701,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
                         for d in devices:
                             for preset in presets:
-                                held: set[str] = set()
-                                for cache in ("cold", "warm"):
-                                    measure = functools.partial(
-                                        _measure_cell, client, url, model, d, preset, cache, link,
-                                        set(held), images, reps, clock, probes, implied, probe_rng)
-                                    cell = steal_gated(measure, probes, args.steal_gate, args.steal_retries)
-                                    held |= set(cell.pop("downloaded"))
-                                    if cell["implied_rtt_s"] is not None:
-                                        implied.append(cell["implied_rtt_s"])
-                                    cells.append(cell)
-                                    _progress(cells[-1])
+                                measure = functools.partial(
+                                    _measure_cell, client=client, url=url, model=model, device=d,
+                                    preset=preset, link=link, images=images, reps=reps, clock=clock,
+                                    probes=probes, implied=implied, probe_rng=probe_rng)
+                                cells += cold_then_warm(measure, probes, implied, args.steal_gate,
+                                                        args.steal_retries)
         finally:
             wire.set_rate(None)
             wire.close()
@@ -695,12 +716,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "quick": args.quick, "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}
 
 
-def _progress(cell: dict[str, Any]) -> None:
+def _progress(cell: dict[str, Any], prefix: str = "") -> None:
     q = cell["strategies"]["qpart"]
-    print(f"{cell['model']:<14} {cell['device']:<15} {cell['rate_mbps']:>5g} Mb/s {cell['preset']:<14} "
+    print(f"{prefix}{cell['model']:<14} {cell['device']:<15} {cell['rate_mbps']:>5g} Mb/s "
+          f"{cell['preset']:<14} "
           f"{cell['cache']:<4}  qpart cut {q['cut']}  J {q['measured_J']:.4g} (pred {q['predicted_J']:.4g})  "
           f"best {cell['best']:<12} regret {cell['qpart_regret']:+.1%}  steal {_pct(cell.get('cpu_steal'))}",
           file=sys.stderr)
+
+
+def _attempts(cell: dict[str, Any]) -> str:
+    """The attempts a cell took, with each discarded one's regret and steal."""
+    gone = cell.get("discarded") or []
+    return str(1 + len(gone)) + "".join(f" ({d['qpart_regret']:+.1%} at {_pct(d['cpu_steal'])})"
+                                        for d in gone)
 
 
 def _pct(share: float | None) -> str:
@@ -724,7 +753,9 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def first_attempts(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each cell as first measured, before :func:`steal_gated` measured any again: the raw grid."""
+    """Each cell as first measured, before :func:`steal_gated` measured any again. Not an ungated
+    run: the cells after a retried one follow from its kept attempt (held segments, the link's
+    probe and overhead windows, the time they ran at)."""
     return [c["discarded"][0] if c.get("discarded") else c for c in cells]
 
 
@@ -742,29 +773,33 @@ def gated_summary(cells: list[dict[str, Any]], gate: float) -> dict[str, Any]:
 def markdown(doc: dict[str, Any]) -> str:
     """One row per cell: the planner's measured J, the best strategy, the regret."""
     lines = ["| model | device | Mbit/s | preset | cache | reps | qpart cut | qpart J | best | best J | "
-             "regret | " + " | ".join(STRATEGIES[1:]) + " |",
-             "|" + "---|" * (11 + len(STRATEGIES) - 1)]
+             "regret | " + " | ".join(STRATEGIES[1:]) + " | steal | attempts |",
+             "|" + "---|" * (13 + len(STRATEGIES) - 1)]
     for c in doc["cells"]:
         s = c["strategies"]
         others = " | ".join(f"{s[k]['measured_J']:.4g}" for k in STRATEGIES[1:])
         lines.append(f"| {c['model']} | {c['device']} | {c['rate_mbps']:g} | {c['preset']} | {c['cache']} | "
                      f"{c['reps']} | "
                      f"{s['qpart']['cut']} | {s['qpart']['measured_J']:.4g} | {c['best']} | "
-                     f"{s[c['best']]['measured_J']:.4g} | {c['qpart_regret']:+.1%} | {others} |")
+                     f"{s[c['best']]['measured_J']:.4g} | {c['qpart_regret']:+.1%} | {others} | "
+                     f"{_pct(c.get('cpu_steal'))} | {_attempts(c)} |")
     sm = doc["summary"]
-    lines += ["", f"Cells: {sm['cells']}; max regret {sm['max_regret']:+.1%}; cells over 5%: "
+    gated = "first_attempts" in sm
+    lines += ["", ("After the steal gate (each cell's last attempt): " if gated else "")
+              + f"Cells: {sm['cells']}; max regret {sm['max_regret']:+.1%}; cells over 5%: "
               f"{sm['cells_regret_over_5pct']}; median |predicted - measured| / measured time "
               f"{sm['median_time_error']:.1%}; cells where qpart strictly beats each: "
               f"{sm['cells_qpart_beats']}; CPU steal per cell "
               + ("unknown" if not sm.get("cpu_steal") else
                  f"median {sm['cpu_steal']['median']:.1%}, max {sm['cpu_steal']['max']:.1%}")]
-    if "first_attempts" in sm:
+    if gated:
         raw = sm["first_attempts"]
         lines += ["", f"Steal gate {sm['steal_gate']:.0%}: {sm['cells_measured_again']} cells measured "
                   f"again; {sm['cells_over_steal_gate']} stayed over the gate "
                   f"({sm['cells_over_steal_gate_regret_over_5pct']} of them over 5% regret). As first "
-                  f"measured: max regret {raw['max_regret']:+.1%}, cells over 5%: "
-                  f"{raw['cells_regret_over_5pct']}, median time error {raw['median_time_error']:.1%}"]
+                  f"measured: max regret {raw['max_regret']:+.1%}; cells over 5%: "
+                  f"{raw['cells_regret_over_5pct']}; median time error {raw['median_time_error']:.1%}; "
+                  f"cells where qpart strictly beats each: {raw['cells_qpart_beats']}"]
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,7 @@ from bench.e2e import (
     STRATEGIES,
     ModelView,
     _predict,
+    cold_then_warm,
     first_attempts,
     gated_summary,
     implied_rtt,
@@ -71,24 +72,26 @@ def test_the_summary_reports_the_cpu_steal_the_cells_ran_under():
 
 
 def _cell(steal: float | None, regret: float) -> dict[str, object]:
-    return {"qpart_regret": regret, "qpart_plan_check": True, "cpu_steal": steal,
-            "strategies": {s: {"measured_J": 1.0, "predicted_time_s": 1.0, "measured_time_s": 1.0}
-                           for s in STRATEGIES}}
+    return {"model": "m", "device": "d", "rate_mbps": 1.0, "preset": "p", "cache": "cold", "best": "qpart",
+            "qpart_regret": regret, "qpart_plan_check": True, "cpu_steal": steal,
+            "strategies": {s: {"measured_J": 1.0, "predicted_J": 1.0, "cut": 0, "predicted_time_s": 1.0,
+                               "measured_time_s": 1.0} for s in STRATEGIES}}
 
 
 def test_a_cell_run_under_steal_is_measured_again_and_its_first_attempt_kept():
     attempts = iter([_cell(0.12, 0.30), _cell(0.02, 0.01)])
-    probes = deque(["p1", "p2"], maxlen=3)
+    probes = deque(["p1", "p2", "p3"], maxlen=3)  # full, as in a grid
+    labels = iter(["first", "second"])
 
     def measure():
-        probes.append("tainted")
+        probes.append(next(labels))
         return next(attempts)
 
     cell = steal_gated(measure, probes, gate=0.05, retries=2)
     assert cell["cpu_steal"] == 0.02 and cell["qpart_regret"] == 0.01
     assert [d["qpart_regret"] for d in cell["discarded"]] == [0.30]
-    # the discarded attempt's probe left the window; the kept attempt's stays
-    assert list(probes) == ["p1", "p2", "tainted"]
+    # the discarded attempt's probe left the window (p1 came back); the kept attempt's stays
+    assert list(probes) == ["p2", "p3", "second"]
     assert first_attempts([cell])[0]["qpart_regret"] == 0.30
 
 
@@ -102,8 +105,47 @@ def test_the_gate_reads_only_steal_and_gives_up_after_its_retries():
     cell = steal_gated(stolen, deque(), gate=0.05, retries=2)
     assert len(calls) == 3 and len(cell["discarded"]) == 2 and cell["cpu_steal"] == 0.2
     assert len(steal_gated(stolen, deque(), gate=0.05, retries=0)["discarded"]) == 0
+    # kept for want of retries, its probe still leaves the window
+    probes = deque(["p1", "p2", "p3"], maxlen=3)
+
+    def stolen_probe():
+        probes.append("stolen")
+        return _cell(0.2, 0.0)
+
+    steal_gated(stolen_probe, probes, gate=0.05, retries=1)
+    assert list(probes) == ["p1", "p2", "p3"]
+    # a bad result at low steal, or at the gate itself, is kept as it is
+    assert steal_gated(lambda: _cell(0.01, 0.5), deque(), gate=0.05, retries=2)["discarded"] == []
+    assert steal_gated(lambda: _cell(0.05, 0.5), deque(), gate=0.05, retries=2)["discarded"] == []
     unknown = steal_gated(lambda: _cell(None, 0.5), deque(), gate=0.05, retries=2)
     assert unknown["discarded"] == []  # no reading, no retry
+
+
+def test_warm_holds_what_the_kept_cold_attempt_downloaded_and_only_kept_traffic_is_remembered():
+    seen = []
+    steals = iter([0.3, 0.01, 0.01])  # cold: discarded then kept; warm: kept
+    implied_of = iter([9.0, 1.0, 2.0])
+
+    def measure(*, cache, held):
+        seen.append((cache, sorted(held)))
+        n = len(seen)
+        return {**_cell(next(steals), 0.0), "implied_rtt_s": next(implied_of), "downloaded": [f"seg{n}"],
+                "cache": cache}
+
+    implied = deque(maxlen=2)
+    cells = cold_then_warm(measure, deque(), implied, gate=0.05, retries=2)
+    assert seen == [("cold", []), ("cold", []), ("warm", ["seg2"])]  # the retry starts cold again
+    assert [c["cache"] for c in cells] == ["cold", "warm"]
+    assert list(implied) == [1.0, 2.0]  # not the discarded attempt's 9.0
+    assert all("downloaded" not in c for c in cells)
+    # a cell kept over the gate (retries spent) prices no later cell with its traffic
+    over = iter([0.3, 0.01])
+    implied.clear()
+    seen.clear()
+    steals = over
+    implied_of = iter([7.0, 3.0])
+    cold_then_warm(measure, deque(), implied, gate=0.05, retries=0)
+    assert list(implied) == [3.0]
 
 
 def test_the_gated_summary_reports_the_raw_grid_and_what_stayed_over_the_gate():
@@ -115,8 +157,21 @@ def test_the_gated_summary_reports_the_raw_grid_and_what_stayed_over_the_gate():
     assert sm["cells_measured_again"] == 2 and sm["cells_over_steal_gate"] == 1
     assert sm["cells_over_steal_gate_regret_over_5pct"] == 1
     assert sm["first_attempts"]["max_regret"] == 0.2 and sm["first_attempts"]["cells_regret_over_5pct"] == 2
-    doc = {"cells": [], "summary": sm}
-    assert "Steal gate 5%: 2 cells measured again; 1 stayed over the gate" in markdown(doc)
+    text = markdown({"cells": [], "summary": sm})
+    assert ("After the steal gate (each cell's last attempt): Cells: 3; max regret +7.0%; "
+            "cells over 5%: 1") in text
+    assert "Steal gate 5%: 2 cells measured again; 1 stayed over the gate" in text
+    assert "As first measured: max regret +20.0%; cells over 5%: 2;" in text
+
+
+def test_the_table_shows_each_cells_steal_and_discarded_attempts():
+    cell = {"model": "m", "device": "d", "rate_mbps": 1.0, "preset": "p", "cache": "cold", "reps": 37,
+            "best": "qpart", "qpart_regret": 0.0, "cpu_steal": 0.031,
+            "strategies": {s: {"measured_J": 1.0, "cut": 0} for s in STRATEGIES},
+            "discarded": [_cell(0.12, 0.081)]}
+    sm = gated_summary([{**_cell(0.031, 0.0), "discarded": cell["discarded"]}], 0.05)
+    row = markdown({"cells": [cell], "summary": sm}).splitlines()[2]
+    assert row.endswith("| 3.1% | 2 (+8.1% at 12.0%) |")
 
 
 def test_a_cells_traffic_implies_the_overhead_its_exchanges_took_beyond_their_priced_bytes(artifacts_dir):

@@ -630,8 +630,8 @@ def steal_gated(measure: Callable[[], dict[str, Any]], probes: deque[ExchangePro
     all within 5%), so a gated grid is evidence beside its first attempts, never instead of them.
     The link probe of an attempt over the gate, discarded or kept for want of retries, leaves the
     window (``probes``): the retry, and the cells after, price with the probes from before it (in
-    7095d24's grid a cell kept at 16.8% steal left a probe of 4.8 ms and an implied overhead of
-    4.5 ms, where the quiet cells measured about 1.1; the next cell, at 1.8% steal, priced with them
+    7095d24's grid a cell kept at 16.8% steal left its probe and a 4.5 ms implied overhead; the
+    next cell, at 1.8% steal, priced a 4.65 ms overhead where the quiet cells measured about 1.1,
     and lost 46.3%). The probe order's random stream (``probe_rng``) is not rewound. A cell whose
     steal is unknown is never retried."""
     kept = list(probes)

@@ -618,6 +618,12 @@ STEAL_GATE = 0.05
 STEAL_RETRIES = 2
 
 
+def over_gate(cell: dict[str, Any], gate: float) -> bool:
+    """Whether a cell ran under more CPU steal than ``gate`` (unknown steal: no)."""
+    steal = cell.get("cpu_steal")
+    return steal is not None and steal > gate
+
+
 def steal_gated(measure: Callable[[], dict[str, Any]], probes: deque[ExchangeProbe], gate: float,
                 retries: int) -> dict[str, Any]:
     """``measure()`` a cell, and again (at most ``retries`` more times) while the CPU steal it ran
@@ -638,12 +644,12 @@ def steal_gated(measure: Callable[[], dict[str, Any]], probes: deque[ExchangePro
     discarded: list[dict[str, Any]] = []
     while True:
         cell = measure()
-        stolen = cell["cpu_steal"] is not None and cell["cpu_steal"] > gate
+        stolen = over_gate(cell, gate)
         if stolen:  # its link probe is no measure of the link for the cells after it either
             probes.clear()
             probes.extend(kept)
         if not stolen or len(discarded) >= retries:
-            return {**cell, "steal_gate": gate, "discarded": discarded}
+            return {**cell, "discarded": discarded}
         _progress(cell, f"discarded (steal over {gate:.0%}): ")
         discarded.append(cell)
 
@@ -659,8 +665,7 @@ def cold_then_warm(measure: Callable[..., dict[str, Any]], probes: deque[Exchang
     for cache in ("cold", "warm"):
         cell = steal_gated(functools.partial(measure, cache=cache, held=set(held)), probes, gate, retries)
         held |= set(cell.pop("downloaded"))
-        within = cell["cpu_steal"] is None or cell["cpu_steal"] <= gate
-        if cell["implied_rtt_s"] is not None and within:
+        if cell["implied_rtt_s"] is not None and not over_gate(cell, gate):
             implied.append(cell["implied_rtt_s"])
         cells.append(cell)
         _progress(cell)
@@ -762,7 +767,7 @@ def first_attempts(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def gated_summary(cells: list[dict[str, Any]], gate: float) -> dict[str, Any]:
     """:func:`summarize` of the cells as recorded, beside the raw grid's (first attempts) and how
     many cells were measured again or stayed over the steal gate."""
-    over = [c for c in cells if c.get("cpu_steal") is not None and c["cpu_steal"] > gate]
+    over = [c for c in cells if over_gate(c, gate)]
     return {**summarize(cells), "steal_gate": gate,
             "cells_measured_again": sum(1 for c in cells if c.get("discarded")),
             "cells_over_steal_gate": len(over),

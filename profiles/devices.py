@@ -44,10 +44,11 @@ class MeasuredHeads(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     version: str = Field(description="Model version the times were measured for.")
-    head_s: list[Annotated[float, Field(ge=0)]] = Field(
+    # Bounded (an hour per head) so that every price stays finite: an inline profile is request data.
+    head_s: list[Annotated[float, Field(ge=0, le=3600)]] = Field(
         description="Seconds to run the head of each cut (index = cut index), batch 1."
     )
-    encode_s: list[Annotated[float, Field(ge=0)]] = Field(
+    encode_s: list[Annotated[float, Field(ge=0, le=3600)]] = Field(
         default_factory=list,
         description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
                     "empty when not measured.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -63,6 +64,16 @@ class ModelEntry:
         return self.model is not None
 
 
+# An absolute path: a "/" that follows no word, dot, colon or slash (so no URL), then components.
+_PATH = re.compile(r"(?<![\w.:/])(?:/[^/\s'\"]+)*/([^/\s'\"]+)")
+
+
+def public_reason(exc: Exception) -> str:
+    """``exc``'s message for anyone who asks readiness: every absolute path cut to its file name
+    (the log has the whole message)."""
+    return _PATH.sub(r"\1", str(exc))
+
+
 def _load_one(folder: Path) -> ModelEntry:
     artifact = load_artifact(folder)
     entry = ModelEntry(artifact.model, artifact.version, folder)
@@ -72,7 +83,10 @@ def _load_one(folder: Path) -> ModelEntry:
         spec = replace(spec, weights=weights)
     digest = hashlib.sha256(spec.weights.read_bytes()).hexdigest()
     if digest != artifact.weights_sha256:
-        entry.reason = (f"weights {spec.weights} hash to {digest[:12]}, the artifact was calibrated "
+        # The reason is public (readiness answers anyone): the path goes to the log only.
+        log.error("model %s: weights %s hash to %s, not the artifact's %s", artifact.model,
+                  spec.weights, digest, artifact.weights_sha256)
+        entry.reason = (f"its weights hash to {digest[:12]}, the artifact was calibrated "
                         f"for {artifact.weights_sha256[:12]}; re-run qpart calibrate")
         return entry
     gm = prepare(spec.load(), tuple(artifact.input_shape))
@@ -108,7 +122,7 @@ class Catalog:
                     entries.append(_load_one(folder))
                 except (ProfileError, ModelsError, OSError, ValueError, RuntimeError) as exc:
                     log.error("model artifact %s is not ready: %s", folder, exc)
-                    entries.append(ModelEntry(folder.name, "unknown", folder, None, str(exc)))
+                    entries.append(ModelEntry(folder.name, "unknown", folder, None, public_reason(exc)))
         return cls(entries)
 
     def names(self) -> list[str]:

@@ -22,12 +22,14 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
 def bearer_ok(token: SecretStr | None, authorization: str) -> bool:
-    """Whether an ``Authorization`` header value carries ``token`` (always, when no token is set)."""
+    """Whether an ``Authorization`` header value carries ``token`` (always, when no token is set;
+    never with an empty credential, whatever the token)."""
     if token is None:
         return True
-    scheme, _, value = authorization.partition(" ")
+    scheme, _, value = authorization.strip().partition(" ")
+    value = value.strip()
     expected = token.get_secret_value().encode()
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.encode(), expected)
+    return scheme.lower() == "bearer" and bool(value) and hmac.compare_digest(value.encode(), expected)
 
 
 async def require_token(request: Request) -> None:
@@ -36,14 +38,19 @@ async def require_token(request: Request) -> None:
         raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
 
 
+async def require_model_token(request: Request) -> None:
+    """The inference token on segments and model listings too, unless ``QPART_PROTECT_MODELS`` is
+    false (a level-0 segment is the whole model's weights: ADR 0008)."""
+    if request.app.state.settings.protect_models:
+        await require_token(request)
+
+
 async def require_admin(request: Request) -> None:
     """The admin API is off unless ``QPART_ADMIN_TOKEN`` is set, and then needs that token."""
     token = request.app.state.settings.admin_token
     if token is None:
         raise ForbiddenError("the admin API is disabled; set QPART_ADMIN_TOKEN to enable it")
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    expected = token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), expected):
+    if not bearer_ok(token, request.headers.get("authorization", "")):
         raise UnauthorizedError("missing or invalid admin token: send 'Authorization: Bearer <token>'")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,18 @@ _INLINE_DECODE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
+class TailKey:
+    """What tail requests batch by: one model version's tail from one cut."""
+
+    model: str
+    version: str
+    cut: int
+
+    def __str__(self) -> str:
+        return f"{self.model}@{self.version}/c{self.cut}"
+
+
+@dataclass(frozen=True)
 class SegmentIndex:
     """Where a pattern's segment is: its content id and size."""
 
@@ -65,6 +78,18 @@ class SegmentIndex:
     model: str
     version: str
     pattern_id: str
+
+
+def _require_finite(candidates: list[Candidate]) -> None:
+    """Every predicted number must be finite (JSON has no infinity: it would be sent as null)."""
+    for c in candidates:
+        t, e = c.costs.time_s, c.costs.energy_j
+        numbers = (t.local, t.transfer, t.server, t.total, e.local, e.transfer, e.total,
+                   c.costs.server_cost, c.costs.objective)
+        if not all(math.isfinite(x) for x in numbers):
+            raise BadRequestError(
+                f"the plan for cut {c.pattern.cut} prices to a non-finite number: the request's "
+                "rate_bps, weights or device profile figures are too large")
 
 
 class Engine:
@@ -79,13 +104,13 @@ class Engine:
         self.draining = False
         torch.set_num_threads(settings.torch_threads)
         self._pool = ThreadPoolExecutor(settings.tail_workers, thread_name_prefix="tail")
-        self.batcher: Batcher[TailRows] = Batcher(
+        self.batcher: Batcher[TailKey, TailRows] = Batcher(
             self._pool, max_batch=settings.max_batch_size, max_delay_s=settings.max_queue_delay_s,
             max_queue=settings.max_queue, retry_after_s=settings.retry_after_s, on_batch=self._record_batch)
         self._by_pattern: dict[tuple[str, str, str], SegmentIndex | None] = {}
         self._by_segment: dict[str, SegmentIndex] = {}
-        self._runs: dict[str, Callable[[np.ndarray], TailRows]] = {}
-        self._run_models: dict[str, LoadedModel] = {}  # batch key -> its model, for the batch metrics
+        self._runs: dict[TailKey, Callable[[np.ndarray], TailRows]] = {}
+        self._run_models: dict[TailKey, LoadedModel] = {}  # batch key -> its model, for the batch metrics
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
         self.tail_times = TailTimes()
         self._answer_bytes: dict[tuple[str, str], int] = {}
@@ -105,8 +130,24 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        """Ready when not draining and at least one model version can serve."""
-        return not self.draining and any(e.ready for e in self.catalog.entries)
+        """Ready when not draining, at least one model version can serve and no tail collector
+        is down."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """Why the server is not ready (None: it is)."""
+        if self.draining:
+            return "draining"
+        stalled = self.stalled_models()
+        if stalled:
+            return f"tail inference of {', '.join(sorted(stalled))} is restarting"
+        if not any(e.ready for e in self.catalog.entries):
+            return "no model is ready"
+        return None
+
+    def stalled_models(self) -> set[str]:
+        """Models one of whose tail collectors is down (restarted at once; readiness says so)."""
+        return {key.model for key in self.batcher.stalled()}
 
     async def close(self) -> None:
         """Stop batch collectors and worker threads."""
@@ -198,6 +239,7 @@ class Engine:
             tail = tail_s[pattern.cut]
             options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
             candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
+        _require_finite(candidates)
         chosen = choose(candidates, req.deadline_s)
         last = len(model.cuts) - 1
         response = self._plan_response(model, chosen, best_at_cut(candidates, 0),
@@ -244,7 +286,7 @@ class Engine:
         thread: 837 -> 661 us at batch 1, 696 -> 392 us per sample at batch 32; the ResNet
         unchanged). One copy per model version; every cut's tail is split from it.
         """
-        key = f"{model.name}@{model.version}/c{cut}"
+        key = TailKey(model.name, model.version, cut)
         run = self._runs.get(key)
         if run is not None:
             return run
@@ -321,7 +363,7 @@ class Engine:
     async def _run_tail(self, model: LoadedModel, cut: int, x: np.ndarray) -> tuple[TailRows, float, float]:
         # While draining, readiness is 503 so balancers stop routing here, but requests that still
         # arrive are served: nothing accepted is dropped.
-        key = f"{model.name}@{model.version}/c{cut}"
+        key = TailKey(model.name, model.version, cut)
         run = self._runner(model, cut)
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
@@ -372,10 +414,11 @@ class Engine:
             raise BadRequestError(f"invalid activation packet: {exc}") from exc
         if not np.isfinite(x).all():
             raise BadRequestError("the activation dequantizes to values beyond float32 (check scales)")
-        if tuple(x.shape[1:]) != want or x.shape[0] > self.settings.max_queue:
+        if tuple(x.shape[1:]) != want or not 1 <= x.shape[0] <= self.settings.max_queue:
             dims = ", ".join(map(str, want))
             raise BadRequestError(f"activation shape {list(x.shape)} does not fit cut {pattern.cut}: "
-                                  f"expected [batch <= {self.settings.max_queue}, {dims}]")
+                                  f"expected [batch, {dims}] with 1 <= batch <= "
+                                  f"{self.settings.max_queue} (QPART_MAX_QUEUE)")
         if bits != pattern.activation_bits or (bits != 32 and group != pattern.group_size):
             raise BadRequestError(f"activation quantized with {bits} bits / group {group}; the plan "
                                   f"requires {pattern.activation_bits} bits / group {pattern.group_size}")
@@ -390,6 +433,8 @@ class Engine:
         if x.ndim != len(want) + 1 or tuple(x.shape[1:]) != want:
             raise BadRequestError(f"input shape {list(x.shape)} does not fit model '{name}': "
                                   f"expected [batch, {', '.join(map(str, want))}]")
+        if x.shape[0] == 0:
+            raise BadRequestError(f"input shape {list(x.shape)} has batch 0: send at least one sample")
         if not np.isfinite(x).all():
             raise BadRequestError("input holds NaN or infinity")
         rows, _, _ = await self._run_tail(model, 0, np.ascontiguousarray(x, dtype=np.float32))
@@ -399,14 +444,13 @@ class Engine:
                                      "inputs are expected in [0, 1]")
         return logits, model
 
-    def _record_batch(self, report: BatchReport) -> None:
-        model, rest = report.key.split("@", 1)  # key: name@version/c<cut>
-        version, cut = rest.rsplit("/c", 1)
-        self.tail_times.observe(model, version, int(cut), report.size, report.compute_s)
+    def _record_batch(self, report: BatchReport[TailKey]) -> None:
+        model, version, cut = report.key.model, report.key.version, report.key.cut
+        self.tail_times.observe(model, version, cut, report.size, report.compute_s)
         # What plans price these samples at (batch-1 time each) against what they took: every
         # sample the tail ran, including v2 full-model requests (which share cut 0's batches) and
         # requests that then failed (non-finite logits) or whose client had gone.
-        predicted = self.tail_seconds(self._run_models[report.key])[int(cut)] * report.size
+        predicted = self.tail_seconds(self._run_models[report.key])[cut] * report.size
         self.metrics.server_time_predicted.labels(model).inc(predicted)
         self.metrics.server_time_measured.labels(model).inc(report.compute_s)
         self.metrics.tail_extra.labels(model, version).set(self.tail_times.extra(model, version))

@@ -13,6 +13,7 @@
     │   ├── UnsupportedMediaTypeError 415: a Content-Encoding the route does not take
     │   ├── RangeNotSatisfiableError 416: a Range outside the segment
     │   └── UnprocessableError       422: well-formed but unsatisfiable (e.g. a deadline)
+    ├── TailFailedError              500: a tail batch raised; its requests fail, the model serves on
     └── ServiceError                 the server cannot serve it now
         ├── OverloadedError          503 + Retry-After: the tail queue is full
         ├── NotReadyError            503: the model is not loaded (the reason is given)
@@ -87,6 +88,12 @@ class UnprocessableError(ClientError):
     """A well-formed request that cannot be satisfied (a deadline below the fastest plan)."""
 
     status = 422
+
+
+class TailFailedError(ServerError):
+    """Running a tail batch raised: a server bug, confined to that batch's requests (500)."""
+
+    status = 500
 
 
 class ServiceError(ServerError):

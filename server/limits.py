@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 
+from server.content import identity_only
+from server.errors import UnsupportedMediaTypeError
 from server.http_errors import unexpected_response
 from server.metrics import Metrics
 
@@ -124,7 +126,7 @@ class LimitsMiddleware:
             await self.app(scope, receive, send)
             return
         route = route_label(scope.get("path", ""))
-        if await self._refuse_declared_length(scope, send):
+        if await self._refuse_declared_length(scope, send) or await _refuse_coding(route, scope, send):
             return
         guard = _BodyGuard(receive, self.max_body, self.timeout)
         m = self.metrics
@@ -173,6 +175,25 @@ class LimitsMiddleware:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+
+# Routes that read a Content-Encoding themselves (the tail route inflates; v2 infer answers 404
+# for an unknown model first). Every other route takes bodies as is.
+_CODED_ROUTES = frozenset({"tail_infer", "v2_infer"})
+
+
+async def _refuse_coding(route: str, scope: Scope, send: Send) -> bool:
+    """415 for a coded body on a route that takes none: a JSON parser would read the coded bytes
+    as garbage (a 422 that blames the JSON), or an identity body labelled coded would pass."""
+    if route in _CODED_ROUTES:
+        return False
+    codings = [v.decode("latin-1") for k, v in scope.get("headers") or [] if k == b"content-encoding"]
+    try:
+        identity_only(codings)
+    except UnsupportedMediaTypeError as exc:
+        await _send_error(send, 415, str(exc))
+        return True
+    return False
 
 
 async def _send_error(send: Send, status: int, message: str) -> None:

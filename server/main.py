@@ -14,9 +14,11 @@ from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from server.app import create_app
+from server.connections import ConnectionCounts, ConnectionLimits, guarded_protocol
 from server.engine import Engine
 from server.settings import ServerSettings
 
@@ -51,17 +53,23 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _engine_of(app: object) -> Engine | None:
-    """The engine of the FastAPI app inside ``app``'s chain of ``.app`` wrappers (uvicorn's
-    proxy-headers layer, a harness's), if any."""
+def _app_of(app: object) -> FastAPI | None:
+    """The FastAPI app inside ``app``'s chain of ``.app`` wrappers (uvicorn's proxy-headers layer,
+    a harness's), if any."""
     for _ in range(8):
-        engine = getattr(getattr(app, "state", None), "engine", None)
-        if isinstance(engine, Engine):
-            return engine
+        if isinstance(app, FastAPI):
+            return app
         app = getattr(app, "app", None)
         if app is None:
             return None
     return None
+
+
+def _engine_of(app: object) -> Engine | None:
+    """The engine of the FastAPI app inside ``app``, once its lifespan has built one."""
+    fastapi_app = _app_of(app)
+    engine = getattr(fastapi_app.state, "engine", None) if fastapi_app is not None else None
+    return engine if isinstance(engine, Engine) else None
 
 
 def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = None) -> None:
@@ -71,7 +79,12 @@ def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = 
     app: ASGIApp = create_app(settings)
     if wrap is not None:
         app = wrap(app)
+    limits = ConnectionLimits(settings.max_header_bytes, settings.header_timeout_s, settings.max_connections)
+    engine_app = _app_of(app)
+    counts = engine_app.state.metrics.connections if engine_app is not None else ConnectionCounts()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            http=guarded_protocol(limits, counts),
+                            timeout_keep_alive=settings.keepalive_timeout_s,
                             # uvicorn reads None as "wait forever": always pass a bound.
                             timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),
                             access_log=False, lifespan="on", proxy_headers=settings.proxy_headers)

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from server.connections import ConnectionCounts
 from server.segments import SegmentStore
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -34,6 +35,26 @@ class _CacheCollector(Collector):
             from prometheus_client.core import CounterMetricFamily  # noqa: PLC0415 (local to collect)
 
             yield CounterMetricFamily(f"qpart_segment_cache_{name}", doc, value=value)
+
+
+class _ConnectionCollector(Collector):
+    """Reads what the connection guard refused at scrape time."""
+
+    def __init__(self, counts: ConnectionCounts) -> None:
+        self._counts = counts
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import CounterMetricFamily  # noqa: PLC0415 (local to collect)
+
+        family = CounterMetricFamily(
+            "qpart_connections_refused", "Connections closed by the protocol guard, by reason: over "
+            "QPART_MAX_CONNECTIONS, head over QPART_MAX_HEADER_BYTES, head slower than "
+            "QPART_HEADER_TIMEOUT_S.", labels=["reason"])
+        c = self._counts
+        for reason, value in (("over_cap", c.over_cap), ("head_too_large", c.head_too_large),
+                              ("head_timeout", c.head_timeout)):
+            family.add_metric([reason], value)
+        yield family
 
 
 class Metrics:
@@ -85,3 +106,5 @@ class Metrics:
                                 ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         r.register(_CacheCollector(store))
+        self.connections = ConnectionCounts()  # filled by server.connections under `qpart serve`
+        r.register(_ConnectionCollector(self.connections))

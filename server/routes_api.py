@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kernels.coding import Coding
 from server.content import content_coding, decode_content
-from server.deps import EngineDep, read_body, require_admin, require_token
+from server.deps import EngineDep, read_body, require_admin, require_model_token, require_token
 from server.engine import Engine
 from server.errors import RangeNotSatisfiableError
 from server.limits import MODEL_STATE_KEY
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1")
 _ERRORS: dict[int | str, dict[str, object]] = {
     s: {"model": ErrorBody} for s in (400, 401, 404, 413, 422, 503, 504)}
 _CHUNK = 64 * 1024
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"[ \t]*bytes[ \t]*=[ \t]*(\d*)-(\d*)[ \t]*", re.IGNORECASE)
 TOP_K_DEFAULT = 5
 TOP_K_MAX = 1000
 
@@ -39,7 +39,7 @@ async def plan(body: PlanRequest, engine: EngineDep, request: Request) -> PlanRe
 
 
 @router.get("/models/{model}", response_model=ModelInfo, responses=_ERRORS,
-            summary="A model's patterns and their segments")
+            dependencies=[Depends(require_model_token)], summary="A model's patterns and their segments")
 async def model_info(model: str, engine: EngineDep,
                version: Annotated[str | None, Query(max_length=64)] = None) -> ModelInfo:
     """Every precomputed (cut, level) pattern of the newest (or given) version, with segment links."""
@@ -56,19 +56,35 @@ def _position(digits: str, size: int) -> int:
     return size if len(digits) > len(str(size)) else min(int(digits), size)
 
 
-def _parse_range(header: str, size: int) -> tuple[int, int]:
-    match = _RANGE.match(header.strip())
+def _less(a: str, b: str) -> bool:
+    """Whether the decimal ``a`` is below ``b``, however long either is."""
+    a, b = a.lstrip("0") or "0", b.lstrip("0") or "0"
+    return (len(a), a) < (len(b), b)
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """The one byte range a ``Range`` field asks for, or None to ignore the field (RFC 9110
+    14.2): another unit, several ranges (no multipart answers here), or invalid syntax, which a
+    server may ignore, sending the whole segment. The unit's name is case-insensitive.
+
+    Raises:
+        RangeNotSatisfiableError: one well-formed range that does not overlap the segment (416).
+    """
+    match = _RANGE.fullmatch(header)
     if not match or match.groups() == ("", ""):
-        raise RangeNotSatisfiableError(f"unsupported Range '{header}'; use a single 'bytes=start-end'")
+        return None
     start_s, end_s = match.groups()
-    if start_s == "":
-        start, end = max(0, size - _position(end_s, size)), size - 1
-    else:
-        start, end = _position(start_s, size), (_position(end_s, size) if end_s else size - 1)
-    end = min(end, size - 1)
-    if start > end or start >= size:
-        raise RangeNotSatisfiableError(f"Range '{header}' is outside the segment's {size} bytes")
-    return start, end
+    if start_s == "":  # the last N bytes
+        suffix = _position(end_s, size)
+        if suffix == 0:
+            raise RangeNotSatisfiableError("a suffix Range of 0 bytes selects nothing")
+        return size - suffix, size - 1
+    if end_s and _less(end_s, start_s):  # last < first: invalid, so ignored
+        return None
+    start = _position(start_s, size)
+    if start >= size:
+        raise RangeNotSatisfiableError(f"the Range starts past the segment's {size} bytes")
+    return start, (min(_position(end_s, size), size - 1) if end_s else size - 1)
 
 
 def _chunks(data: bytes, start: int, end: int, sent: Callable[[int], None],
@@ -97,19 +113,20 @@ def _segment_headers(segment_id: str, size: int, request: Request) -> tuple[int,
         return 304, 0, -1, headers
     status, start, end = 200, 0, size - 1
     rng = request.headers.get("range")
-    if rng is not None:
-        try:
-            start, end = _parse_range(rng, size)
-        except RangeNotSatisfiableError as exc:
-            exc.headers = {"Content-Range": f"bytes */{size}"}
-            raise
-        status = 206
+    try:
+        selected = None if rng is None else _parse_range(rng, size)
+    except RangeNotSatisfiableError as exc:
+        exc.headers = {"Content-Range": f"bytes */{size}"}
+        raise
+    if selected is not None:
+        (start, end), status = selected, 206
         headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     headers["Content-Length"] = str(end - start + 1)
     return status, start, end, headers
 
 
 @router.get("/segments/{segment_id}", responses=_SEGMENT_RESPONSES, response_class=Response,
+            dependencies=[Depends(require_model_token)],
             operation_id="get_segment", summary="Download a head segment by content id")
 def segment(
     segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep
@@ -127,6 +144,7 @@ def segment(
 
 
 @router.head("/segments/{segment_id}", responses=_SEGMENT_RESPONSES, response_class=Response,
+             dependencies=[Depends(require_model_token)],
              operation_id="head_segment", summary="A head segment's size and ETag, without the body")
 def segment_head(
     segment_id: Annotated[str, Field(pattern=SHA256_HEX)], request: Request, engine: EngineDep

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from server.content import identity_only
-from server.deps import EngineDep, read_body, require_token
+from server.deps import EngineDep, read_body, require_model_token, require_token
 from server.engine import Engine
 from server.errors import BadRequestError, NotFoundError
 from server.oip_codec import HEADER, decode_request, encode_response
@@ -45,9 +45,9 @@ async def live() -> dict[str, bool]:
 @router.get("/health/ready", responses={503: {"model": ErrorBody}}, summary="Readiness")
 async def ready(engine: EngineDep) -> Response:
     """200 when models are loaded and the server is not draining, else 503."""
-    if engine.ready:
+    reason = engine.not_ready_reason()
+    if reason is None:
         return JSONResponse({"ready": True})
-    reason = "draining" if engine.draining else "no model is ready"
     return JSONResponse({"error": f"not ready: {reason}"}, status_code=503)
 
 
@@ -79,14 +79,15 @@ def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
                                                                 shape=[-1, *classes])])
 
 
-@router.get("/models/{model}", response_model=ModelMetadata, responses=_ERRORS, summary="Model metadata")
+@router.get("/models/{model}", response_model=ModelMetadata, responses=_ERRORS,
+            dependencies=[Depends(require_model_token)], summary="Model metadata")
 async def model_metadata(model: str, engine: EngineDep) -> ModelMetadata:
     """Inputs, outputs and versions of a model (``m`` or ``m-tail``)."""
     return _metadata(engine, model, None)
 
 
 @router.get("/models/{model}/versions/{version}", response_model=ModelMetadata, responses=_ERRORS,
-            summary="Model version metadata")
+            dependencies=[Depends(require_model_token)], summary="Model version metadata")
 async def model_version_metadata(model: str, version: str, engine: EngineDep) -> ModelMetadata:
     """Inputs, outputs and versions of one version."""
     return _metadata(engine, model, version)
@@ -95,10 +96,14 @@ async def model_version_metadata(model: str, version: str, engine: EngineDep) ->
 def _ready(engine: Engine, model: str, version: str | None) -> Response:
     base, _ = _resolve(engine, model)
     entry = engine.catalog.entry(base, version)
-    if entry.ready and not engine.draining:
+    reason = entry.reason
+    if reason is None and engine.draining:
+        reason = "draining"
+    if reason is None and base in engine.stalled_models():
+        reason = "its tail inference is restarting"
+    if reason is None:
         return JSONResponse({"name": model, "ready": True})
-    return JSONResponse({"error": f"model '{model}' is not ready: {entry.reason or 'draining'}"},
-                        status_code=503)
+    return JSONResponse({"error": f"model '{model}' is not ready: {reason}"}, status_code=503)
 
 
 @router.get("/models/{model}/ready", responses=_ERRORS, summary="Model readiness")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -42,3 +42,29 @@ class ServerSettings(BaseSettings):
         False, description="FastAPI's native OpenTelemetry to the global providers (off: /metrics is the "
                            "telemetry, and no request pays FastAPI's provider checks).")
     public_url: str = Field("", description="Base URL put into segment links (default: relative URLs).")
+    protect_models: bool = Field(
+        True, description="With QPART_AUTH_TOKEN set, segment downloads and model listings and metadata "
+                          "need the token too (a level-0 segment is the whole model's weights); false: "
+                          "they are public. Health and readiness stay public (ADR 0008).")
+    max_header_bytes: int = Field(
+        64 << 10, ge=1024, le=16 << 20, description="Largest request line plus headers; above it the "
+                                                    "server answers 431 and closes the connection.")
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Time a connection has to send a request's head (from opening, "
+                                        "or from its first byte after a keep-alive pause); then 408 "
+                                        "and closed.")
+    keepalive_timeout_s: int = Field(
+        5, ge=1, le=300, description="Idle time between requests on a kept-alive connection before "
+                                       "the server closes it.")
+    max_connections: int = Field(
+        4096, ge=1, le=1 << 20, description="Open connections at most; a connection beyond it is closed "
+                                            "at once, so the established ones keep being served (keep "
+                                            "it under the process's file descriptor limit).")
+
+    @field_validator("auth_token", "admin_token")
+    @classmethod
+    def _a_token_is_not_empty(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and not token.get_secret_value().strip():
+            raise ValueError("an empty or whitespace-only token is no credential: set a token, or "
+                             "unset the variable to run without one")
+        return token

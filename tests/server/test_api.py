@@ -7,6 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
@@ -231,6 +232,46 @@ def test_bearer_token_guards_inference_routes(cnn_only):
         assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
         assert c.post("/v1/plan", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert c.get("/v2/health/ready").status_code == 200  # probes stay open
+
+
+def _any_segment(client, headers):
+    info = client.get("/v1/models/fmnist-cnn", headers=headers).json()
+    return next(p["segment"] for p in info["patterns"] if p["segment"])
+
+
+def test_an_empty_credential_never_passes(cnn_only):
+    with make_client(cnn_only, auth_token="s3cret", admin_token="adm") as c:
+        body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6}
+        for empty in ("Bearer", "Bearer ", "Bearer    ", "bearer\t", ""):
+            assert c.post("/v1/plan", json=body, headers={"Authorization": empty}).status_code == 401
+            admin = c.put("/v1/admin/segment-cache", json={"budget_bytes": 0},
+                          headers={"Authorization": empty})
+            assert admin.status_code == 401, empty
+
+
+@pytest.mark.parametrize("empty", ["", " ", "\t\n"])
+@pytest.mark.parametrize("field", ["auth_token", "admin_token"])
+def test_an_empty_or_blank_token_is_a_configuration_error(cnn_only, field, empty):
+    with pytest.raises(ValidationError, match="empty or whitespace-only token"):
+        ServerSettings(artifacts=cnn_only, **{field: empty})
+
+
+def test_segments_and_model_listings_need_the_token_unless_configured_public(cnn_only):
+    token = {"Authorization": "Bearer s3cret"}
+    with make_client(cnn_only, auth_token="s3cret") as c:
+        seg = _any_segment(c, token)
+        for path in ("/v1/models/fmnist-cnn", seg["url"], "/v2/models/fmnist-cnn",
+                     "/v2/models/fmnist-cnn-tail"):
+            assert c.get(path).status_code == 401, path
+            assert c.get(path, headers=token).status_code == 200, path
+        assert c.head(seg["url"]).status_code == 401
+        assert c.get("/v2/models/fmnist-cnn/ready").status_code == 200  # probes stay open
+    with make_client(cnn_only, auth_token="s3cret", protect_models=False) as c:
+        seg = _any_segment(c, token)
+        for path in ("/v1/models/fmnist-cnn", seg["url"], "/v2/models/fmnist-cnn"):
+            assert c.get(path).status_code == 200, path
+        assert c.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+                                        "rate_bps": 1e6}).status_code == 401  # inference still guarded
 
 
 def test_cache_budget_changes_at_run_time_with_the_admin_token(cnn_only):

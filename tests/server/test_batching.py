@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from server.batching import Batcher, BatchReport
-from server.errors import OverloadedError
+from server.errors import BadRequestError, OverloadedError, PayloadTooLargeError, TailFailedError
 
 
 def _gate():
@@ -62,7 +62,7 @@ def test_a_full_queue_raises_overloaded_with_retry_after():
     asyncio.run(main())
 
 
-def test_a_failing_batch_fails_its_requests_not_the_batcher():
+def test_a_failing_batch_fails_its_requests_not_the_batcher(caplog):
     async def main():
         with ThreadPoolExecutor(1) as pool:
             batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
@@ -70,10 +70,92 @@ def test_a_failing_batch_fails_its_requests_not_the_batcher():
             def boom(batch):
                 raise ValueError("bad batch")
 
-            with pytest.raises(ValueError, match="bad batch"):
+            with pytest.raises(TailFailedError, match="ValueError"):  # a 500 that says it is a bug
                 await batcher.submit("a", boom, np.zeros((1, 1), np.float32))
             out, _, _ = await batcher.submit("b", lambda b: b + 1, np.zeros((1, 1), np.float32))
             assert out[0, 0] == 1
+            await batcher.close()
+
+    asyncio.run(main())
+    assert "tail batch for a failed" in caplog.text
+
+
+def test_after_a_failing_batch_the_same_key_serves_the_next_request():
+    calls = []
+
+    def fails_once(batch):
+        calls.append(batch.shape[0])
+        if len(calls) == 1:
+            raise RuntimeError("injected tail failure")
+        return batch + 1
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
+            with pytest.raises(TailFailedError):
+                await batcher.submit("k", fails_once, np.zeros((1, 1), np.float32))
+            out, _, _ = await asyncio.wait_for(batcher.submit("k", fails_once, np.zeros((1, 1))), 2)
+            assert out[0, 0] == 1 and batcher.stalled() == []
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_an_empty_batch_is_refused_before_it_is_queued():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
+            with pytest.raises(BadRequestError, match="batch dimension is 0"):
+                await batcher.submit("k", lambda b: b, np.zeros((0, 1), np.float32))
+            assert batcher.depth() == {}
+            out, _, _ = await asyncio.wait_for(batcher.submit("k", lambda b: b + 1, np.zeros((1, 1))), 2)
+            assert out[0, 0] == 1
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_larger_than_the_queue_is_413_not_overload():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
+            with pytest.raises(PayloadTooLargeError, match="capacity of 10"):
+                await batcher.submit("k", lambda b: b, np.zeros((11, 1), np.float32))
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_dead_collector_is_restarted_and_serves_what_waited_for_it(caplog):
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
+            take = batcher._take
+
+            async def broken(lane):  # the collector dies of something outside any batch, once
+                batcher._take = take
+                raise RuntimeError("collector bug")
+
+            batcher._take = broken
+            out, _, _ = await asyncio.wait_for(batcher.submit("k", lambda b: b + 1, np.ones((1, 1))), 2)
+            assert out[0, 0] == 2 and batcher.stalled() == []
+            await batcher.close()
+
+    asyncio.run(main())
+    assert "tail collector for k died" in caplog.text and "restarting it" in caplog.text
+
+
+def test_a_stopped_collector_is_reported_stalled_and_restarted_by_the_next_request():
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(pool, max_batch=4, max_delay_s=0, max_queue=10, retry_after_s=1)
+            await batcher.submit("k", lambda b: b, np.zeros((1, 1), np.float32))
+            task = batcher._lanes["k"].task
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert batcher.stalled() == ["k"]  # readiness reads this
+            out, _, _ = await asyncio.wait_for(batcher.submit("k", lambda b: b, np.ones((1, 1))), 2)
+            assert out[0, 0] == 1 and batcher.stalled() == []
             await batcher.close()
 
     asyncio.run(main())

@@ -11,7 +11,7 @@ import torch
 
 from server.batching import BatchReport
 from server.catalog import Catalog
-from server.engine import Engine
+from server.engine import Engine, TailKey
 from server.metrics import Metrics
 from server.segments import SegmentStore
 from server.settings import ServerSettings
@@ -54,7 +54,7 @@ def test_lone_requests_reprice_the_tails(engine):
     model = engine.catalog.get("fmnist-cnn")
     engine.warm_up()
     profile = engine.tail_seconds(model)
-    key = f"{model.name}@{model.version}/c0"
+    key = TailKey(model.name, model.version, 0)
     for _ in range(80):  # an idle server: every lone request takes 0.8 ms more than profiled
         engine._record_batch(BatchReport(key, 1, [0.0], profile[0] + 0.0008))
     assert engine.tail_seconds(model) == pytest.approx([t + 0.0008 if t else 0.0 for t in profile], rel=1e-3)

@@ -17,8 +17,8 @@ from tests.server.conftest import make_client
 TIMING = ("queue_s", "compute_s")
 
 
-def _plan(client, cut):
-    info = client.get("/v1/models/fmnist-cnn").json()
+def _plan(client, cut, headers=None):
+    info = client.get("/v1/models/fmnist-cnn", headers=headers).json()
     p = next(p for p in info["patterns"] if p["cut"] == cut and p["level"] == 0.01)
     return {**p, "model": info["model"], "version": info["version"], "cuts": info["cuts"]}
 
@@ -102,7 +102,7 @@ def test_well_formed_requests_take_the_fast_path_and_others_fall_through(cnn_onl
     monkeypatch.setattr(fastpath, "_read_body", counting)
     with make_client(cnn_only, auth_token="s3cret") as c:
         token = {"Authorization": "Bearer s3cret"}
-        plan = _plan(c, 0)
+        plan = _plan(c, 0, token)
         packet = encode_for_plan(np.zeros((1, 1, 28, 28), dtype=np.float32), plan)
         assert c.post(plan["infer_url"], content=packet, headers=token).status_code == 200
         assert len(reads) == 1

@@ -248,7 +248,7 @@ def garble_artifact(folder: Path) -> None:
 
 
 @pytest.mark.parametrize(("broken", "corrupt", "reason"), [
-    pytest.param("fmnist-resnet", flip_weight_bytes, r"weights \S+weights\.safetensors hash to [0-9a-f]{12}, "
+    pytest.param("fmnist-resnet", flip_weight_bytes, r"its weights hash to [0-9a-f]{12}, "
                  r"the artifact was calibrated for [0-9a-f]{12}", id="flipped-weight-bytes"),
     pytest.param("fmnist-cnn", truncate_artifact, r"artifact\.json is not a valid calibration artifact",
                  id="truncated-artifact-json"),
@@ -270,7 +270,7 @@ def test_a_corrupted_artifact_is_not_ready_with_its_reason_while_the_other_model
             assert answer.status_code == 503
             assert set(answer.json()) == {"error"}
             assert re.search(reason, answer.json()["error"]), answer.json()
-            assert str(tmp_path / broken) in answer.json()["error"]  # which file is broken
+            assert str(tmp_path) not in answer.json()["error"]  # no server path to anyone who asks
             plan = c.post("/v1/plan", json={"model": broken, "accuracy_demand": 0.01, "rate_bps": 1e6})
             assert plan.status_code == 503 and re.search(reason, plan.json()["error"]), plan.text
             assert c.get(f"/v2/models/{healthy}/ready").json() == {"name": healthy, "ready": True}
@@ -282,6 +282,7 @@ def test_a_corrupted_artifact_is_not_ready_with_its_reason_while_the_other_model
     finally:
         log = server.stop()
     assert re.search(f"model {broken} version .*: NOT READY", log), log[-3000:]
+    assert str(tmp_path / broken) in log  # the operator's log says which file is broken
 
 
 # ---- 3. clients hanging up mid-stream --------------------------------------------------------
@@ -628,12 +629,21 @@ def test_malformed_ranges_and_ids_on_the_segment_route_are_4xx(strict_server, ho
     data = hostile.get(segment["url"]).content
     size = len(data)
     assert size == segment["size_bytes"]
-    for bad in ("bytes=", "bytes=-", "bytes=5-2", "bytes=0-0,5-9", "items=0-5", "bytes=-0", "bytes=abc",
-                "bytes=1.5-2", "bytes=--1", "bytes=0x10-", f"bytes={size}-", "bytes=" + "9" * 5000 + "-",
-                "bytes=-" * 50, "bytes=0-1-2", b"bytes=\xb2-\xb3", "=0-1", "bytes 0-1", "bytes=+1-2"):
-        answer = hostile.get(segment["url"], headers={"Range": bad})
-        assert answer.status_code == 416, (bad[:40], answer.status_code, answer.text[:200])
+    # RFC 9110 14.2: what the server does not support (other units, several ranges) or cannot
+    # parse is ignored, and the whole segment is sent; only a range past the end is a 416.
+    for ignored in ("bytes=", "bytes=-", "bytes=5-2", "bytes=0-0,5-9", "items=0-5", "bytes=abc",
+                    "bytes=1.5-2", "bytes=--1", "bytes=0x10-", "bytes=-" * 50, "bytes=0-1-2",
+                    b"bytes=\xb2-\xb3", "=0-1", "bytes 0-1", "bytes=+1-2"):
+        answer = hostile.get(segment["url"], headers={"Range": ignored})
+        assert answer.status_code == 200 and answer.content == data, (ignored[:40], answer.status_code)
+    for unsatisfiable in (f"bytes={size}-", "bytes=" + "9" * 5000 + "-", "bytes=-0", f"BYTES={size + 1}-"):
+        answer = hostile.get(segment["url"], headers={"Range": unsatisfiable})
+        assert answer.status_code == 416, (unsatisfiable[:40], answer.status_code, answer.text[:200])
         assert answer.json()["error"] and answer.headers["content-range"] == f"bytes */{size}"
+        assert unsatisfiable[:20] not in answer.text  # the header is not echoed
+    for case in ("Bytes=5-9", "BYTES=5-9", "bytes = 5-9"):  # the unit is case-insensitive
+        answer = hostile.get(segment["url"], headers={"Range": case})
+        assert answer.status_code == 206 and answer.content == data[5:10], (case, answer.status_code)
     # Huge but well-formed positions mean "to the end" (RFC 9110 14.1.2), not a crash.
     whole = (0, size - 1)
     for extreme, (start, end) in (("bytes=0-" + "9" * 5000, whole), ("bytes=-" + "9" * 5000, whole),
@@ -642,10 +652,12 @@ def test_malformed_ranges_and_ids_on_the_segment_route_are_4xx(strict_server, ho
         assert answer.status_code == 206, (extreme[:40], answer.text[:200])
         assert answer.content == data[start : end + 1]
     rng = random.Random(8)
-    for _ in range(100):  # random ranges: a 206 with exactly the bytes it names, or a 416
+    for _ in range(100):  # random ranges: a 206 with exactly the bytes it names, the whole, or a 416
         header = "bytes=" + "".join(rng.choice("0123456789-,") for _ in range(rng.randrange(0, 12)))
         answer = hostile.get(segment["url"], headers={"Range": header})
-        assert answer.status_code in (206, 416), (header, answer.status_code, answer.text[:200])
+        assert answer.status_code in (200, 206, 416), (header, answer.status_code, answer.text[:200])
+        if answer.status_code == 200:
+            assert answer.content == data, header
         if answer.status_code == 206:
             first, last = map(int, answer.headers["content-range"].split()[1].split("/")[0].split("-"))
             assert answer.content == data[first : last + 1], header

@@ -1,0 +1,138 @@
+"""Connection limits in the HTTP protocol itself, before any request reaches the app: the size of a
+request's head (431), the time to send it (408), and how many connections may be open at once.
+
+uvicorn's httptools protocol bounds none of these: a head is fed to the parser however large it
+grows (httptools joins a split header value by concatenation, so time grows with its square), a
+connection that sends nothing or trickles its head is never timed out, and connections are
+accepted until file descriptors run out. :func:`guarded_protocol` returns its subclass with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+_HEAD_END = b"\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What :class:`GuardedProtocol` enforces (from :class:`server.settings.ServerSettings`)."""
+
+    max_header_bytes: int
+    header_timeout_s: float
+    max_connections: int
+
+
+@dataclass
+class ConnectionCounts:
+    """What the guard refused, for the metrics (one instance per server)."""
+
+    over_cap: int = 0
+    head_too_large: int = 0
+    head_timeout: int = 0
+
+
+def _answer(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the head bounded in bytes and time, and a connection cap.
+
+    The head's bytes are counted before the parser sees them, so an oversize head costs one scan
+    of at most ``max_header_bytes`` bytes. The head timer runs from the connection's opening, and
+    again from the first byte of each later request, until the head is complete.
+    """
+
+    limits: ClassVar[ConnectionLimits]
+    counts: ClassVar[ConnectionCounts]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes: int | None = 0  # bytes of the head being received; None: in a body
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_tail = b""  # the last bytes of a head split over reads, for its blank line
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections:
+            # Refused before it costs anything: the established connections keep their share.
+            self.counts.over_cap += 1
+            if self.counts.over_cap & (self.counts.over_cap - 1) == 0:  # 1, 2, 4, ...: no log flood
+                log.warning("connection refused: %d connections are open (QPART_MAX_CONNECTIONS); "
+                            "%d refused so far", len(self.connections), self.counts.over_cap)
+            transport.abort()
+            return
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        if self.transport is None:  # refused in connection_made: uvicorn never knew of it
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes is not None:
+            if self._head_timer is None:
+                self._arm_head_timer()
+            room = self.limits.max_header_bytes - self._head_bytes
+            end = data.find(_HEAD_END, 0, room + len(_HEAD_END))
+            if end < 0 and self._head_tail and (self._head_tail + data[:3]).find(_HEAD_END) >= 0:
+                end = 0  # the blank line straddles two reads
+            if end < 0 and len(data) > room:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"the request head exceeds {self.limits.max_header_bytes} bytes "
+                             "(QPART_MAX_HEADER_BYTES)")
+                self.counts.head_too_large += 1
+                return
+            self._head_bytes += len(data) if end < 0 else end
+            self._head_tail = data[-3:] if end < 0 else b""
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # the next request's head; its timer starts with its first byte
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._head_bytes is None or self.transport.is_closing():
+            return
+        self.counts.head_timeout += 1
+        self._refuse(408, "Request Timeout",
+                     f"the request head did not arrive within {self.limits.header_timeout_s:g} s "
+                     "(QPART_HEADER_TIMEOUT_S)")
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        self._disarm_head_timer()
+        if not self.transport.is_closing():
+            self.transport.write(_answer(status, reason, message))
+            self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits, counts: ConnectionCounts) -> type[GuardedProtocol]:
+    """A :class:`GuardedProtocol` class bound to ``limits`` (uvicorn builds one per connection)
+    whose connections add to ``counts``."""
+    return type("QpartHttpProtocol", (GuardedProtocol,), {"limits": limits, "counts": counts})

@@ -13,6 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from client.cli import device_app
+from offline.settings import CalibrationSettings, Estimator
+from qpart.errors import UsageError
+from qpart.flags import env_help, settings_from
+from server.settings import ServerSettings
 
 app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
@@ -22,6 +26,7 @@ app = typer.Typer(
 models_app = typer.Typer(help="List registered models (default) or register your own.")
 app.add_typer(models_app, name="models")
 app.add_typer(device_app, name="device")
+CALIB = CalibrationSettings
 
 
 @app.command()
@@ -100,6 +105,17 @@ def models_register(
     typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts")
 
 
+def parse_levels(text: str | None) -> tuple[float, ...] | None:
+    """``--levels``: fractions separated by commas (None: not given)."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--levels {text!r}: give fractions separated by commas, "
+                         "e.g. 0.005,0.01 for 0.5% and 1%") from None
+
+
 class _RichSink:
     """Adapts the calibration job's progress reports to rich progress bars."""
 
@@ -116,34 +132,34 @@ def calibrate(
     model: Annotated[str, typer.Option(help="Registered model name.")],
     out: Annotated[Path, typer.Option(help="Output folder for artifact.json, validation.json, report.md.")],
     weights: Annotated[Path | None, typer.Option(help="Override the registered weights.")] = None,
-    levels: Annotated[str, typer.Option(help="Accuracy levels as max top-1 drop fractions.")] = (
-        "0.001,0.0025,0.005,0.01,0.02"),
-    estimator: Annotated[str, typer.Option(help="Tables that drive allocation: fast or direct.")] = "fast",
-    fit_samples: Annotated[int, typer.Option(help="Calibration samples for tables and mapping.")] = 4000,
-    check_samples: Annotated[int, typer.Option(help="Calibration samples for validation bounds.")] = 6000,
-    noise_samples: Annotated[int, typer.Option(help="Fit samples used for the noise tables.")] = 2000,
-    mapping_points: Annotated[int, typer.Option(help="Mixed patterns measured for the mapping.")] = 40,
-    seed: Annotated[int, typer.Option(help="Seed of probes and mapping.")] = 0,
-    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
-    baseline: Annotated[bool, typer.Option(help="Also evaluate QPART as published.")] = True,
+    levels: Annotated[str | None, typer.Option(help=env_help(
+        CALIB, "levels", "Accuracy levels as max top-1 drop fractions, comma-separated"))] = None,
+    estimator: Annotated[Estimator | None, typer.Option(help=env_help(CALIB, "estimator"))] = None,
+    fit_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "fit_samples"))] = None,
+    check_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "check_samples"))] = None,
+    noise_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "noise_samples"))] = None,
+    mapping_points: Annotated[int | None, typer.Option(help=env_help(CALIB, "mapping_points"))] = None,
+    seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
+    threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
+    baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
 ) -> None:
-    """Measure noise tables, allocate and validate one bit pattern per (cut, level)."""
+    """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
+    QPART_CALIB_*."""
+    settings = settings_from(CalibrationSettings, {
+        "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
+        "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
+        "seed": seed, "threads": threads, "baseline": baseline,
+    })
     from dataclasses import replace
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from models.registry import get_model
     from offline.job import calibrate as run_job
-    from offline.settings import CalibrationSettings, Estimator
 
     spec = get_model(model)
     if weights is not None:
         spec = replace(spec, weights=weights)
-    settings = CalibrationSettings(
-        levels=tuple(float(v) for v in levels.split(",")), estimator=Estimator(estimator),
-        fit_samples=fit_samples, check_samples=check_samples, noise_samples=noise_samples,
-        mapping_points=mapping_points, seed=seed, threads=threads, baseline=baseline,
-    )
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn()) as bar:
         artifact = run_job(spec, settings, out, _RichSink(bar))
@@ -187,23 +203,15 @@ def _cut_count(folder: Path) -> int:
 
 @app.command()
 def serve(
-    artifacts: Annotated[Path | None, typer.Option(
-        help="Folder of calibration artifacts (default $QPART_ARTIFACTS, else ./artifacts).")] = None,
-    host: Annotated[str | None, typer.Option(help="Bind address ($QPART_HOST, default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Bind port ($QPART_PORT, default 8000).")] = None,
+    artifacts: Annotated[Path | None, typer.Option(help=env_help(ServerSettings, "artifacts"))] = None,
+    host: Annotated[str | None, typer.Option(help=env_help(ServerSettings, "host"))] = None,
+    port: Annotated[int | None, typer.Option(help=env_help(ServerSettings, "port"))] = None,
 ) -> None:
     """Serve plans, head segments and tail inference over HTTP (uvicorn). Other settings: QPART_*."""
+    settings = settings_from(ServerSettings, {"artifacts": artifacts, "host": host, "port": port})
     from server.main import serve as run_server
-    from server.settings import ServerSettings
 
-    overrides: dict[str, object] = {}
-    if artifacts is not None:
-        overrides["artifacts"] = artifacts
-    if host is not None:
-        overrides["host"] = host
-    if port is not None:
-        overrides["port"] = port
-    run_server(ServerSettings(**overrides))  # type: ignore[arg-type]
+    run_server(settings)
 
 
 @app.command()

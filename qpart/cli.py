@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from client.cli import device_app
+from client.cli import VersionOpt, device_app
 from offline.settings import CalibrationSettings, Estimator
-from qpart.errors import UsageError
+from qpart.errors import MODE, UsageError, run
 from qpart.flags import env_help, settings_from
 from server.settings import ServerSettings
 
@@ -22,11 +22,22 @@ app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,
 )
 models_app = typer.Typer(help="List registered models (default) or register your own.")
 app.add_typer(models_app, name="models")
 app.add_typer(device_app, name="device")
 CALIB = CalibrationSettings
+
+
+@app.callback()
+def options(
+    version: VersionOpt = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", envvar="QPART_DEBUG", help="On an error, print its traceback too.")] = False,
+) -> None:
+    """QPART serving: plan, quantize and split inference between edge devices and a server."""
+    MODE.debug = debug
 
 
 @app.command()
@@ -59,6 +70,7 @@ def train(
 def models_list(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    version: VersionOpt = False,
 ) -> None:
     """List registered models: test accuracy, number of legal cuts and parameters."""
     if ctx.invoked_subcommand is not None:
@@ -88,7 +100,7 @@ def models_register(
     name: Annotated[str, typer.Option(help="Name to serve the model under (a-z, 0-9, . _ -).")],
     factory: Annotated[str, typer.Option(help="Importable factory, package.module:function.")],
     weights: Annotated[Path, typer.Option(help="safetensors file of the model's state_dict.")],
-    input_shape: Annotated[str, typer.Option(help="Input shape without batch, e.g. 1,28,28.")],
+    input_shape: Annotated[str, typer.Option(help="Input shape without batch, C,H,W, e.g. 1,28,28.")],
     registry: Annotated[Path | None, typer.Option(
         help="Registry file to write; default $QPART_MODEL_REGISTRY.")] = None,
 ) -> None:
@@ -96,13 +108,22 @@ def models_register(
     from models.partition import legal_cuts
     from models.registry import register_model, registry_path
 
+    shape = parse_shape(input_shape)
     target = registry or registry_path()
     if target is None:
-        raise typer.BadParameter("give --registry or set QPART_MODEL_REGISTRY")
-    shape = tuple(int(d) for d in input_shape.split(","))
+        raise UsageError("give --registry FILE or set QPART_MODEL_REGISTRY")
     spec = register_model(name, factory, weights, shape, target)
     cuts = legal_cuts(spec.load(), shape)
     typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``--input-shape``: positive sizes separated by commas."""
+    sizes = text.split(",")
+    if not all(s.strip().isdigit() and int(s) > 0 for s in sizes):
+        raise UsageError(f"--input-shape {text!r}: the form is C,H,W (positive sizes without the batch, "
+                         "separated by commas), e.g. 1,28,28")
+    return tuple(int(s) for s in sizes)
 
 
 def parse_levels(text: str | None) -> tuple[float, ...] | None:
@@ -209,9 +230,23 @@ def serve(
 ) -> None:
     """Serve plans, head segments and tail inference over HTTP (uvicorn). Other settings: QPART_*."""
     settings = settings_from(ServerSettings, {"artifacts": artifacts, "host": host, "port": port})
+    check_artifacts(settings.artifacts)
     from server.main import serve as run_server
 
     run_server(settings)
+
+
+SERVE_FIX = "pass --artifacts or set QPART_ARTIFACTS to a folder of `qpart calibrate` outputs"
+
+
+def check_artifacts(folder: Path, fix: str = SERVE_FIX) -> None:
+    """Refuse to serve a folder the catalog would find no artifact in (it scans ``**/artifact.json``)."""
+    from profiles.artifacts import ARTIFACT_FILE
+
+    if not folder.is_dir():
+        raise UsageError(f"artifacts folder {folder} does not exist; {fix}")
+    if next(folder.glob(f"**/{ARTIFACT_FILE}"), None) is None:
+        raise UsageError(f"artifacts folder {folder} holds no {ARTIFACT_FILE}; {fix}")
 
 
 @app.command()
@@ -222,11 +257,12 @@ def demo(
     port: Annotated[int, typer.Option(help="Loopback port for the demo server.")] = 8765,
 ) -> None:
     """Start the server, run three device profiles at three rates on both models, print a table."""
+    check_artifacts(artifacts, "pass --artifacts, or run `make artifacts` to calibrate the reference models")
     from qpart.demo import run_demo
 
     run_demo(artifacts, images=images, demand=demand, port=port)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: errors a person can act on print one line (qpart.errors)."""
+    run(app)

@@ -8,24 +8,55 @@ from typing import Annotated, Any
 
 import typer
 
+from client.settings import DeviceSettings
+
 device_app = typer.Typer(help="Run inference as an edge device, profile it, manage its segment cache.",
                          no_args_is_help=True)
 cache_app = typer.Typer(help="List and prune the segment cache.", no_args_is_help=True)
 device_app.add_typer(cache_app, name="cache")
 
-ServerOpt = Annotated[str, typer.Option(envvar="QPART_DEVICE_SERVER", help="Server base URL.")]
-CacheOpt = Annotated[Path | None, typer.Option(help="Segment cache folder ($QPART_DEVICE_CACHE_DIR).")]
+
+def _env_help(field: str) -> str:
+    """Help of the option for a device setting: its description, default and variable."""
+    info = DeviceSettings.model_fields[field]
+    default = "none" if info.default is None else info.default
+    return f"{info.description} (default: {default}, env QPART_DEVICE_{field.upper()})"
 
 
-def _settings(server: str, cache_dir: Path | None, token: str | None = None) -> Any:
-    from client.settings import DeviceSettings
+def print_version(value: bool) -> None:
+    """``--version``: print ``qpart <version>`` of the installed distribution and exit."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
 
-    kwargs: dict[str, Any] = {"server": server}
-    if cache_dir is not None:
-        kwargs["cache_dir"] = cache_dir
-    if token is not None:
-        kwargs["token"] = token
-    return DeviceSettings(**kwargs)
+    try:
+        shown = version("qpart-serving")
+    except PackageNotFoundError:
+        shown = "(not installed)"
+    typer.echo(f"qpart {shown}")
+    raise typer.Exit
+
+
+VersionOpt = Annotated[bool, typer.Option("--version", callback=print_version, is_eager=True,
+                                          help="Print the version and exit.")]
+ServerOpt = Annotated[str | None, typer.Option(help=_env_help("server"))]
+CacheOpt = Annotated[Path | None, typer.Option(help=_env_help("cache_dir"))]
+
+
+@device_app.callback()
+def device_options(version: VersionOpt = False) -> None:
+    """Run inference as an edge device, profile it, manage its segment cache."""
+
+
+@cache_app.callback()
+def cache_options(version: VersionOpt = False) -> None:
+    """List and prune the segment cache."""
+
+
+def _settings(**flags: object) -> DeviceSettings:
+    """Device settings from the environment, with the flags that were given (not None) on top."""
+    given: dict[str, Any] = {name: value for name, value in flags.items() if value is not None}
+    return DeviceSettings(**given)
 
 
 def _load_inputs(images: list[Path], idx: Path | None, labels: Path | None,
@@ -54,9 +85,9 @@ def infer(
     device_profile: Annotated[Path | None, typer.Option(help="Device profile JSON file.")] = None,
     preset: Annotated[str | None, typer.Option(help="latency-first, energy-first or qpart-paper.")] = None,
     deadline_s: Annotated[float | None, typer.Option(help="End-to-end deadline in seconds.")] = None,
-    server: ServerOpt = "http://127.0.0.1:8000",
+    server: ServerOpt = None,
     cache_dir: CacheOpt = None,
-    token: Annotated[str | None, typer.Option(envvar="QPART_DEVICE_TOKEN", help="Bearer token.")] = None,
+    token: Annotated[str | None, typer.Option(help=_env_help("token"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Plan, fetch the head segment, run the head, upload the quantized activation, print results."""
@@ -67,9 +98,10 @@ def infer(
     from client.runtime import DeviceRuntime
     from profiles.devices import load_device_profile
 
+    settings = _settings(server=server, cache_dir=cache_dir, token=token)
     x, y = _load_inputs(images or [], idx, labels, limit)
     profile = load_device_profile(device_profile) if device_profile else None
-    runtime = DeviceRuntime(_settings(server, cache_dir, token), device=device, device_profile=profile)
+    runtime = DeviceRuntime(settings, device=device, device_profile=profile)
     try:
         with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
                       disable=as_json) as bar:
@@ -114,7 +146,7 @@ def profile(
         min=0.0, max=3600.0, help="Keep timing rounds until this long has passed, for each of heads, "
         "encodes and upload codings (deflate, zstd): a busy or throttling device's medians "
         "settle over seconds.")] = 2.0,
-    server: ServerOpt = "http://127.0.0.1:8000",
+    server: ServerOpt = None,
 ) -> None:
     """Time every cut's head on this device and write a profile the server's planner accepts."""
     import httpx
@@ -123,6 +155,7 @@ def profile(
     from profiles.devices import get_device, save_device_profile
 
     if version is None:
+        server = _settings(server=server).server
         try:
             version = httpx.get(f"{server}/v2/models/{model}", timeout=10).json()["versions"][-1]
         except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -141,7 +174,7 @@ def cache_list(cache_dir: CacheOpt = None, as_json: Annotated[bool, typer.Option
     from client.segment_cache import SegmentCache
     from client.transport import Transport
 
-    settings = _settings("http://127.0.0.1", cache_dir)
+    settings = _settings(cache_dir=cache_dir)
     entries = SegmentCache(settings.cache_dir, settings.cache_max_bytes, Transport(settings)).entries()
     if as_json:
         typer.echo(json.dumps([e.__dict__ for e in entries]))
@@ -160,7 +193,7 @@ def cache_prune(
     from client.segment_cache import SegmentCache
     from client.transport import Transport
 
-    settings = _settings("http://127.0.0.1", cache_dir)
+    settings = _settings(cache_dir=cache_dir)
     removed = SegmentCache(settings.cache_dir, settings.cache_max_bytes, Transport(settings)).prune(
         max_bytes=max_bytes)
     typer.echo(f"removed {len(removed)} segments")

@@ -12,16 +12,32 @@ from typing import Annotated, Any
 
 import typer
 
-from client.cli import device_app
+from client.cli import VersionOpt, device_app
+from offline.settings import CalibrationSettings, Estimator
+from qpart.errors import MODE, UsageError, run
+from qpart.flags import env_help, settings_from
+from server.settings import ServerSettings
 
 app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,
 )
 models_app = typer.Typer(help="List registered models (default) or register your own.")
 app.add_typer(models_app, name="models")
 app.add_typer(device_app, name="device")
+CALIB = CalibrationSettings
+
+
+@app.callback()
+def options(
+    version: VersionOpt = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", envvar="QPART_DEBUG", help="On an error, print its traceback too.")] = False,
+) -> None:
+    """QPART serving: plan, quantize and split inference between edge devices and a server."""
+    MODE.debug = debug
 
 
 @app.command()
@@ -54,6 +70,7 @@ def train(
 def models_list(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    version: VersionOpt = False,
 ) -> None:
     """List registered models: test accuracy, number of legal cuts and parameters."""
     if ctx.invoked_subcommand is not None:
@@ -83,7 +100,7 @@ def models_register(
     name: Annotated[str, typer.Option(help="Name to serve the model under (a-z, 0-9, . _ -).")],
     factory: Annotated[str, typer.Option(help="Importable factory, package.module:function.")],
     weights: Annotated[Path, typer.Option(help="safetensors file of the model's state_dict.")],
-    input_shape: Annotated[str, typer.Option(help="Input shape without batch, e.g. 1,28,28.")],
+    input_shape: Annotated[str, typer.Option(help="Input shape without batch, C,H,W, e.g. 1,28,28.")],
     registry: Annotated[Path | None, typer.Option(
         help="Registry file to write; default $QPART_MODEL_REGISTRY.")] = None,
 ) -> None:
@@ -91,13 +108,33 @@ def models_register(
     from models.partition import legal_cuts
     from models.registry import register_model, registry_path
 
+    shape = parse_shape(input_shape)
     target = registry or registry_path()
     if target is None:
-        raise typer.BadParameter("give --registry or set QPART_MODEL_REGISTRY")
-    shape = tuple(int(d) for d in input_shape.split(","))
+        raise UsageError("give --registry FILE or set QPART_MODEL_REGISTRY")
     spec = register_model(name, factory, weights, shape, target)
     cuts = legal_cuts(spec.load(), shape)
     typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``--input-shape``: positive sizes separated by commas."""
+    sizes = text.split(",")
+    if not all(s.strip().isdigit() and int(s) > 0 for s in sizes):
+        raise UsageError(f"--input-shape {text!r}: the form is C,H,W (positive sizes without the batch, "
+                         "separated by commas), e.g. 1,28,28")
+    return tuple(int(s) for s in sizes)
+
+
+def parse_levels(text: str | None) -> tuple[float, ...] | None:
+    """``--levels``: fractions separated by commas (None: not given)."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--levels {text!r}: give fractions separated by commas, "
+                         "e.g. 0.005,0.01 for 0.5% and 1%") from None
 
 
 class _RichSink:
@@ -116,34 +153,34 @@ def calibrate(
     model: Annotated[str, typer.Option(help="Registered model name.")],
     out: Annotated[Path, typer.Option(help="Output folder for artifact.json, validation.json, report.md.")],
     weights: Annotated[Path | None, typer.Option(help="Override the registered weights.")] = None,
-    levels: Annotated[str, typer.Option(help="Accuracy levels as max top-1 drop fractions.")] = (
-        "0.001,0.0025,0.005,0.01,0.02"),
-    estimator: Annotated[str, typer.Option(help="Tables that drive allocation: fast or direct.")] = "fast",
-    fit_samples: Annotated[int, typer.Option(help="Calibration samples for tables and mapping.")] = 4000,
-    check_samples: Annotated[int, typer.Option(help="Calibration samples for validation bounds.")] = 6000,
-    noise_samples: Annotated[int, typer.Option(help="Fit samples used for the noise tables.")] = 2000,
-    mapping_points: Annotated[int, typer.Option(help="Mixed patterns measured for the mapping.")] = 40,
-    seed: Annotated[int, typer.Option(help="Seed of probes and mapping.")] = 0,
-    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
-    baseline: Annotated[bool, typer.Option(help="Also evaluate QPART as published.")] = True,
+    levels: Annotated[str | None, typer.Option(help=env_help(
+        CALIB, "levels", "Accuracy levels as max top-1 drop fractions, comma-separated"))] = None,
+    estimator: Annotated[Estimator | None, typer.Option(help=env_help(CALIB, "estimator"))] = None,
+    fit_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "fit_samples"))] = None,
+    check_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "check_samples"))] = None,
+    noise_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "noise_samples"))] = None,
+    mapping_points: Annotated[int | None, typer.Option(help=env_help(CALIB, "mapping_points"))] = None,
+    seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
+    threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
+    baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
 ) -> None:
-    """Measure noise tables, allocate and validate one bit pattern per (cut, level)."""
+    """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
+    QPART_CALIB_*."""
+    settings = settings_from(CalibrationSettings, {
+        "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
+        "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
+        "seed": seed, "threads": threads, "baseline": baseline,
+    })
     from dataclasses import replace
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from models.registry import get_model
     from offline.job import calibrate as run_job
-    from offline.settings import CalibrationSettings, Estimator
 
     spec = get_model(model)
     if weights is not None:
         spec = replace(spec, weights=weights)
-    settings = CalibrationSettings(
-        levels=tuple(float(v) for v in levels.split(",")), estimator=Estimator(estimator),
-        fit_samples=fit_samples, check_samples=check_samples, noise_samples=noise_samples,
-        mapping_points=mapping_points, seed=seed, threads=threads, baseline=baseline,
-    )
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn()) as bar:
         artifact = run_job(spec, settings, out, _RichSink(bar))
@@ -187,23 +224,29 @@ def _cut_count(folder: Path) -> int:
 
 @app.command()
 def serve(
-    artifacts: Annotated[Path | None, typer.Option(
-        help="Folder of calibration artifacts (default $QPART_ARTIFACTS, else ./artifacts).")] = None,
-    host: Annotated[str | None, typer.Option(help="Bind address ($QPART_HOST, default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Bind port ($QPART_PORT, default 8000).")] = None,
+    artifacts: Annotated[Path | None, typer.Option(help=env_help(ServerSettings, "artifacts"))] = None,
+    host: Annotated[str | None, typer.Option(help=env_help(ServerSettings, "host"))] = None,
+    port: Annotated[int | None, typer.Option(help=env_help(ServerSettings, "port"))] = None,
 ) -> None:
     """Serve plans, head segments and tail inference over HTTP (uvicorn). Other settings: QPART_*."""
+    settings = settings_from(ServerSettings, {"artifacts": artifacts, "host": host, "port": port})
+    check_artifacts(settings.artifacts)
     from server.main import serve as run_server
-    from server.settings import ServerSettings
 
-    overrides: dict[str, object] = {}
-    if artifacts is not None:
-        overrides["artifacts"] = artifacts
-    if host is not None:
-        overrides["host"] = host
-    if port is not None:
-        overrides["port"] = port
-    run_server(ServerSettings(**overrides))  # type: ignore[arg-type]
+    run_server(settings)
+
+
+SERVE_FIX = "pass --artifacts or set QPART_ARTIFACTS to a folder of `qpart calibrate` outputs"
+
+
+def check_artifacts(folder: Path, fix: str = SERVE_FIX) -> None:
+    """Refuse to serve a folder the catalog would find no artifact in (it scans ``**/artifact.json``)."""
+    from profiles.artifacts import ARTIFACT_FILE
+
+    if not folder.is_dir():
+        raise UsageError(f"artifacts folder {folder} does not exist; {fix}")
+    if next(folder.glob(f"**/{ARTIFACT_FILE}"), None) is None:
+        raise UsageError(f"artifacts folder {folder} holds no {ARTIFACT_FILE}; {fix}")
 
 
 @app.command()
@@ -214,11 +257,12 @@ def demo(
     port: Annotated[int, typer.Option(help="Loopback port for the demo server.")] = 8765,
 ) -> None:
     """Start the server, run three device profiles at three rates on both models, print a table."""
+    check_artifacts(artifacts, "pass --artifacts, or run `make artifacts` to calibrate the reference models")
     from qpart.demo import run_demo
 
     run_demo(artifacts, images=images, demand=demand, port=port)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: errors a person can act on print one line (qpart.errors)."""
+    run(app)

@@ -23,6 +23,7 @@ from rich.table import Table
 from client.runtime import DeviceRuntime
 from client.settings import DeviceSettings
 from models.data import Split, load_split
+from qpart.errors import CommandError
 
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc")
 RATES_MBPS = (1.0, 20.0, 100.0)
@@ -36,7 +37,7 @@ def _start_server(artifacts: Path, port: int) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("the server exited; run `qpart serve --artifacts artifacts` to see why")
+            raise CommandError("the demo server exited; run `qpart serve --artifacts artifacts` to see why")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
                 return proc
@@ -44,7 +45,7 @@ def _start_server(artifacts: Path, port: int) -> subprocess.Popen[bytes]:
             pass
         time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("the server did not become ready within 120 s")
+    raise CommandError("the demo server did not become ready within 120 s")
 
 
 def run_demo(artifacts: Path, images: int = 200, demand: float = 0.01, port: int = 8765) -> Table:

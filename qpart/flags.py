@@ -1,0 +1,57 @@
+"""Flags over the environment over the defaults: CLI options default to None and only the flags a
+user gave reach a settings class (pydantic-settings ranks keyword arguments above the environment)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic_core import to_jsonable_python
+from pydantic_settings import BaseSettings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def settings_from(cls: type[S], flags: Mapping[str, object]) -> S:
+    """``cls`` built from the environment, with the flags that were given (not None) on top."""
+    given: dict[str, Any] = {name: value for name, value in flags.items() if value is not None}
+    return cls(**given)
+
+
+def env_name(cls: type[BaseSettings], field: str) -> str:
+    """The environment variable that sets ``field`` of ``cls``."""
+    alias = cls.model_fields[field].validation_alias
+    if isinstance(alias, str):
+        return alias.upper()
+    return (str(cls.model_config.get("env_prefix", "")) + field).upper()
+
+
+def env_help(cls: type[BaseSettings], field: str, text: str | None = None) -> str:
+    """Help text of the option for ``field``: what it does (its description unless ``text``), its
+    default and the variable it overrides, e.g. ``… (default: 4000, env QPART_CALIB_FIT_SAMPLES)``."""
+    info = cls.model_fields[field]
+    what = (text or info.description or field.replace("_", " ")).rstrip(".")
+    return f"{what} (default: {shown_default(info.default)}, env {env_name(cls, field)})"
+
+
+def shown_default(value: object) -> str:
+    """A default as a user would type it as a flag: tuples comma-separated, enums by value."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return ",".join(shown_default(v) for v in value)
+    return str(value)
+
+
+def json_example(cls: type[BaseSettings], field: str) -> str:
+    """The default of ``field`` as the JSON its environment variable takes (lists, tuples, None)."""
+    return json.dumps(to_jsonable_python(cls.model_fields[field].default))

@@ -1,0 +1,107 @@
+"""Settings of ``qpart device …`` take effect: a flag overrides the environment, which overrides
+the default; the runtime and the profiler are seams that keep what the command built."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from client.cli import device_app
+from client.errors import DeviceError
+from client.settings import DeviceSettings
+
+
+@pytest.fixture(autouse=True)
+def no_qpart_environment(monkeypatch):
+    for name in [k for k in os.environ if k.startswith("QPART_")]:
+        monkeypatch.delenv(name)
+
+
+def invoke(args: list[str], env: dict[str, str]) -> str:
+    result = CliRunner().invoke(device_app, args, env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.output
+
+
+def test_infer_reads_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_path):
+    seen: list[DeviceSettings] = []
+
+    class Runtime:  # stands in for client.runtime.DeviceRuntime: keeps the settings, plans nothing
+        def __init__(self, settings, **_):
+            seen.append(settings)
+
+        def infer(self, *_, **__):
+            raise DeviceError("stopped by the test")
+
+        def close(self):
+            pass
+
+    runtime = ModuleType("client.runtime")
+    runtime.DeviceRuntime = Runtime  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "client.runtime", runtime)
+    image = tmp_path / "x.png"
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(image)
+    env = {"QPART_DEVICE_SERVER": "http://env.test:1", "QPART_DEVICE_CACHE_DIR": str(tmp_path / "env"),
+           "QPART_DEVICE_TOKEN": "from-env", "QPART_DEVICE_RETRIES": "2"}
+    assert "stopped by the test" in invoke(["infer", str(image)], env)
+    invoke(["infer", str(image), "--server", "http://flag.test:2", "--cache-dir", str(tmp_path / "flag"),
+            "--token", "from-flag"], env)
+    from_env, flagged = seen
+    assert (from_env.server, from_env.cache_dir, from_env.retries) == (
+        "http://env.test:1", tmp_path / "env", 2)
+    assert from_env.token is not None and from_env.token.get_secret_value() == "from-env"
+    assert (flagged.server, flagged.cache_dir, flagged.retries) == (
+        "http://flag.test:2", tmp_path / "flag", 2)
+    assert flagged.token is not None and flagged.token.get_secret_value() == "from-flag"
+
+
+def test_profile_asks_the_server_of_the_environment_unless_a_flag_names_one(monkeypatch, tmp_path):
+    asked: list[str] = []
+
+    def get(url, **_):
+        asked.append(url)
+        raise httpx.ConnectError("nobody there")
+
+    monkeypatch.setitem(sys.modules, "client.profiler", ModuleType("client.profiler"))
+    sys.modules["client.profiler"].profile_device = None  # type: ignore[attr-defined]
+    monkeypatch.setattr(httpx, "get", get)
+    env = {"QPART_DEVICE_SERVER": "http://env.test:1"}
+    args = ["profile", "--model", "fmnist-cnn", "--out", str(tmp_path / "p.json")]
+    invoke(args, env)
+    invoke([*args, "--server", "http://flag.test:2"], env)
+    assert asked == ["http://env.test:1/v2/models/fmnist-cnn", "http://flag.test:2/v2/models/fmnist-cnn"]
+
+
+@pytest.mark.parametrize("command", [["cache", "list"], ["cache", "prune", "--max-bytes", "0"]])
+def test_cache_commands_read_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_path, command):
+    opened: list[tuple[Path, int]] = []
+
+    class Cache:  # stands in for SegmentCache: keeps the folder and the limit it is opened with
+        def __init__(self, folder, max_bytes, transport):
+            opened.append((folder, max_bytes))
+
+        def entries(self):
+            return []
+
+        def prune(self, max_bytes):
+            return []
+
+    monkeypatch.setattr("client.segment_cache.SegmentCache", Cache)
+    env = {"QPART_DEVICE_CACHE_DIR": str(tmp_path / "env"), "QPART_DEVICE_CACHE_MAX_BYTES": "4096"}
+    invoke(command, env)
+    invoke([*command, "--cache-dir", str(tmp_path / "flag")], env)
+    assert opened == [(tmp_path / "env", 4096), (tmp_path / "flag", 4096)]
+
+
+def test_help_shows_the_default_and_the_variable():
+    out = CliRunner().invoke(device_app, ["infer", "--help"], env={"COLUMNS": "300"}).output
+    assert "default: http://127.0.0.1:8000, env QPART_DEVICE_SERVER" in out
+    assert "env QPART_DEVICE_CACHE_DIR" in out and "env QPART_DEVICE_TOKEN" in out

@@ -1,0 +1,94 @@
+"""Settings that take effect: for ``serve`` and ``calibrate`` a flag overrides the environment and
+the environment overrides the default; the job and the server are replaced by seams that keep the
+settings object the command built."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType, SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from offline.settings import CalibrationSettings, Estimator
+from qpart.cli import app
+from qpart.flags import env_help, settings_from
+from server.settings import ServerSettings
+
+
+@pytest.fixture
+def seen(monkeypatch) -> list[object]:
+    """Every settings object handed to the server or the calibration job."""
+    for name in [k for k in os.environ if k.startswith("QPART_")]:
+        monkeypatch.delenv(name)
+    captured: list[object] = []
+    server_main = ModuleType("server.main")
+    server_main.serve = captured.append  # type: ignore[attr-defined]
+    job = ModuleType("offline.job")
+
+    def calibrate(spec, settings, out, sink):
+        captured.append(settings)
+        return SimpleNamespace(patterns=[])
+
+    job.calibrate = calibrate  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "server.main", server_main)
+    monkeypatch.setitem(sys.modules, "offline.job", job)
+    return captured
+
+
+def invoke(args: list[str], env: dict[str, str]) -> None:
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 0, (result.output, result.exception)
+
+
+@pytest.fixture
+def artifacts(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "artifact.json").write_text("{}")  # serve only checks that there is one
+    return tmp_path
+
+
+def test_serve_reads_the_environment_and_a_flag_overrides_it(seen, artifacts, tmp_path):
+    env = {"QPART_PORT": "8123", "QPART_HOST": "0.0.0.0", "QPART_ARTIFACTS": str(artifacts),
+           "QPART_MAX_QUEUE": "17"}
+    invoke(["serve"], env)
+    invoke(["serve", "--port", "8124", "--host", "127.0.0.2"], env)
+    from_env, flagged = seen
+    assert isinstance(from_env, ServerSettings) and isinstance(flagged, ServerSettings)
+    assert (from_env.port, from_env.host, from_env.artifacts, from_env.max_queue) == (
+        8123, "0.0.0.0", artifacts, 17)
+    assert (flagged.port, flagged.host, flagged.artifacts, flagged.max_queue) == (
+        8124, "127.0.0.2", artifacts, 17)
+    assert from_env.max_batch_size == ServerSettings.model_fields["max_batch_size"].default
+
+
+def test_calibrate_reads_the_environment_and_a_flag_overrides_it(seen, tmp_path):
+    env = {"QPART_CALIB_FIT_SAMPLES": "123", "QPART_CALIB_LEVELS": "[0.02, 0.01]",
+           "QPART_CALIB_ESTIMATOR": "direct", "QPART_CALIB_BASELINE": "false", "QPART_CALIB_PROBES": "3"}
+    out = ["--model", "fmnist-cnn", "--out", str(tmp_path / "out")]
+    invoke(["calibrate", *out], env)
+    invoke(["calibrate", *out, "--fit-samples", "321", "--levels", "0.005", "--estimator", "fast",
+            "--baseline"], env)
+    from_env, flagged = seen
+    assert isinstance(from_env, CalibrationSettings) and isinstance(flagged, CalibrationSettings)
+    assert (from_env.fit_samples, from_env.levels, from_env.estimator, from_env.baseline) == (
+        123, (0.01, 0.02), Estimator.DIRECT, False)
+    assert (flagged.fit_samples, flagged.levels, flagged.estimator, flagged.baseline) == (
+        321, (0.005,), Estimator.FAST, True)
+    assert from_env.probes == flagged.probes == 3  # no flag: the environment
+    assert from_env.check_samples == 6000  # neither: the default
+
+
+def test_settings_from_passes_only_the_flags_given(monkeypatch):
+    monkeypatch.setenv("QPART_CALIB_SEED", "7")
+    assert settings_from(CalibrationSettings, {"seed": None}).seed == 7
+    assert settings_from(CalibrationSettings, {"seed": 8}).seed == 8
+
+
+def test_help_shows_the_default_and_the_variable():
+    assert env_help(CalibrationSettings, "fit_samples") == (
+        "Calibration samples for tables and mapping (default: 4000, env QPART_CALIB_FIT_SAMPLES)")
+    assert "default: 0.001,0.0025,0.005,0.01,0.02, env QPART_CALIB_LEVELS" in env_help(
+        CalibrationSettings, "levels")
+    assert "default: 8000, env QPART_PORT" in env_help(ServerSettings, "port")

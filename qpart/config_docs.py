@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text, path = render(), args.path
     if args.check:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            print(f"{path} is missing or out of date with the settings classes: run `make docs`", file=sys.stderr)
+            print(f"{path} is missing or out of date with the settings classes: run `make docs`",
+                  file=sys.stderr)
             return 1
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -71,5 +71,9 @@ artifacts: setup  ## re-run the calibration of both reference models (about half
 	# smaller payload (whole model at 1%: 9.97% of fp32 vs 10.50% with the fast tables).
 	$(VENV)/bin/qpart calibrate --model fmnist-resnet --estimator direct --out artifacts/fmnist-resnet
 
+.PHONY: docs
+docs: $(VENV)/.installed  ## regenerate docs/configuration.md from the settings classes (its test checks it)
+	$(PY) -m qpart.config_docs
+
 clean:
 	rm -rf $(VENV) build *.egg-info kernels/*.so

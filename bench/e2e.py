@@ -312,7 +312,7 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
 
     measured = {m.name: MeasuredHeads(version=m.version, head_s=[t * ratios[m.name] for t in m.host_head_s],
                                       encode_s=[t * ratios[m.name] for t in m.host_encode_s],
-                                      deflate_s=scaled(m, Coding.DEFLATE), zstd_s=scaled(m, Coding.ZSTD),
+                                      coding_s={c: scaled(m, c) for c in Coding if m.host_coding_s.get(c)},
                                       warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"])
                 for m in models}
     return base.model_copy(update={"measured": measured}), ratios

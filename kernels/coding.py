@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Protocol
 
 import zstandard
 
@@ -35,7 +37,14 @@ CODING_BITS = (*range(1, 9), 32)  # bit widths whose packets are measured (32: f
 
 
 class Coding(StrEnum):
-    """An HTTP content coding a device may upload an activation packet with."""
+    """An HTTP content coding a device may upload an activation packet with.
+
+    The one list of upload codings (ADR 0008): the plan request's offered codings, the plan's
+    ``upload_encoding``, the device's settings, the calibration's ratios
+    (``CutProfile.coding_ratio``) and the device profile's times (``MeasuredHeads.coding_s``) are
+    all keyed by it. A new coding is a member here, its :data:`_ENCODERS` and :data:`_DECODERS`
+    entries, and its measurement (``qpart measure-coding``, ``qpart device profile``).
+    """
 
     DEFLATE = "deflate"
     """A zlib stream (RFC 1950/1951): the smaller packet, at four times zstd's device time."""
@@ -80,15 +89,13 @@ def coding_of(name: Coding | str) -> Coding:
 
 def encode(data: bytes, coding: Coding | str) -> bytes:
     """``data`` in ``coding`` (:func:`coding_of` names the error for an unknown one)."""
-    return deflate(data) if coding_of(coding) is Coding.DEFLATE else zstd_compress(data)
+    return _ENCODERS[coding_of(coding)](data)
 
 
 def decode(data: bytes, coding: Coding | str, *, max_bytes: int) -> bytes:
     """The bytes ``data`` holds in ``coding``, at most ``max_bytes`` of them (see :func:`inflate`,
     :func:`zstd_decompress`)."""
-    if coding_of(coding) is Coding.DEFLATE:
-        return inflate(data, max_bytes=max_bytes)
-    return zstd_decompress(data, max_bytes=max_bytes)
+    return _DECODERS[coding_of(coding)](data, max_bytes=max_bytes)
 
 
 def inflate(data: bytes, *, max_bytes: int) -> bytes:
@@ -171,3 +178,11 @@ def _zstd_error(message: str) -> WireFormatError:
     if "unused data" in message:
         return WireFormatError(f"bytes follow the end of the zstd frame: {message}")
     return WireFormatError(f"not a valid zstd frame: {message}")
+
+
+class _Decoder(Protocol):
+    def __call__(self, data: bytes, *, max_bytes: int) -> bytes: ...
+
+
+_ENCODERS: dict[Coding, Callable[[bytes], bytes]] = {Coding.DEFLATE: deflate, Coding.ZSTD: zstd_compress}
+_DECODERS: dict[Coding, _Decoder] = {Coding.DEFLATE: inflate, Coding.ZSTD: zstd_decompress}

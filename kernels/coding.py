@@ -1,16 +1,11 @@
 """Lossless coding of uploads: the HTTP ``deflate`` (zlib, RFC 1950/1951) and ``zstd`` (RFC 8878)
 content codings.
 
-A device may send an activation packet with ``Content-Encoding: deflate`` or ``zstd``: the packet's
-bytes as a zlib stream or a Zstandard frame. Quantized codes compress well where activations are
-sparse or flat (Fashion-MNIST's background pixels quantize to code 0): the committed CNN artifact
-measured cut-0 packets deflated at 0.64 of their size at 4 bits, 0.68 at 3 bits and 0.31 as
-float32 (``qpart measure-coding``, 500 calibration samples). zstd shrinks them a little less and
-takes a quarter of the time (ADR 0007): on this machine, 50 test images' 4-bit cut-0 packets took
-20 us each to deflate and 4.7 us to zstd-compress at level 1 with a reused context, to 0.64 and
-0.67 of their size. The planner prices an upload at the size the calibration measured
-(``CutProfile.deflate_ratio``, ``CutProfile.zstd_ratio``) plus the device's measured coding time,
-so the cut, bits and coding it picks account for both.
+A device may send an activation packet with ``Content-Encoding: deflate`` or ``zstd``. Quantized
+codes compress well where activations are sparse or flat (Fashion-MNIST's background pixels
+quantize to code 0); zstd shrinks them a little less than deflate in a fraction of the device
+time (ADR 0007). The planner prices an upload at the size the calibration measured
+(``CutProfile.coding_ratio``) plus the device's measured coding time (``MeasuredHeads.coding_s``).
 
 :func:`decode` parses bytes from the network: it never produces more than ``max_bytes`` (a small
 stream can expand a thousandfold), and a stream that is corrupt, unfinished or followed by extra

@@ -36,13 +36,9 @@ from models.data import Split, load_split
 from models.timing import median_seconds
 
 # How the grid times a head and an encode on the device (untimed calls, then timed calls back to
-# back; the median of the timed ones), in its rounds and in the profile before them alike. Timed as
-# single calls in rounds, the heads read a median 13% slower than the rounds then measured them (a
-# 12-cell run at 20 Mbit/s, not committed), and device plans were priced that much too high. Timed
-# without untimed calls first, a cut-0 4-bit encode and deflate of the image took 19.7 us after 3 ms
-# idle against 15.0 us in rounds (/tmp/enc.py, not committed), and in the grid at 3bb0d42 the
-# device's encode-and-deflate work measured about twice its prediction (Jetson, CNN, 5 Mbit/s,
-# energy-first: 56 against 27 us; at 10 W that decided a cell the planner lost by 9.4%).
+# back; the median of the timed ones), in its rounds and in the profile before them alike: single
+# cold calls read slower than the same work inside a round (heads about 13%, a cut-0 encode and
+# deflate about 30%), and plans were then priced against a device slower than the one measured.
 HEAD_RUNS = {"settle": 5, "burst": 9}
 ENCODE_RUNS = {"settle": 2, "burst": 3}
 REFERENCE_SEED = 0

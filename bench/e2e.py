@@ -4,7 +4,7 @@
 
 The process re-runs itself under ``unshare -n``: a network namespace of its own whose only
 interface is loopback, with MTU 1500 and a token-bucket shaper (``tc qdisc ... tbf``) set to each
-channel rate in turn (DESIGN.md §8). The QPART server (pinned to core 0) and the simulated device
+channel rate in turn. The QPART server (pinned to core 0) and the simulated device
 (this process, core 1) talk over 127.0.0.1 inside it, so segment downloads, activation uploads
 and answers really cross the shaped link. Nothing else is reachable from inside.
 
@@ -48,9 +48,8 @@ downloaded in the cold pass of the same cell. A plan is fetched once per cell an
 (devices reuse plans while conditions hold). The strategies run in rounds, one inference each on
 the round's test image, in a fresh random order per round, until at least ``--reps`` rounds and
 ``--cell-seconds`` have passed (at most ``--max-reps`` rounds); the median is reported, plus the
-one download when cold. A fixed count would leave the fast cells, where strategies differ by a
-tenth of a millisecond in 2-3 ms of noisy round trip (tenth to ninetieth percentile: 2.0 to
-3.3 ms at 100 Mbit/s), to a median of eleven.
+one download when cold. (A fixed count would leave the fast cells, where strategies differ by a
+tenth of a millisecond in a few milliseconds of noisy round trip, to too few rounds.)
 
 CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
 A cell that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
@@ -312,7 +311,7 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
 
     measured = {m.name: MeasuredHeads(version=m.version, head_s=[t * ratios[m.name] for t in m.host_head_s],
                                       encode_s=[t * ratios[m.name] for t in m.host_encode_s],
-                                      deflate_s=scaled(m, Coding.DEFLATE), zstd_s=scaled(m, Coding.ZSTD),
+                                      coding_s={c: scaled(m, c) for c in Coding if m.host_coding_s.get(c)},
                                       warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"])
                 for m in models}
     return base.model_copy(update={"measured": measured}), ratios

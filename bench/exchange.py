@@ -7,33 +7,21 @@ queue + compute. The cost model prices an exchange's rest as
 
 - The upload rate: the large body's extra bytes over its extra rest. The large exchange's extra
   wire time at the measured goodput less its extra rest is the ``hidden`` part of a probe (it
-  may be negative). An upload's bytes need not cost what a long download's goodput says: a
-  one-packet body's bytes pass at about the line rate, each further packet adds its headers and
-  an acknowledgement through the same shaper, and at 100 Mbit/s the server's work on the
-  headers hides the body. When the extra rest is not positive (noise at high rates), the body
-  is priced as nearly free: :data:`MAX_RATE_FACTOR` times the goodput.
+  may be negative): an upload's bytes need not cost what a long download's goodput says. When
+  the extra rest is not positive (noise at high rates), the body is priced as nearly free:
+  :data:`MAX_RATE_FACTOR` times the goodput.
 - The overhead (``rtt``): the small exchange's rest less what the model prices its bytes at
   with that upload rate.
 
 So the model reproduces both probed exchanges (their medians) and prices every byte of a body
-between and beyond them at the measured slope. The hinge this replaced (ADR 0004: bodies free up
-to an overlap fitted to the same two probes) turned any hidden part, however small, into a whole
-small body hidden: in ``e2e.json`` at b90a80c, 2% of the float packet's extra wire time at
-1 Mbit/s gave overlaps of 2.50-3.32 ms (about 290-380 B of body), and at 20 Mbit/s 0.17-0.37 ms
-(about 400-860 B). ``python -m bench.uplink`` (``bench/results/upload-sizes-R.json``) shows
-those bytes cost time: from the 354 B to the 844 B cut-0 packet, transfer medians grew by
-3.83 ms at 1 Mbit/s, 0.78 at 5 and 0.085 at 20. The slope through the float32 packet can
-over-price the small bodies' differences instead (in those files 9.33 us/B at 1 Mbit/s against
-7.81 between 354 and 844 B; 0.37 against 0.17 at 20), which errs toward sending fewer bytes.
+between and beyond them at the measured slope (ADR 0006 says why this replaced ADR 0004's fitted
+overlap).
 
 A device smooths both over its last probes, as TCP smooths its RTT (:data:`PROBE_WINDOW`). It also
 learns the overhead from its own traffic, as TCP takes its RTT samples from real segments: the
 overhead it prices is the median of its last probe fit and what its last exchanges implied
-(:func:`overhead`, :data:`TRAFFIC_WINDOW`). A probe runs exchange after exchange; the traffic
-between them is the device's heads, encodes and other plans, and the exchanges then cost what
-the probe cannot see (in ``e2e-4a1cb80.json``, the eight Jetson and phone CNN cells at 100 Mbit/s
-priced the overhead at 0.81-1.14 ms from their probes; their cut-0 transfers measured 1.39-1.90
-ms against 0.95-1.31 predicted, and two of those cells the planner lost by 5.0 and 9.6%).
+(:func:`overhead`, :data:`TRAFFIC_WINDOW`), because exchanges between a device's other work cost
+more than a probe's back-to-back ones show.
 """
 
 from __future__ import annotations

@@ -6,11 +6,9 @@ lends credit: while the link idles, the bucket refills (up to its burst), and th
 then pass at memory speed. So before every measured transfer the device empties the bucket with
 filler datagrams (:meth:`ShapedLink.quiet`). Emptying it early is not enough: the bucket refills
 at the link rate during the client's own work between the filler and the request's first byte
-(building the request, the connection pool, h11). At 100 Mbit/s that work (~0.2 ms) refilled
-2.5 KB: a 3,164 B upload then measured 0.07 ms above a 354 B one, where a real 100 Mbit/s wire
-adds 0.22 ms (``bench/results/uplink-100.json`` before this module). :meth:`ShapedLink.client`
-returns an httpx client whose socket writes the filler right before a quieted request's first
-write, so the request meets a bucket emptied microseconds earlier.
+(building the request, the connection pool, h11), which at 100 Mbit/s is kilobytes of credit.
+:meth:`ShapedLink.client` returns an httpx client whose socket writes the filler right before a
+quieted request's first write, so the request meets a bucket emptied microseconds earlier.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.stop()
     doc = report(stats, samples, wall, args.devices)
-    # One core's worth (1.0) means the devices, not the server, set the pace (DESIGN §8).
+    # One core's worth (1.0) means the devices, not the server, set the pace.
     doc["generator_cpu_share"] = (time.process_time() - cpu0) / wall
     write_json(args.json, doc)
     for route, r in doc["routes"].items():

@@ -5,9 +5,8 @@ response goes out.
 ``python -m bench.shaped_server --artifacts DIR`` (settings from ``QPART_*`` as ``qpart serve``;
 ``QPART_BENCH_FILLER_PORT``: the loopback UDP port it takes its orders on, see below)
 
-A token bucket refills while the server computes, and the answer then leaves at memory speed: at
-1 Mbit/s the 1.3 ms of a CNN tail saved 162 B, at 5 Mbit/s 812 B (an answer and its headers are
-about 800 B), at 20 Mbit/s and up a full bucket. A serial link lends nothing. The device side
+A token bucket refills while the server computes, and the answer then leaves at memory speed (from
+5 Mbit/s up, a CNN tail's time saves about a whole answer); a serial link lends nothing. The device side
 (:class:`bench.link.ShapedLink`) empties the full bucket before each request's first byte. Here
 the bucket is not full: the request drained it, and it refilled for as long as the server worked
 since. So before ``http.response.start`` this layer sends filler datagrams (to a socket that is

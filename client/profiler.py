@@ -124,6 +124,6 @@ def profile_device(base: DeviceProfile, model: str, version: str, *, name: str |
     coded = measure_codings(model, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     measured = dict(base.measured)
     measured[model] = MeasuredHeads(version=version, head_s=head_s, encode_s=encode_s,
-                                    deflate_s=coded[Coding.DEFLATE], zstd_s=coded[Coding.ZSTD],
+                                    coding_s=coded,
                                     warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     return base.model_copy(update={"measured": measured, "name": name or base.name})

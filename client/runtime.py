@@ -121,7 +121,7 @@ class DeviceRuntime:
             "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
         }
         offered = self._codings_measured(model)
-        if offered == ["deflate"]:  # understood by servers from before zstd (ADR 0005) too
+        if offered == [Coding.DEFLATE]:  # understood by servers from before zstd (ADR 0005) too
             body["upload_deflate"] = True
         elif offered:  # only then: a server before compressed uploads refuses the field
             body["upload_codings"] = offered
@@ -138,20 +138,23 @@ class DeviceRuntime:
 
     def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
         """``profile`` as a plan request carries it: without the times of codings the settings do
-        not offer, and without defaults, so a server from before a field (e.g. ``zstd_s``, ADR
-        0007) accepts it when the settings do not offer that coding."""
+        not offer, without defaults, and its coding times in schema 1's spelling
+        (:meth:`~profiles.devices.MeasuredHeads.schema1_json`, ADR 0008), so a server from before a
+        field (e.g. ``zstd_s``, ADR 0007) accepts it when the settings do not offer that coding."""
         offered = self.settings.upload_codings
-        measured = {m: heads.offering_only(offered) for m, heads in profile.measured.items()}
-        trimmed = profile.model_copy(update={"measured": measured})
-        return trimmed.model_dump(mode="json", exclude_defaults=True)
+        doc = profile.model_dump(mode="json", exclude_defaults=True)
+        if profile.measured:
+            doc["measured"] = {m: heads.offering_only(offered).schema1_json()
+                               for m, heads in profile.measured.items()}
+        return doc
 
-    def _codings_measured(self, model: str) -> list[str]:
+    def _codings_measured(self, model: str) -> list[Coding]:
         """The upload codings the settings allow whose times the device profile carries for
         ``model`` (the planner prices no coding without them)."""
         measured = self.device_profile.measured.get(model) if self.device_profile else None
         if measured is None:
             return []
-        return [c for c in self.settings.upload_codings if measured.coding_s(c)]
+        return [c for c in self.settings.upload_codings if measured.coding_s.get(c)]
 
     def fetch_segment(
         self, plan: dict[str, Any], progress: Callable[[int, int], None] | None = None

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from profiles.codings import UploadCoding
+from kernels.coding import Coding
 
 _BOOL = TypeAdapter(bool)
 
@@ -29,13 +29,13 @@ class DeviceSettings(BaseSettings):
     backoff_s: float = Field(0.2, gt=0, description="First backoff; doubles each retry, with jitter.")
     max_backoff_s: float = Field(10.0, gt=0, description="Longest single wait between retries.")
     rate_smoothing: float = Field(0.3, gt=0, le=1, description="Weight of the newest rate sample.")
-    upload_codings: tuple[UploadCoding, ...] = Field(
-        ("deflate", "zstd"), description="Upload codings to offer (the plan says which pays); "
+    upload_codings: tuple[Coding, ...] = Field(
+        tuple(Coding), description="Upload codings to offer (the plan says which pays); "
         "empty: always upload packets as is.")
 
     @field_validator("upload_codings")
     @classmethod
-    def _once_each(cls, codings: tuple[str, ...]) -> tuple[str, ...]:
+    def _once_each(cls, codings: tuple[Coding, ...]) -> tuple[Coding, ...]:
         """Each coding once, in the given order (the server refuses a longer list)."""
         return tuple(dict.fromkeys(codings))
 
@@ -61,4 +61,4 @@ class DeviceSettings(BaseSettings):
         warnings.warn("QPART_DEVICE_UPLOAD_DEFLATE is deprecated: use QPART_DEVICE_UPLOAD_CODINGS "
                       "('[\"deflate\"]' as before, '[\"deflate\",\"zstd\"]' to offer zstd too, '[]' "
                       "to upload as is)", FutureWarning, stacklevel=2)
-        return {**data, "upload_codings": ("deflate",) if flag else ()}
+        return {**data, "upload_codings": (Coding.DEFLATE,) if flag else ()}

@@ -1,16 +1,11 @@
 """Lossless coding of uploads: the HTTP ``deflate`` (zlib, RFC 1950/1951) and ``zstd`` (RFC 8878)
 content codings.
 
-A device may send an activation packet with ``Content-Encoding: deflate`` or ``zstd``: the packet's
-bytes as a zlib stream or a Zstandard frame. Quantized codes compress well where activations are
-sparse or flat (Fashion-MNIST's background pixels quantize to code 0): the committed CNN artifact
-measured cut-0 packets deflated at 0.64 of their size at 4 bits, 0.68 at 3 bits and 0.31 as
-float32 (``qpart measure-coding``, 500 calibration samples). zstd shrinks them a little less and
-takes a quarter of the time (ADR 0007): on this machine, 50 test images' 4-bit cut-0 packets took
-20 us each to deflate and 4.7 us to zstd-compress at level 1 with a reused context, to 0.64 and
-0.67 of their size. The planner prices an upload at the size the calibration measured
-(``CutProfile.deflate_ratio``, ``CutProfile.zstd_ratio``) plus the device's measured coding time,
-so the cut, bits and coding it picks account for both.
+A device may send an activation packet with ``Content-Encoding: deflate`` or ``zstd``. Quantized
+codes compress well where activations are sparse or flat (Fashion-MNIST's background pixels
+quantize to code 0); zstd shrinks them a little less than deflate in a fraction of the device
+time (ADR 0007). The planner prices an upload at the size the calibration measured
+(``CutProfile.coding_ratio``) plus the device's measured coding time (``MeasuredHeads.coding_s``).
 
 :func:`decode` parses bytes from the network: it never produces more than ``max_bytes`` (a small
 stream can expand a thousandfold), and a stream that is corrupt, unfinished or followed by extra
@@ -21,7 +16,9 @@ from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Protocol
 
 import zstandard
 
@@ -35,7 +32,14 @@ CODING_BITS = (*range(1, 9), 32)  # bit widths whose packets are measured (32: f
 
 
 class Coding(StrEnum):
-    """An HTTP content coding a device may upload an activation packet with."""
+    """An HTTP content coding a device may upload an activation packet with.
+
+    The one list of upload codings (ADR 0008): the plan request's offered codings, the plan's
+    ``upload_encoding``, the device's settings, the calibration's ratios
+    (``CutProfile.coding_ratio``) and the device profile's times (``MeasuredHeads.coding_s``) are
+    all keyed by it. A new coding is a member here, its :data:`_ENCODERS` and :data:`_DECODERS`
+    entries, and its measurement (``qpart measure-coding``, ``qpart device profile``).
+    """
 
     DEFLATE = "deflate"
     """A zlib stream (RFC 1950/1951): the smaller packet, at four times zstd's device time."""
@@ -80,15 +84,13 @@ def coding_of(name: Coding | str) -> Coding:
 
 def encode(data: bytes, coding: Coding | str) -> bytes:
     """``data`` in ``coding`` (:func:`coding_of` names the error for an unknown one)."""
-    return deflate(data) if coding_of(coding) is Coding.DEFLATE else zstd_compress(data)
+    return _ENCODERS[coding_of(coding)](data)
 
 
 def decode(data: bytes, coding: Coding | str, *, max_bytes: int) -> bytes:
     """The bytes ``data`` holds in ``coding``, at most ``max_bytes`` of them (see :func:`inflate`,
     :func:`zstd_decompress`)."""
-    if coding_of(coding) is Coding.DEFLATE:
-        return inflate(data, max_bytes=max_bytes)
-    return zstd_decompress(data, max_bytes=max_bytes)
+    return _DECODERS[coding_of(coding)](data, max_bytes=max_bytes)
 
 
 def inflate(data: bytes, *, max_bytes: int) -> bytes:
@@ -171,3 +173,11 @@ def _zstd_error(message: str) -> WireFormatError:
     if "unused data" in message:
         return WireFormatError(f"bytes follow the end of the zstd frame: {message}")
     return WireFormatError(f"not a valid zstd frame: {message}")
+
+
+class _Decoder(Protocol):
+    def __call__(self, data: bytes, *, max_bytes: int) -> bytes: ...
+
+
+_ENCODERS: dict[Coding, Callable[[bytes], bytes]] = {Coding.DEFLATE: deflate, Coding.ZSTD: zstd_compress}
+_DECODERS: dict[Coding, _Decoder] = {Coding.DEFLATE: inflate, Coding.ZSTD: zstd_decompress}

@@ -1,4 +1,4 @@
-"""Bit allocation: minimize the bits sent subject to a logit-noise budget (DESIGN §4).
+"""Bit allocation: minimize the bits sent subject to a logit-noise budget.
 
 Exact integer method: a multiple-choice knapsack over the budget discretised into ``M`` units,
 each noise rounded *up* to whole units so that every returned pattern is feasible for the real

@@ -1,8 +1,8 @@
 """How far each cut's activation packets shrink under the upload codings (``kernels.coding``).
 
 The planner prices an upload that a device sends with ``Content-Encoding: deflate`` or ``zstd`` at
-the raw packet size times the cut's :attr:`profiles.artifacts.CutProfile.deflate_ratio` or
-:attr:`~profiles.artifacts.CutProfile.zstd_ratio` for the packet's bits. The ratios are measured
+the raw packet size times the cut's :attr:`profiles.artifacts.CutProfile.coding_ratio` of that
+coding and the packet's bits. The ratios are measured
 here, on calibration samples (never the test split): the float head's
 activation at the cut, quantized with each bit width (1..8) and the cut's group size, or sent as
 float32, one packet per sample as devices send them; the ratio is the coded bytes over the raw
@@ -76,7 +76,7 @@ def with_coding_ratios(artifact: CalibrationArtifact, ratios: CodingRatios) -> C
         if len(per_cut) != len(artifact.cuts):
             raise CalibrationConfigError(f"{len(per_cut)} {coding.value} ratios for an artifact of "
                                          f"{len(artifact.cuts)} cuts")
-    cuts = [c.with_coding_ratios({coding.value: per_cut[c.index] for coding, per_cut in ratios.items()})
+    cuts = [c.with_coding_ratios({coding: per_cut[c.index] for coding, per_cut in ratios.items()})
             for c in artifact.cuts]
     return artifact.model_copy(update={"cuts": cuts})
 

@@ -1,8 +1,16 @@
-"""Outputs of the calibration job: ``artifact.json``, ``validation.json``, ``report.md`` + PNG plots."""
+"""Outputs of the calibration job: ``artifact.json``, ``validation.json``, ``report.md`` + PNG plots.
+
+The report and its plots are drawn from the artifact alone, so a saved one can be drawn again
+without calibrating: ``python -m offline.report DIR...``. Numbers are written for people:
+drops and levels as percentages, sizes in B/KiB/MiB, an em dash where there is no figure.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -10,8 +18,15 @@ import matplotlib
 matplotlib.use("Agg")  # headless: the job runs on servers and in CI
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
-from profiles.artifacts import CalibrationArtifact, Pattern, save_artifact
+from profiles.artifacts import FLOAT_BITS, CalibrationArtifact, Pattern, load_artifact, save_artifact
+
+NONE = "—"  # a figure that does not exist (not measured, not applicable)
+METHODS = {"qpart": "validated (ours)", "baseline_qpart_paper": "QPART as published"}
+"""``validation.json``'s summary keys and their names in the report's table and plot legend."""
+TIMINGS = {"direct": "noise tables, direct estimator", "fast": "noise tables, fast estimator",
+           "total_without_report": "the whole job before the report"}
 
 
 def _row(p: Pattern) -> dict[str, object]:
@@ -29,6 +44,11 @@ def _violations(patterns: list[Pattern]) -> dict[str, object]:
             "tightest_margin": min(margins) if margins else None}
 
 
+def _summary(artifact: CalibrationArtifact) -> dict[str, dict[str, object]]:
+    graded = [p for p in artifact.patterns if p.level > 0]
+    return {"qpart": _violations(graded), "baseline_qpart_paper": _violations(artifact.baseline_qpart_paper)}
+
+
 def validation_doc(artifact: CalibrationArtifact, agreement: dict[str, object]) -> dict[str, object]:
     """The ``validation.json`` document (drops as fractions)."""
     graded = [p for p in artifact.patterns if p.level > 0]
@@ -37,8 +57,7 @@ def validation_doc(artifact: CalibrationArtifact, agreement: dict[str, object]) 
         "fp32_test_accuracy": artifact.fp32_test_accuracy,
         "patterns": [_row(p) for p in graded],
         "baseline_qpart_paper": [_row(p) for p in artifact.baseline_qpart_paper],
-        "summary": {"qpart": _violations(graded),
-                    "baseline_qpart_paper": _violations(artifact.baseline_qpart_paper)},
+        "summary": _summary(artifact),
         "timing_s": {"direct": artifact.timing_s.get("direct"), "fast": artifact.timing_s.get("fast"),
                      **artifact.timing_s},
         "additivity_error": artifact.additivity_error,
@@ -46,15 +65,87 @@ def validation_doc(artifact: CalibrationArtifact, agreement: dict[str, object]) 
     }
 
 
-def _plot_drops(artifact: CalibrationArtifact, path: Path) -> None:
+# ---- numbers for people -------------------------------------------------------------------
+
+def pct(x: float | None, digits: int = 2) -> str:
+    """A fraction as a percentage at fixed ``digits`` (``0.0004`` -> ``0.04%``)."""
+    if x is None or not math.isfinite(x):
+        return NONE
+    shown = f"{x * 100:.{digits}f}"
+    return f"{0:.{digits}f}%" if float(shown) == 0 else f"{shown}%"  # no "-0.00%"
+
+
+def level(x: float) -> str:
+    """An accuracy level: ``lossless`` or its percentage without trailing zeros (``0.25%``, ``2%``)."""
+    if x == 0:
+        return "lossless"
+    return f"{x * 100:.4f}".rstrip("0").rstrip(".") + "%"
+
+
+def size(n: int | float) -> str:
+    """Bytes in B, KiB or MiB (``12.3 KiB``)."""
+    if n < 1024:
+        return f"{n:.0f} B"
+    if n < 1024**2:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 1024**2:.2f} MiB"
+
+
+def number(x: float) -> str:
+    """A measured figure to three significant digits, never more than four decimals."""
+    if not math.isfinite(x):
+        return NONE
+    if x == 0 or x.is_integer():
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 0.01:
+        return f"{x:.3g}"
+    return f"{x:.2e}"
+
+
+def plain(value: object) -> str:
+    """Any other artifact value in words: spans as ``a–b``, mappings as ``key value, ...``."""
+    if value is None:
+        return NONE
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, Mapping):
+        return ", ".join(f"{str(k).replace('_', ' ')} {plain(v)}" for k, v in value.items())
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) == 2 and all(isinstance(v, int) for v in value):
+            return f"{value[0]:,}–{value[1]:,}"
+        return ", ".join(plain(v) for v in value)
+    return str(value)
+
+
+def bits(b: int) -> str:
+    """A bit width as the tables and the bits plot name it."""
+    return f"{b} (float)" if b >= FLOAT_BITS else str(b)
+
+
+def _levels(artifact: CalibrationArtifact) -> list[float]:
+    """The accuracy levels the calibration was asked for (its settings)."""
+    levels = artifact.settings.get("levels")
+    return [float(a) for a in levels if isinstance(a, int | float)] if isinstance(levels, list) else []
+
+
+# ---- plots --------------------------------------------------------------------------------
+
+def drops_figure(artifact: CalibrationArtifact) -> Figure:
+    """Measured test drop against the requested level, per method (:data:`METHODS`)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, pats, marker in (("validated (ours)", artifact.patterns, "o"),
-                                ("QPART as published", artifact.baseline_qpart_paper, "x")):
+    for key, pats, marker in (("qpart", artifact.patterns, "o"),
+                              ("baseline_qpart_paper", artifact.baseline_qpart_paper, "x")):
         pts = [(p.level, p.test_drop) for p in pats if p.level > 0 and p.test_drop is not None]
         if pts:
             xs, ys = zip(*pts, strict=True)
-            ax.scatter(np.array(xs) * 100, np.array(ys) * 100, marker=marker, label=label, alpha=0.7)
-    levels = np.array(artifact.settings["levels"], dtype=float) * 100
+            ax.scatter(np.array(xs) * 100, np.array(ys) * 100, marker=marker, label=METHODS[key], alpha=0.7)
+    levels = np.array(_levels(artifact)) * 100
     ax.plot(levels, levels, "k--", label="requested")
     ax.set_xscale("log")
     ax.set_xlabel("requested max drop (%)")
@@ -62,11 +153,11 @@ def _plot_drops(artifact: CalibrationArtifact, path: Path) -> None:
     ax.legend()
     ax.set_title(f"{artifact.model}: measured vs requested degradation")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def _plot_payload(artifact: CalibrationArtifact, path: Path) -> None:
+def payload_figure(artifact: CalibrationArtifact) -> Figure:
+    """Head segment plus activation bytes against the level, one line per cut."""
     fig, ax = plt.subplots(figsize=(6, 4))
     levels = sorted({p.level for p in artifact.patterns if p.level > 0})
     for cut in sorted({p.cut for p in artifact.patterns}):
@@ -79,59 +170,106 @@ def _plot_payload(artifact: CalibrationArtifact, path: Path) -> None:
     ax.set_title(f"{artifact.model}: payload vs level per cut")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def _plot_bits(artifact: CalibrationArtifact, path: Path) -> None:
+def bits_figure(artifact: CalibrationArtifact) -> Figure:
+    """Bits of every head tensor and of the uploaded activation, per pattern; one colour per bit
+    width, float32 labelled as the tables label it (:func:`bits`)."""
     names = [t.name for t in artifact.tensors] + ["activation"]
     rows = [p for p in artifact.patterns if p.level > 0]
-    grid = np.full((len(rows), len(names)), np.nan)
-    for i, p in enumerate(rows):
-        for j, name in enumerate(names[:-1]):
-            if name in p.weight_bits:
-                grid[i, j] = min(p.weight_bits[name], 16)
-        if p.cut < len(artifact.cuts) - 1:
-            grid[i, -1] = min(p.activation_bits, 16)
+    last = len(artifact.cuts) - 1
+    cells = [[p.weight_bits.get(n) for n in names[:-1]] + [p.activation_bits if p.cut < last else None]
+             for p in rows]
+    widths = sorted({*range(1, 9), *(b for row in cells for b in row if b is not None)})
+    grid = np.array([[np.nan if b is None else widths.index(b) for b in row] for row in cells], dtype=float)
     fig, ax = plt.subplots(figsize=(1 + 0.5 * len(names), 1 + 0.18 * len(rows)))
-    im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=1, vmax=16)
+    im = ax.imshow(grid.reshape(len(rows), len(names)), aspect="auto",
+                   cmap=plt.get_cmap("viridis", len(widths)), vmin=-0.5, vmax=len(widths) - 0.5)
     ax.set_xticks(range(len(names)), names, rotation=70, fontsize=7)
-    ax.set_yticks(range(len(rows)), [f"cut {p.cut} @ {p.level:.2%}" for p in rows], fontsize=6)
-    fig.colorbar(im, ax=ax, label="bits (16 = float)")
+    ax.set_yticks(range(len(rows)), [f"cut {p.cut} @ {level(p.level)}" for p in rows], fontsize=6)
+    bar = fig.colorbar(im, ax=ax, ticks=range(len(widths)))
+    bar.ax.set_yticklabels([bits(b) for b in widths])
+    bar.set_label("bits (blank: not in the head, or nothing uploaded)")
     ax.set_title(f"{artifact.model}: bits per layer")
     fig.tight_layout()
+    return fig
+
+
+# ---- report.md ----------------------------------------------------------------------------
+
+def _additivity(errors: Mapping[str, float]) -> str:
+    keys = ("median_abs_rel_error", "max_abs_rel_error", "min_ratio_predicted_to_measured",
+            "max_ratio_predicted_to_measured", "points")
+    if not all(k in errors for k in keys):
+        return plain(errors)
+    e = errors
+    return (f"over {e['points']:.0f} mixed patterns, the predicted total noise is off by "
+            f"{pct(e['median_abs_rel_error'], 1)} (median) and at most {pct(e['max_abs_rel_error'], 1)}; "
+            f"predicted over measured ranges {number(e['min_ratio_predicted_to_measured'])}–"
+            f"{number(e['max_ratio_predicted_to_measured'])}")
+
+
+def _pattern_row(p: Pattern, last: int) -> str:
+    uploads = p.cut < last
+    of_fp32 = pct(p.weight_bytes / p.fp32_weight_bytes) if p.fp32_weight_bytes else NONE
+    cells = [str(p.cut), level(p.level), bits(p.activation_bits) if uploads else NONE,
+             size(p.activation_bytes) if uploads else NONE, size(p.weight_bytes), of_fp32,
+             pct(p.predicted_drop), pct(p.calib_drop_ub), pct(p.test_drop)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown(artifact: CalibrationArtifact) -> str:
+    """The text of ``report.md``."""
+    summary = _summary(artifact)
+    levels = ", ".join(level(a) for a in _levels(artifact))
+    lines = [
+        f"# Calibration report: {artifact.model} (version {artifact.version})", "",
+        f"fp32 test accuracy {pct(artifact.fp32_test_accuracy)}. Accuracy levels (max top-1 drop): {levels}.",
+        f"Calibration samples used: {plain(artifact.splits.get('calibration_use'))}; "
+        "test = the official t10k images, read once per final pattern.",
+        "", "## Promise kept on the test split", "",
+        "Margin: the level less the measured test drop (negative: the promise was broken).", "",
+        "| method | patterns | violations (test drop > level) | tightest margin |", "|---|---|---|---|",
+    ]
+    for key, name in METHODS.items():
+        v = summary[key]
+        margin = v["tightest_margin"]
+        lines.append(f"| {name} | {v['patterns']} | {v['violations']} | "
+                     f"{pct(margin if isinstance(margin, float) else None)} |")
+    last = len(artifact.cuts) - 1
+    lines += ["", "![measured vs requested](drops.png)", "", "## Patterns", "",
+              f"Activation: the uploaded activation's bits and bytes per sample ({NONE}: the last cut "
+              "uploads nothing). Weights: the head segment. Check bound: the upper confidence bound of "
+              f"the drop on the calibration check samples ({NONE}: lossless, not checked).", "",
+              "| cut | level | activation bits | activation | weights | of fp32 | predicted drop "
+              "| check bound | test drop |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [_pattern_row(p, last) for p in artifact.patterns]
+    lines += ["", "![payload vs level](payload.png)", "", "![bits](bits.png)", "",
+              "## Noise tables and timing", "",
+              "Wall time: " + "; ".join(f"{TIMINGS.get(k, k.replace('_', ' '))} {number(v)} s"
+                                        for k, v in artifact.timing_s.items()) + ".", "",
+              f"Additivity of the noise model: {_additivity(artifact.additivity_error)}.", "",
+              "| level | noise budget D(a) |", "|---|---|"]
+    lines += [f"| {level(float(a))} | {number(d)} |" for a, d in artifact.noise_budgets.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _markdown(artifact: CalibrationArtifact, doc: dict[str, object]) -> str:
-    s = doc["summary"]
-    assert isinstance(s, dict)
-    lines = [
-        f"# Calibration report: {artifact.model} (version {artifact.version})", "",
-        f"fp32 test accuracy {artifact.fp32_test_accuracy:.4f}. Levels {artifact.settings['levels']}.",
-        f"Calibration samples used: {artifact.splits['calibration_use']}; "
-        "test = the official t10k images, read once per final pattern.",
-        "", "## Promise kept on the test split", "",
-        "| method | patterns | violations (test_drop > level) | tightest margin |", "|---|---|---|---|",
-    ]
-    for name in ("qpart", "baseline_qpart_paper"):
-        v = s[name]
-        lines.append(f"| {name} | {v['patterns']} | {v['violations']} | {v['tightest_margin']} |")
-    lines += ["", "![measured vs requested](drops.png)", "", "## Patterns", "",
-              "| cut | level | act bits | weight KiB | % of fp32 | predicted | check UB | test drop |",
-              "|---|---|---|---|---|---|---|---|"]
-    for p in artifact.patterns:
-        pct = 100 * p.weight_bytes / p.fp32_weight_bytes if p.fp32_weight_bytes else 0.0
-        lines.append(f"| {p.cut} | {p.level:.4f} | {p.activation_bits} | {p.weight_bytes / 1024:.1f} | "
-                     f"{pct:.2f} | {p.predicted_drop:.4f} | {p.calib_drop_ub} | {p.test_drop} |")
-    lines += ["", "![payload vs level](payload.png)", "", "![bits](bits.png)", "",
-              "## Noise tables and timing", "",
-              f"Wall time (s): {json.dumps(artifact.timing_s)}", "",
-              f"Additivity (predicted / measured total noise of mixed patterns): "
-              f"{json.dumps(artifact.additivity_error)}", "",
-              f"Noise budgets D(a): {json.dumps(artifact.noise_budgets)}", ""]
-    return "\n".join(lines)
+def write_report(artifact: CalibrationArtifact, out_dir: Path) -> Path:
+    """Write ``report.md`` and its plots into ``out_dir``; returns the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _save(drops_figure(artifact), out_dir / "drops.png")
+    _save(payload_figure(artifact), out_dir / "payload.png")
+    _save(bits_figure(artifact), out_dir / "bits.png")
+    report = out_dir / "report.md"
+    report.write_text(markdown(artifact))
+    return report
 
 
 def write_outputs(artifact: CalibrationArtifact, agreement: dict[str, object], out_dir: Path) -> None:
@@ -141,7 +279,16 @@ def write_outputs(artifact: CalibrationArtifact, agreement: dict[str, object], o
     tmp = out_dir / "validation.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(out_dir / "validation.json")
-    _plot_drops(artifact, out_dir / "drops.png")
-    _plot_payload(artifact, out_dir / "payload.png")
-    _plot_bits(artifact, out_dir / "bits.png")
-    (out_dir / "report.md").write_text(_markdown(artifact, doc))
+    write_report(artifact, out_dir)
+
+
+def main(folders: list[str]) -> None:
+    """Draw the report of each saved artifact folder again (its ``artifact.json``), in place."""
+    if not folders:
+        raise SystemExit("usage: python -m offline.report ARTIFACT_DIR...")
+    for folder in map(Path, folders):
+        print(write_report(load_artifact(folder), folder))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from profiles.codings import coding_field
+from kernels.coding import Coding
 from profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 1
+ARTIFACT_SCHEMA_VERSION = 2
+"""2: a cut's upload-coding ratios in one map keyed by :class:`~kernels.coding.Coding`
+(``coding_ratio``). Schema 1 had a field per coding (``deflate_ratio``, ``zstd_ratio``); such
+artifacts are upgraded as they load (ADR 0008)."""
 ARTIFACT_FILE = "artifact.json"
 FLOAT_BITS = 32
 """Bit width that means "not quantized, sent as float32"."""
 
 Bits = Annotated[int, Field(ge=1, le=32)]
+Ratio = Annotated[float, Field(gt=0, le=2)]
+_SCHEMA1_RATIOS = {"deflate_ratio": Coding.DEFLATE, "zstd_ratio": Coding.ZSTD}  # schema 1's fields
 
 
 class _Frozen(BaseModel):
@@ -50,32 +55,17 @@ class CutProfile(_Frozen):
     tail_flops: int = Field(ge=0)
     server_head_s: float = Field(ge=0, description="Head time on the serving machine, batch 1.")
     server_tail_s: float = Field(ge=0, description="Tail time on the serving machine, batch 1.")
-    deflate_ratio: dict[Bits, Annotated[float, Field(gt=0, le=2)]] = Field(
+    coding_ratio: dict[Coding, dict[Bits, Ratio]] = Field(
         default_factory=dict,
-        description="Per activation bits (1..8, 32): mean deflated size of this cut's activation "
-                    "packet over its raw size, on calibration samples (kernels.coding). Empty: "
-                    "not measured; uploads are priced raw.")
-    zstd_ratio: dict[Bits, Annotated[float, Field(gt=0, le=2)]] = Field(
-        default_factory=dict,
-        description="As deflate_ratio, for the zstd upload coding. Empty: not measured; uploads are "
-                    "not priced zstd-compressed.")
+        description="Per upload coding (kernels.coding), per activation bits (1..8, 32): mean coded "
+                    "size of this cut's activation packet over its raw size, on calibration samples. "
+                    "A coding absent: not measured; uploads are not priced in it.")
 
-    def coding_ratio(self, coding: str) -> dict[int, float]:
-        """The measured ratios of ``coding`` (``deflate`` or ``zstd``; empty: not measured).
-
-        Raises:
-            UnknownCodingError: any other coding.
-        """
-        ratios: dict[int, float] = getattr(self, coding_field(coding, "ratio"))  # frozen model: no copy
-        return ratios
-
-    def with_coding_ratios(self, ratios: Mapping[str, dict[int, float]]) -> CutProfile:
-        """A copy holding ``ratios`` (coding -> ratio per bits) in place of those codings' own.
-
-        Raises:
-            UnknownCodingError: a coding no field holds ratios for.
-        """
-        return self.model_copy(update={coding_field(c, "ratio"): dict(r) for c, r in ratios.items()})
+    def with_coding_ratios(self, ratios: Mapping[Coding, Mapping[int, float]]) -> CutProfile:
+        """A copy holding ``ratios`` (coding -> ratio per bits) in place of those codings' own; an
+        empty mapping removes the coding (not measured)."""
+        merged = {**self.coding_ratio, **{c: dict(r) for c, r in ratios.items()}}
+        return self.model_copy(update={"coding_ratio": {c: r for c, r in merged.items() if r}})
 
 
 class Pattern(_Frozen):
@@ -111,7 +101,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -132,6 +122,18 @@ class CalibrationArtifact(_Frozen):
     baseline_qpart_paper: list[Pattern]
     timing_s: dict[str, float]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """A schema 1 document as schema 2: each cut's ``<coding>_ratio`` fields into its
+        ``coding_ratio`` map (an empty one: not measured, left out)."""
+        if not (isinstance(data, dict) and data.get("schema_version") == 1):
+            return data
+        cuts = data.get("cuts")
+        if isinstance(cuts, list):
+            cuts = [_schema1_cut(c) if isinstance(c, dict) else c for c in cuts]
+        return {**data, "schema_version": ARTIFACT_SCHEMA_VERSION, "cuts": cuts}
+
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationArtifact:
         names = {t.name for t in self.tensors}
@@ -148,6 +150,12 @@ class CalibrationArtifact(_Frozen):
         return next((p for p in self.patterns if p.pattern_id == pattern_id), None)
 
 
+def _schema1_cut(cut: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in cut.items() if k not in _SCHEMA1_RATIOS}
+    out["coding_ratio"] = {c.value: cut[k] for k, c in _SCHEMA1_RATIOS.items() if cut.get(k)}
+    return out
+
+
 def load_artifact(path: Path) -> CalibrationArtifact:
     """Read and validate an artifact (``DIR/artifact.json`` or the file itself)."""
     file = path / ARTIFACT_FILE if path.is_dir() else path
@@ -159,8 +167,8 @@ def load_artifact(path: Path) -> CalibrationArtifact:
         return CalibrationArtifact.model_validate_json(raw)
     except ValidationError as exc:
         if any(e["loc"][:1] == ("schema_version",) for e in exc.errors()):
-            raise SchemaVersionError(f"{file}: schema_version is not {ARTIFACT_SCHEMA_VERSION}; "
-                                     "re-run qpart calibrate with this build") from exc
+            raise SchemaVersionError(f"{file}: this build reads artifacts of schema_version 1 to "
+                                     f"{ARTIFACT_SCHEMA_VERSION}; re-run qpart calibrate with it") from exc
         raise ProfileFormatError(f"{file} is not a valid calibration artifact: {exc}") from exc
 
 

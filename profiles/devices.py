@@ -2,7 +2,11 @@
 
 Shipped presets live in ``profiles/devices/*.json``; a request may also carry a profile inline.
 A profile measured by ``qpart device profile`` adds per-cut head times, which the planner uses
-instead of the FLOP estimate.
+instead of the FLOP estimate, and its upload-coding times.
+
+Schema 2 (ADR 0008) holds a model's coding times in one map keyed by
+:class:`~kernels.coding.Coding` (``coding_s``); schema 1 had a field per coding (``deflate_s``,
+``zstd_s``). Both spellings are read, in files and in plan requests.
 """
 
 from __future__ import annotations
@@ -11,15 +15,16 @@ import json
 from collections.abc import Collection
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from profiles.codings import UPLOAD_CODINGS, coding_field
+from kernels.coding import Coding
 from profiles.errors import ProfileFormatError, ProfileNotFoundError
 
 DEVICES_DIR = Path(__file__).resolve().parent / "devices"
-DEVICE_SCHEMA_VERSION = 1
+DEVICE_SCHEMA_VERSION = 2
+_SCHEMA1_TIMES = {"deflate_s": Coding.DEFLATE, "zstd_s": Coding.ZSTD}  # schema 1's fields
 
 
 class EnergyModel(StrEnum):
@@ -52,33 +57,49 @@ class MeasuredHeads(BaseModel):
         default_factory=list,
         description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
                     "empty when not measured.")
-    deflate_s: list[CodingTimes] = Field(
-        default_factory=list, max_length=256,
-        description="Seconds to deflate an upload (kernels.coding) per cut (index = cut index) and "
-                    "activation bits (1..8, 32), batch 1; empty: uploads are not deflated.")
-    zstd_s: list[CodingTimes] = Field(
-        default_factory=list, max_length=256,
-        description="As deflate_s, for the zstd upload coding; empty: uploads are not "
-                    "zstd-compressed.")
+    coding_s: dict[Coding, Annotated[list[CodingTimes], Field(max_length=256)]] = Field(
+        default_factory=dict,
+        description="Per upload coding (kernels.coding): seconds to compress an upload per cut "
+                    "(index = cut index) and activation bits (1..8, 32), batch 1. A coding absent: "
+                    "uploads are not sent in it. Schema 1's deflate_s and zstd_s are read as these.")
     warmup: int = Field(ge=0, description="Warm-up iterations before timing.")
     repeats: int = Field(ge=1, description="Least timed rounds (each runs every cut once); the lists "
                                            "hold medians over the rounds.")
     min_seconds: float = Field(default=0.0, ge=0, le=3600,
                                description="Rounds went on until this long had passed.")
 
-    def coding_s(self, coding: str) -> list[dict[int, float]]:
-        """The measured times of ``coding`` (``deflate`` or ``zstd``; empty: not measured).
+    @model_validator(mode="before")
+    @classmethod
+    def _schema1_fields(cls, data: Any) -> Any:
+        """Schema 1's ``<coding>_s`` fields into ``coding_s`` (an empty list: not measured)."""
+        if not (isinstance(data, dict) and _SCHEMA1_TIMES.keys() & data.keys()):
+            return data
+        coded = data.get("coding_s", {})
+        if not isinstance(coded, dict):
+            return data  # (the fields' own validation names what is wrong)
+        coded = dict(coded)
+        for name, coding in _SCHEMA1_TIMES.items():
+            if name in data and coding in coded:
+                raise ValueError(f"{coding} times given twice, as {name} and in coding_s: use coding_s")
+            if data.get(name):
+                coded[coding] = data[name]
+        rest = {k: v for k, v in data.items() if k not in _SCHEMA1_TIMES}
+        return {**rest, "coding_s": coded}
 
-        Raises:
-            UnknownCodingError: any other coding.
-        """
-        times: list[dict[int, float]] = getattr(self, coding_field(coding, "s"))  # frozen model: no copy
-        return times
+    def offering_only(self, codings: Collection[Coding]) -> MeasuredHeads:
+        """A copy without the times of the codings not in ``codings``, as if never measured."""
+        return self.model_copy(update={"coding_s": {c: t for c, t in self.coding_s.items() if c in codings}})
 
-    def offering_only(self, codings: Collection[str]) -> MeasuredHeads:
-        """A copy without the times of the codings not in ``codings``, as if never measured (a
-        server from before a coding refuses its field)."""
-        return self.model_copy(update={coding_field(c, "s"): [] for c in UPLOAD_CODINGS if c not in codings})
+    def schema1_json(self) -> dict[str, Any]:
+        """These figures as JSON, defaults left out, in schema 1's spelling where it has one
+        (``deflate_s``, ``zstd_s``): servers of either schema read that, so a device sends it
+        inline (a coding schema 1 lacks stays in ``coding_s``)."""
+        doc = self.model_dump(mode="json", exclude_defaults=True)
+        coded: dict[str, Any] = doc.pop("coding_s", {})
+        for name, coding in _SCHEMA1_TIMES.items():
+            if coding.value in coded:
+                doc[name] = coded.pop(coding.value)
+        return {**doc, "coding_s": coded} if coded else doc
 
 
 class DeviceProfile(BaseModel):
@@ -86,7 +107,7 @@ class DeviceProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = Field(default="", max_length=500)
     sources: list[str] = Field(default_factory=list, max_length=20,
@@ -102,6 +123,14 @@ class DeviceProfile(BaseModel):
     measured: dict[str, MeasuredHeads] = Field(
         default_factory=dict, max_length=64, description="Per model: head times measured on the device."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """A schema 1 profile as schema 2 (its measured times' old fields: :class:`MeasuredHeads`)."""
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            return {**data, "schema_version": DEVICE_SCHEMA_VERSION}
+        return data
 
     def compute_energy_j(self, seconds: float, flops: float) -> float:
         """Energy (J) of computing ``flops`` in ``seconds`` on this device."""

@@ -4,7 +4,6 @@
 
     ProfileError
     ├── ProfileNotFoundError     no profile or artifact file at that name or path
-    ├── UnknownCodingError       an upload coding no profile holds figures for
     └── ProfileFormatError       a file that is not valid JSON or does not match its schema
         └── SchemaVersionError   a schema_version this build cannot read or upgrade
 """
@@ -18,10 +17,6 @@ class ProfileError(Exception):
 
 class ProfileNotFoundError(ProfileError):
     """No device profile or artifact at the given name or path."""
-
-
-class UnknownCodingError(ProfileError, ValueError):
-    """An upload coding that no profile field holds figures for (``deflate`` and ``zstd`` do)."""
 
 
 class ProfileFormatError(ProfileError, ValueError):

@@ -201,17 +201,15 @@ def measure_coding(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from offline.coding import measure_artifact
-    from profiles.codings import UPLOAD_CODINGS
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn()) as bar:
         advance = _RichSink(bar).start("upload coding", _cut_count(artifact))
         measured = measure_artifact(artifact, samples, advance)
     for cut in measured.cuts:
-        for coding in UPLOAD_CODINGS:
-            if ratios := cut.coding_ratio(coding):
-                shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(ratios.items()))
-                typer.echo(f"cut {cut.index} {coding}: {shown}")
+        for coding, ratios in cut.coding_ratio.items():
+            shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(ratios.items()))
+            typer.echo(f"cut {cut.index} {coding}: {shown}")
     typer.echo(f"wrote {artifact}/artifact.json")
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kernels.coding import Coding
 from profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
-from profiles.codings import UploadCoding
 from profiles.devices import DeviceProfile
 from server.errors import UnprocessableError
 from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
@@ -29,7 +29,7 @@ class PlanInputs:
     price_per_second: float
     held: frozenset[str]
     upload_overlap_s: float = 0.0
-    upload_codings: frozenset[UploadCoding] = frozenset()  # Content-Encodings the device may upload with
+    upload_codings: frozenset[Coding] = frozenset()  # Content-Encodings the device may upload with
     upload_rate_bps: float | None = None  # the activation body's bit/s (None: rate_bps)
 
 
@@ -74,12 +74,14 @@ def encode_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: Devi
 
 
 def coding_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: DeviceProfile,
-                   coding: str) -> float | None:
+                   coding: Coding) -> float | None:
     """Device time to compress one sample's upload in ``coding``, as the device measured it for
     this cut and bits; None when its profile has no such figure for this version (the upload is
     then not sent in that coding)."""
     measured = device.measured.get(artifact.model)
-    times = [] if measured is None or measured.version != artifact.version else measured.coding_s(coding)
+    if measured is None or measured.version != artifact.version:
+        return None
+    times = measured.coding_s.get(coding, [])
     if pattern.cut >= len(times):
         return None
     return times[pattern.cut].get(pattern.activation_bits)
@@ -97,7 +99,7 @@ def price_options(artifact: CalibrationArtifact, pattern: Pattern, segment_id: s
     if pattern.cut == len(artifact.cuts) - 1:
         return options
     for coding in sorted(inputs.upload_codings):
-        ratio = artifact.cuts[pattern.cut].coding_ratio(coding).get(pattern.activation_bits)
+        ratio = artifact.cuts[pattern.cut].coding_ratio.get(coding, {}).get(pattern.activation_bits)
         t_code = coding_seconds(artifact, pattern, inputs.device, coding)
         if ratio is not None and ratio < 1 and t_code is not None:
             options.append(price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s,
@@ -116,7 +118,7 @@ def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | Non
 def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
                  segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
                  answer_bytes: int = 0, *, ratio: float | None = None,
-                 extra_local_s: float = 0.0, coding: UploadCoding | None = None) -> CostBreakdown:
+                 extra_local_s: float = 0.0, coding: Coding | None = None) -> CostBreakdown:
     """Predicted time, energy, server cost and objective of one pattern for one request.
 
     ``tail_s`` is the tail's batch-1 time on the serving machine (default: the artifact's figure,

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
-from profiles.codings import UploadCoding
+from kernels.coding import Coding
 from profiles.devices import DeviceProfile
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -81,23 +81,23 @@ class PlanRequest(_Strict):
         "(ADR 0006; default: rate_bps). Request headers, the coding's header, answers and segment "
         "downloads count at rate_bps. A device that measures this has no use for upload_overlap_s "
         "too: the overlap would discount the same body again.")
-    upload_codings: list[UploadCoding] = Field(
-        default_factory=list, max_length=2, description="Content-Encodings the device can send its "
-        "activation packet with: 'deflate' (zlib), 'zstd' (one Zstandard frame). Each plan is then "
-        "priced as is and in each of them where the calibration measured the cut's packets so "
-        "coded and the device profile has the coding's times; the plan's upload_encoding says "
-        "which won.")
+    upload_codings: list[Annotated[Coding, Strict(False)]] = Field(
+        default_factory=list, max_length=len(Coding), description="Content-Encodings the device can "
+        "send its activation packet with (kernels.coding). Each plan is then priced as is and in "
+        "each of them where the calibration measured the cut's packets so coded and the device "
+        "profile has the coding's times; the plan's upload_encoding says which won.")
     upload_deflate: bool = Field(
         False, description="The same as listing 'deflate' in upload_codings (kept for devices that "
         "predate zstd).")
 
-    def offered_codings(self) -> frozenset[UploadCoding]:
+    def offered_codings(self) -> frozenset[Coding]:
         """The codings the device offers, from both fields."""
-        deflate: list[UploadCoding] = ["deflate"] if self.upload_deflate else []
+        deflate = [Coding.DEFLATE] if self.upload_deflate else []
         return frozenset([*self.upload_codings, *deflate])
 
 
-UploadEncoding = Literal["identity", "deflate", "zstd"]  # how an activation packet is sent (server.content)
+# How an activation packet is sent (server.content): as is, or in an upload coding.
+UploadEncoding = Literal["identity"] | Annotated[Coding, Strict(False)]
 
 
 class TimeBreakdown(_Strict):

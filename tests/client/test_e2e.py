@@ -20,7 +20,7 @@ IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 LABELS = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
 N = 1000
 # A device fast enough, on a fast enough link, that head segments are worth downloading.
-FAST = {"schema_version": 1, "name": "fast-board", "flops_per_s": 5e11, "power_compute_w": 2.0,
+FAST = {"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11, "power_compute_w": 2.0,
         "power_tx_w": 1.0, "rtt_s": 0.02}
 
 
@@ -88,8 +88,8 @@ def test_activation_upload_path_matches_offline(server, runner, tmp_path, demand
 
 
 @pytest.mark.parametrize(("times", "coding"), [
-    pytest.param({"deflate_s": 1e-6}, "deflate", id="deflate"),
-    pytest.param({"deflate_s": 1e-3, "zstd_s": 1e-4}, "zstd", id="zstd-faster"),
+    pytest.param({"deflate": 1e-6}, "deflate", id="deflate"),
+    pytest.param({"deflate": 1e-3, "zstd": 1e-4}, "zstd", id="zstd-faster"),
 ])
 def test_a_profiled_device_on_a_slow_link_uploads_compressed_packets(server, runner, tmp_path, times, coding):
     """A profile with coding times for every cut and bits at 1 Mbit/s: the plan says the coding
@@ -103,7 +103,7 @@ def test_a_profiled_device_on_a_slow_link_uploads_compressed_packets(server, run
     profile = get_device("raspberry-pi-4").model_dump(mode="json")
     slow_heads = [0.0] + [1.0] * (info["cuts"] - 1)  # a device that cannot run any head: cut 0
     coded = {k: [dict.fromkeys([*range(1, 9), 32], t)] * info["cuts"] for k, t in times.items()}
-    profile["measured"] = {"fmnist-cnn": {"version": info["version"], "head_s": slow_heads, **coded,
+    profile["measured"] = {"fmnist-cnn": {"version": info["version"], "head_s": slow_heads, "coding_s": coded,
                                           "warmup": 0, "repeats": 1}}
     path = tmp_path / "pi.json"
     path.write_text(json.dumps(profile))

@@ -1,5 +1,6 @@
 """The device runtime's plan request: which upload codings it offers and how it sends its profile
-(so servers from before zstd uploads, ADR 0007, still accept it); the deprecated settings alias."""
+(in schema 1's spelling, ADR 0008, so servers from before zstd uploads, ADR 0007, still accept it);
+the deprecated settings alias."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import pytest
 from client.runtime import DeviceRuntime
 from client.settings import DeviceSettings
 from client.transport import Transport
+from kernels.coding import Coding
 from profiles.devices import DeviceProfile, MeasuredHeads, get_device
 
 CODED = [dict.fromkeys([*range(1, 9), 32], 1e-4)] * 3
+DEFLATE, ZSTD = Coding.DEFLATE, Coding.ZSTD
 
 
-def _profile(**times: list[dict[int, float]]) -> DeviceProfile:
-    heads = MeasuredHeads(version="v1", head_s=[0.0, 1e-3, 2e-3], warmup=0, repeats=1, **times)
+def _profile(*codings: Coding) -> DeviceProfile:
+    heads = MeasuredHeads(version="v1", head_s=[0.0, 1e-3, 2e-3], warmup=0, repeats=1,
+                          coding_s=dict.fromkeys(codings, CODED))
     return get_device("raspberry-pi-4").model_copy(update={"measured": {"fmnist-cnn": heads}})
 
 
@@ -36,19 +40,18 @@ def _plan_body(tmp_path, profile: DeviceProfile | None, **settings) -> dict:
     return sent[0]
 
 
-@pytest.mark.parametrize(("times", "settings", "expected"), [
-    pytest.param({}, {}, {}, id="no-coding-times"),
-    pytest.param({"deflate_s": CODED}, {}, {"upload_deflate": True}, id="deflate-only-old-field"),
-    pytest.param({"zstd_s": CODED}, {}, {"upload_codings": ["zstd"]}, id="zstd-only"),
-    pytest.param({"deflate_s": CODED, "zstd_s": CODED}, {},
-                 {"upload_codings": ["deflate", "zstd"]}, id="both"),
-    pytest.param({"deflate_s": CODED, "zstd_s": CODED}, {"upload_codings": ("zstd",)},
-                 {"upload_codings": ["zstd"]}, id="settings-narrow"),
-    pytest.param({"deflate_s": CODED, "zstd_s": CODED}, {"upload_codings": ()}, {}, id="settings-none"),
+@pytest.mark.parametrize(("codings", "settings", "expected"), [
+    pytest.param((), {}, {}, id="no-coding-times"),
+    pytest.param((DEFLATE,), {}, {"upload_deflate": True}, id="deflate-only-old-field"),
+    pytest.param((ZSTD,), {}, {"upload_codings": ["zstd"]}, id="zstd-only"),
+    pytest.param((DEFLATE, ZSTD), {}, {"upload_codings": ["deflate", "zstd"]}, id="both"),
+    pytest.param((DEFLATE, ZSTD), {"upload_codings": ("zstd",)}, {"upload_codings": ["zstd"]},
+                 id="settings-narrow"),
+    pytest.param((DEFLATE, ZSTD), {"upload_codings": ()}, {}, id="settings-none"),
 ])
 def test_the_plan_offers_only_the_codings_both_the_settings_and_the_profile_have(
-        tmp_path, times, settings, expected):
-    body = _plan_body(tmp_path, _profile(**times), **settings)
+        tmp_path, codings, settings, expected):
+    body = _plan_body(tmp_path, _profile(*codings), **settings)
     offered = {k: body[k] for k in ("upload_deflate", "upload_codings") if k in body}
     assert offered == expected
 
@@ -59,24 +62,25 @@ def test_without_a_profile_no_coding_is_offered(tmp_path):
 
 
 def test_the_inline_profile_leaves_out_empty_fields_an_older_server_would_refuse(tmp_path):
-    body = _plan_body(tmp_path, _profile(deflate_s=CODED))
+    body = _plan_body(tmp_path, _profile(DEFLATE))
     measured = body["device"]["measured"]["fmnist-cnn"]
-    assert "zstd_s" not in measured and len(measured["deflate_s"]) == 3
+    assert "zstd_s" not in measured and "coding_s" not in measured and len(measured["deflate_s"]) == 3
+    assert "schema_version" not in body["device"]  # a default: a server of schema 1 takes its own
     # and the server side reads it back to the same profile
-    assert DeviceProfile.model_validate(body["device"]) == _profile(deflate_s=CODED)
+    assert DeviceProfile.model_validate(body["device"]) == _profile(DEFLATE)
 
 
 def test_a_deflate_only_device_sends_nothing_a_server_from_before_zstd_would_refuse(tmp_path):
     # A profile written now holds zstd times; settings offering deflate alone keep them home.
-    body = _plan_body(tmp_path, _profile(deflate_s=CODED, zstd_s=CODED), upload_codings=("deflate",))
+    body = _plan_body(tmp_path, _profile(DEFLATE, ZSTD), upload_codings=("deflate",))
     assert body["upload_deflate"] is True and "upload_codings" not in body
     measured = body["device"]["measured"]["fmnist-cnn"]
     assert "zstd_s" not in measured and len(measured["deflate_s"]) == 3
 
 
 def test_no_coding_offered_sends_no_coding_times(tmp_path):
-    body = _plan_body(tmp_path, _profile(deflate_s=CODED, zstd_s=CODED), upload_codings=())
-    assert not {"deflate_s", "zstd_s"} & set(body["device"]["measured"]["fmnist-cnn"])
+    body = _plan_body(tmp_path, _profile(DEFLATE, ZSTD), upload_codings=())
+    assert not {"deflate_s", "zstd_s", "coding_s"} & set(body["device"]["measured"]["fmnist-cnn"])
 
 
 def test_a_coding_named_twice_in_the_settings_is_offered_once(tmp_path):

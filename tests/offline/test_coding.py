@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from kernels.coding import Coding
 from offline.coding import measure_artifact
 from offline.errors import CalibrationConfigError
 from profiles.artifacts import load_artifact
@@ -20,22 +21,24 @@ def copy(artifacts_dir, tmp_path):
 
 def test_the_ratios_are_measured_and_nothing_else_changes(copy):
     before = load_artifact(copy)
-    stripped = before.model_copy(update={"cuts": [c.model_copy(update={"deflate_ratio": {}, "zstd_ratio": {}})
+    stripped = before.model_copy(update={"cuts": [c.model_copy(update={"coding_ratio": {}})
                                                   for c in before.cuts]})
     (copy / "artifact.json").write_text(stripped.model_dump_json(indent=1))
     after = measure_artifact(copy, samples=40)
     assert load_artifact(copy) == after
     assert after.patterns == before.patterns and after.baseline_qpart_paper == before.baseline_qpart_paper
     for cut in after.cuts[:-1]:
-        for coding in ("deflate", "zstd"):
-            assert sorted(cut.coding_ratio(coding)) == [*range(1, 9), 32]
-            assert all(0 < r < 1.2 for r in cut.coding_ratio(coding).values())
-    assert after.cuts[-1].deflate_ratio == {} and after.cuts[-1].zstd_ratio == {}
+        assert sorted(cut.coding_ratio) == sorted(Coding)
+        for ratios in cut.coding_ratio.values():
+            assert sorted(ratios) == [*range(1, 9), 32]
+            assert all(0 < r < 1.2 for r in ratios.values())
+    assert after.cuts[-1].coding_ratio == {}
     # 40 samples against the committed 500: the same picture, to a few percent
-    assert after.cuts[0].deflate_ratio[4] == pytest.approx(before.cuts[0].deflate_ratio[4], rel=0.1)
-    assert after.cuts[0].zstd_ratio[4] == pytest.approx(before.cuts[0].zstd_ratio[4], rel=0.1)
+    first, committed = after.cuts[0].coding_ratio, before.cuts[0].coding_ratio
+    for coding in Coding:
+        assert first[coding][4] == pytest.approx(committed[coding][4], rel=0.1)
     # zstd at level 1 gives up a little size for speed: Fashion-MNIST's input, 4 bits
-    assert 1.0 < after.cuts[0].zstd_ratio[4] / after.cuts[0].deflate_ratio[4] < 1.15
+    assert 1.0 < first[Coding.ZSTD][4] / first[Coding.DEFLATE][4] < 1.15
 
 
 def test_other_weights_or_too_many_samples_are_refused(copy):
@@ -47,7 +50,6 @@ def test_other_weights_or_too_many_samples_are_refused(copy):
 
 
 def test_ratios_for_another_number_of_cuts_are_refused(copy):
-    from kernels.coding import Coding
     from offline.coding import with_coding_ratios
 
     artifact = load_artifact(copy)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from kernels.coding import Coding
 from models.registry import get_model
 from offline.job import calibrate
 from offline.settings import CalibrationSettings
@@ -41,10 +42,11 @@ def test_artifact_round_trips_and_lists_lossless_patterns(small_run):
     assert all(p.test_drop == 0 for p in lossless)
     # how far each cut's packets deflate, measured on calibration samples; the last cut uploads nothing
     every = [*range(1, 9), 32]
-    assert [sorted(c.deflate_ratio) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
-    assert loaded.cuts[-1].deflate_ratio == {} and 0 < loaded.cuts[0].deflate_ratio[32] < 0.6
-    assert [sorted(c.zstd_ratio) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
-    assert loaded.cuts[-1].zstd_ratio == {} and 0 < loaded.cuts[0].zstd_ratio[32] < 0.7
+    for coding in Coding:
+        assert [sorted(c.coding_ratio[coding]) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
+    assert loaded.cuts[-1].coding_ratio == {}
+    assert 0 < loaded.cuts[0].coding_ratio[Coding.DEFLATE][32] < 0.6
+    assert 0 < loaded.cuts[0].coding_ratio[Coding.ZSTD][32] < 0.7
 
 
 def test_validation_json_has_the_documented_fields(small_run):

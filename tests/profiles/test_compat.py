@@ -1,5 +1,6 @@
-"""Files written before zstd uploads (ADR 0007) still load: an artifact without ``zstd_ratio``, a
-device profile without ``zstd_s``; each then offers deflate only."""
+"""Files of an older schema still load (ADR 0008): a schema 1 artifact with a ``<coding>_ratio``
+field per coding, one from before zstd uploads (ADR 0007) without ``zstd_ratio``, and device
+profiles with ``deflate_s``/``zstd_s``; a coding no build knows is refused by name."""
 
 from __future__ import annotations
 
@@ -7,40 +8,89 @@ import json
 import shutil
 
 import pytest
+from pydantic import ValidationError
 
-from profiles.artifacts import load_artifact
-from profiles.devices import DeviceProfile, MeasuredHeads, get_device
-from profiles.errors import UnknownCodingError
+from kernels.coding import Coding
+from profiles.artifacts import ARTIFACT_SCHEMA_VERSION, CutProfile, load_artifact, save_artifact
+from profiles.devices import DEVICES_DIR, MeasuredHeads, get_device, load_device_profile
+from profiles.errors import SchemaVersionError
 
 
-def test_an_artifact_without_zstd_ratios_loads_with_none(artifacts_dir, tmp_path):
+def _schema1(doc: dict, codings: tuple[str, ...] = ("deflate", "zstd")) -> dict:
+    """``doc`` (schema 2) as schema 1 wrote it: a ``<coding>_ratio`` field per coding, empty when
+    not measured."""
+    cuts = [{**{k: v for k, v in cut.items() if k != "coding_ratio"},
+             **{f"{c}_ratio": cut["coding_ratio"].get(c, {}) for c in codings}} for cut in doc["cuts"]]
+    return {**doc, "schema_version": 1, "cuts": cuts}
+
+
+@pytest.fixture
+def cnn(artifacts_dir, tmp_path):
     folder = tmp_path / "fmnist-cnn"
     shutil.copytree(artifacts_dir / "fmnist-cnn", folder)
-    doc = json.loads((folder / "artifact.json").read_text())
-    for cut in doc["cuts"]:
-        del cut["zstd_ratio"]
-    (folder / "artifact.json").write_text(json.dumps(doc))
-    artifact = load_artifact(folder)
-    assert all(c.zstd_ratio == {} and c.coding_ratio("zstd") == {} for c in artifact.cuts)
-    committed = load_artifact(artifacts_dir / "fmnist-cnn")
-    assert artifact.cuts[0].coding_ratio("deflate") == committed.cuts[0].deflate_ratio
+    return folder
 
 
-def test_a_profile_without_zstd_times_loads_with_none():
+def test_a_schema_1_artifact_loads_as_the_committed_schema_2_one(cnn):
+    committed = load_artifact(cnn)
+    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 2
+    doc = json.loads((cnn / "artifact.json").read_text())
+    old = _schema1(doc)
+    assert old["cuts"][0]["deflate_ratio"] and old["cuts"][-1]["zstd_ratio"] == {}
+    (cnn / "artifact.json").write_text(json.dumps(old))
+    upgraded = load_artifact(cnn)
+    assert upgraded == committed
+    assert upgraded.cuts[-1].coding_ratio == {}  # the last cut uploads nothing: no coding measured
+    save_artifact(upgraded, cnn)  # and it is written back as schema 2
+    assert json.loads((cnn / "artifact.json").read_text()) == doc
+
+
+def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
+    committed = load_artifact(cnn)
+    doc = _schema1(json.loads((cnn / "artifact.json").read_text()), codings=("deflate",))
+    (cnn / "artifact.json").write_text(json.dumps(doc))
+    artifact = load_artifact(cnn)
+    assert all(Coding.ZSTD not in c.coding_ratio for c in artifact.cuts)
+    assert artifact.cuts[0].coding_ratio == {Coding.DEFLATE: committed.cuts[0].coding_ratio[Coding.DEFLATE]}
+
+
+def test_a_newer_schema_is_refused_naming_the_ones_this_build_reads(cnn):
+    doc = json.loads((cnn / "artifact.json").read_text())
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 3}))
+    with pytest.raises(SchemaVersionError, match="schema_version 1 to 2"):
+        load_artifact(cnn)
+
+
+def test_a_schema_1_device_profile_loads_with_its_coding_times(tmp_path):
     doc = get_device("raspberry-pi-4").model_dump(mode="json")
+    doc["schema_version"] = 1
     doc["measured"] = {"fmnist-cnn": {"version": "v1", "head_s": [0.0, 1e-3], "encode_s": [0.0, 1e-5],
-                                      "deflate_s": [{"4": 1e-5}, {"4": 2e-5}], "warmup": 2, "repeats": 5}}
-    heads = DeviceProfile.model_validate_json(json.dumps(doc)).measured["fmnist-cnn"]
-    assert heads.coding_s("zstd") == [] and heads.coding_s("deflate") == [{4: 1e-5}, {4: 2e-5}]
+                                      "deflate_s": [{"4": 1e-5}, {"4": 2e-5}], "zstd_s": [],
+                                      "warmup": 2, "repeats": 5}}
+    (tmp_path / "pi.json").write_text(json.dumps(doc))
+    profile = load_device_profile(tmp_path / "pi.json")
+    assert profile.schema_version == 2
+    # an empty list meant "not measured", as an absent coding does now
+    assert profile.measured["fmnist-cnn"].coding_s == {Coding.DEFLATE: [{4: 1e-5}, {4: 2e-5}]}
 
 
-def test_a_coding_no_profile_knows_is_an_error_not_an_unmeasured_one(artifacts_dir):
-    heads = MeasuredHeads(version="v1", head_s=[0.0], warmup=0, repeats=1)
-    with pytest.raises(UnknownCodingError, match="'brotli': use one of deflate, zstd"):
-        heads.coding_s("brotli")
-    cut = load_artifact(artifacts_dir / "fmnist-cnn").cuts[0]
-    with pytest.raises(UnknownCodingError, match="'gzip': use one of deflate, zstd"):
-        cut.coding_ratio("gzip")
-    with pytest.raises(UnknownCodingError, match="'brotli'"):
-        cut.with_coding_ratios({"brotli": {4: 0.5}})
-    assert cut.with_coding_ratios({"zstd": {4: 0.5}}).coding_ratio("zstd") == {4: 0.5}
+def test_the_shipped_presets_are_written_in_schema_2():
+    files = sorted(DEVICES_DIR.glob("*.json"))
+    assert files and {json.loads(f.read_text())["schema_version"] for f in files} == {2}
+
+
+def test_a_coding_no_build_knows_is_refused_by_name():
+    with pytest.raises(ValidationError, match=r"brotli(.|\n)*'deflate' or 'zstd'"):
+        MeasuredHeads.model_validate({"version": "v1", "head_s": [0.0], "warmup": 0, "repeats": 1,
+                                      "coding_s": {"brotli": [{"4": 1e-5}]}})
+    cut = {"index": 0, "node": "x", "activation_shape": [1], "activation_numel": 1, "head_tensors": [],
+           "head_float_params": 0, "head_flops": 0, "tail_flops": 0, "server_head_s": 0, "server_tail_s": 0,
+           "coding_ratio": {"gzip": {"4": 0.5}}}
+    with pytest.raises(ValidationError, match="gzip"):
+        CutProfile.model_validate(cut)
+
+
+def test_times_of_one_coding_in_both_spellings_are_refused():
+    with pytest.raises(ValidationError, match="deflate times given twice"):
+        MeasuredHeads.model_validate({"version": "v1", "head_s": [0.0], "warmup": 0, "repeats": 1,
+                                      "deflate_s": [{"4": 1e-5}], "coding_s": {"deflate": [{"4": 2e-5}]}})

@@ -360,7 +360,7 @@ def test_a_device_with_deflate_times_is_told_to_deflate_on_a_slow_link(client):
     info = client.get("/v1/models/fmnist-cnn").json()
     pi = get_device("raspberry-pi-4")
     measured = MeasuredHeads(version=info["version"], head_s=[1e-3] * info["cuts"],
-                             deflate_s=[dict.fromkeys([*range(1, 9), 32], 2e-4)] * info["cuts"],
+                             coding_s={"deflate": [dict.fromkeys([*range(1, 9), 32], 2e-4)] * info["cuts"]},
                              warmup=0, repeats=1)
     device = pi.model_copy(update={"measured": {"fmnist-cnn": measured}}).model_dump(mode="json")
     slow = _plan(client, rate_bps=1e5, device=device, upload_deflate=True)

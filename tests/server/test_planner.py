@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from kernels.coding import Coding
 from profiles.artifacts import load_artifact
 from profiles.devices import get_device
 from server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, coding_header_bytes, price, price_upload
@@ -82,9 +83,9 @@ def test_an_upload_rate_prices_only_the_activation_body(artifact, batch):
     # a deflated body goes at the upload rate too, its coding header at the rate
     ratio = 0.5
     raw = price_upload(artifact, p, "seg", 5000, replace(_inputs(batch=batch), upload_rate_bps=32e6), 0.001,
-                       600, ratio=ratio, coding="deflate")
+                       600, ratio=ratio, coding=Coding.DEFLATE)
     plain = price_upload(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, 600, ratio=ratio,
-                         coding="deflate")
+                         coding=Coding.DEFLATE)
     assert raw.time_s.transfer == pytest.approx(plain.time_s.transfer - body * ratio * 8 / 8e6
                                                 + body * ratio * 8 / 32e6)
 
@@ -97,18 +98,18 @@ def _deflating(rate_bps, seconds=1e-4, offer=True):
 
     def inputs(artifact):
         times = [] if seconds is None else [dict.fromkeys([*range(1, 9), 32], seconds)] * len(artifact.cuts)
-        heads = MeasuredHeads(version=artifact.version, head_s=[0.0] * len(artifact.cuts), deflate_s=times,
-                              warmup=0, repeats=1)
+        heads = MeasuredHeads(version=artifact.version, head_s=[0.0] * len(artifact.cuts),
+                              coding_s={Coding.DEFLATE: times}, warmup=0, repeats=1)
         return PlanInputs(base.model_copy(update={"measured": {artifact.model: heads}}),
                           PRESETS[WeightPreset.LATENCY_FIRST], rate_bps, 0.01, 1, 1.0, frozenset(), 0.0,
-                          upload_codings=frozenset({"deflate"} if offer else ()))
+                          upload_codings=frozenset({Coding.DEFLATE} if offer else ()))
 
     return base, inputs
 
 
 def test_a_slow_link_deflates_the_upload_at_the_measured_ratio_plus_the_deflate_time(artifact):
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
-    ratio = artifact.cuts[0].deflate_ratio[32]
+    ratio = artifact.cuts[0].coding_ratio[Coding.DEFLATE][32]
     assert 0 < ratio < 1
     _, inputs = _deflating(1e6)
     coded = price(artifact, p, None, 0, inputs(artifact), 0.001, 600)
@@ -125,14 +126,14 @@ def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper
     from server.planner import price_options
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
-    ratios = {"deflate_ratio": {32: 0.30}, "zstd_ratio": {32: 0.35}}
-    cuts = [c.model_copy(update=ratios) for c in artifact.cuts]
+    ratios = {Coding.DEFLATE: {32: 0.30}, Coding.ZSTD: {32: 0.35}}
+    cuts = [c.with_coding_ratios(ratios) for c in artifact.cuts]
     coded = artifact.model_copy(update={"cuts": cuts})
     n = len(artifact.cuts)
 
-    def inputs(deflate_s, zstd_s, offered=frozenset({"deflate", "zstd"})):
-        heads = MeasuredHeads(version=artifact.version, head_s=[0.0] * n,
-                              deflate_s=[{32: deflate_s}] * n, zstd_s=[{32: zstd_s}] * n, warmup=0, repeats=1)
+    def inputs(deflate_s, zstd_s, offered=frozenset(Coding)):
+        times = {Coding.DEFLATE: [{32: deflate_s}] * n, Coding.ZSTD: [{32: zstd_s}] * n}
+        heads = MeasuredHeads(version=artifact.version, head_s=[0.0] * n, warmup=0, repeats=1, coding_s=times)
         device = get_device("phone-soc").model_copy(update={"measured": {artifact.model: heads}})
         return PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], 1e6, 0.01, 1, 1.0, frozenset(), 0.0,
                           upload_codings=offered)
@@ -146,15 +147,15 @@ def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper
     # zstd's 157 more bytes cost 1.25 ms at 1 Mbit/s: worth it against a 3 ms deflate, not a 10 us one
     assert price(coded, p, None, 0, inputs(3e-3, 1e-5), 0.001, 600).upload_encoding == "zstd"
     assert price(coded, p, None, 0, inputs(1e-5, 1e-5), 0.001, 600).upload_encoding == "deflate"
-    only_deflate = inputs(1e-3, 1e-5, frozenset({"deflate"}))
+    only_deflate = inputs(1e-3, 1e-5, frozenset({Coding.DEFLATE}))
     assert [c.upload_encoding for c in price_options(coded, p, None, 0, only_deflate, 0.001, 600)] == [
         "identity", "deflate"]
-    unmeasured = artifact.model_copy(update={"cuts": [c.model_copy(update={"zstd_ratio": {}}) for c in cuts]})
+    unmeasured = artifact.model_copy(update={"cuts": [c.with_coding_ratios({Coding.ZSTD: {}}) for c in cuts]})
     assert "zstd" not in [c.upload_encoding for c in
                           price_options(unmeasured, p, None, 0, inputs(1e-3, 1e-5), 0.001, 600)]
     # a coding that does not shrink this cut's packets (ratio >= 1, e.g. ResNet's cut 8) is not priced
     for ratio in (1.0, 1.02):
-        growing = artifact.model_copy(update={"cuts": [c.model_copy(update={"zstd_ratio": {32: ratio}})
+        growing = artifact.model_copy(update={"cuts": [c.with_coding_ratios({Coding.ZSTD: {32: ratio}})
                                                        for c in cuts]})
         assert [c.upload_encoding for c in price_options(growing, p, None, 0, inputs(1e-3, 0.0), 0.001,
                                                           600)] == ["identity", "deflate"]
@@ -174,7 +175,7 @@ def test_no_deflate_without_the_offer_the_ratio_or_the_device_times(artifact):
     assert price(artifact, p, None, 0, not_offered(artifact), 0.001, 600).upload_encoding == "identity"
     _, unmeasured = _deflating(1e6, seconds=None)
     assert price(artifact, p, None, 0, unmeasured(artifact), 0.001, 600).upload_encoding == "identity"
-    bare = artifact.model_copy(update={"cuts": [c.model_copy(update={"deflate_ratio": {}})
+    bare = artifact.model_copy(update={"cuts": [c.with_coding_ratios({Coding.DEFLATE: {}})
                                                 for c in artifact.cuts]})
     _, offered = _deflating(1e6)
     assert price(bare, p, None, 0, offered(bare), 0.001, 600).upload_encoding == "identity"
@@ -190,7 +191,7 @@ def test_a_deadline_sees_the_raw_upload_when_deflating_saves_energy_but_costs_ti
     from server.schemas import ObjectiveWeights
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
-    saved_s = p.activation_bytes * (1 - artifact.cuts[0].deflate_ratio[32]) * 8 / 1e6
+    saved_s = p.activation_bytes * (1 - artifact.cuts[0].coding_ratio[Coding.DEFLATE][32]) * 8 / 1e6
     _, make = _deflating(1e6, seconds=1.5 * saved_s)
     base = make(artifact)
     device = base.device.model_copy(update={"power_compute_w": 0.5, "power_tx_w": 10.0})

@@ -1,19 +1,16 @@
-"""Plan request schema: the upload codings a device offers, from both fields, and the coding
-names the schema, the kernels, the profiles and the device client agree on."""
+"""Plan request schema: the upload codings a device offers, from both fields, and an inline
+device profile's coding times in either schema's spelling (ADR 0008)."""
 
 from __future__ import annotations
 
-from typing import get_args
+import json
 
 import pytest
 from pydantic import ValidationError
 
-from client.settings import DeviceSettings
 from kernels.coding import Coding
-from profiles.artifacts import CutProfile
-from profiles.codings import UPLOAD_CODINGS, coding_field
-from profiles.devices import MeasuredHeads
-from server.schemas import PlanRequest, UploadCoding, UploadEncoding
+from profiles.devices import DeviceProfile, get_device
+from server.schemas import CostBreakdown, PlanRequest
 
 
 def _request(**fields) -> PlanRequest:
@@ -40,12 +37,34 @@ def test_unknown_or_too_many_codings_are_refused(codings):
         _request(upload_codings=codings)
 
 
-def test_every_layer_names_the_same_codings():
-    names = {c.value for c in Coding}
-    assert set(get_args(UploadCoding)) == names
-    assert set(get_args(UploadEncoding)) == names | {"identity"}
-    settings_type = DeviceSettings.model_fields["upload_codings"].annotation
-    assert set(get_args(get_args(settings_type)[0])) == names
-    assert set(UPLOAD_CODINGS) == names  # and each has its figures' fields in the profiles
-    assert {coding_field(c, "ratio") for c in names} <= set(CutProfile.model_fields)
-    assert {coding_field(c, "s") for c in names} <= set(MeasuredHeads.model_fields)
+def test_the_offered_codings_read_the_same_from_json():
+    body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "upload_codings": ["zstd"]}
+    assert PlanRequest.model_validate_json(json.dumps(body)).offered_codings() == {Coding.ZSTD}
+
+
+TIMES = [{"4": 1e-5}, {"4": 2e-5}]
+
+
+@pytest.mark.parametrize("measured", [
+    pytest.param({"deflate_s": TIMES, "zstd_s": TIMES}, id="schema-1-fields"),
+    pytest.param({"coding_s": {"deflate": TIMES, "zstd": TIMES}}, id="schema-2-map"),
+    pytest.param({"deflate_s": TIMES, "coding_s": {"zstd": TIMES}}, id="mixed"),
+])
+def test_an_inline_profile_carries_coding_times_in_either_spelling(measured):
+    device = get_device("raspberry-pi-4").model_dump(mode="json", exclude_defaults=True)
+    device["measured"] = {"fmnist-cnn": {"version": "v1", "head_s": [0.0, 1e-3], "warmup": 0, "repeats": 1,
+                                         **measured}}
+    req = _request(device=device, upload_codings=["deflate", "zstd"])
+    assert isinstance(req.device, DeviceProfile)
+    times = req.device.measured["fmnist-cnn"].coding_s
+    assert times == {Coding.DEFLATE: [{4: 1e-5}, {4: 2e-5}], Coding.ZSTD: [{4: 1e-5}, {4: 2e-5}]}
+
+
+def test_a_plan_reports_its_upload_encoding_as_a_coding_or_identity():
+    zero = {"local": 0.0, "transfer": 0.0, "total": 0.0}
+    costs = {"time_s": {**zero, "server": 0.0}, "energy_j": zero, "server_cost": 0.0, "objective": 0.0,
+             "transfer_bytes": 0}
+    assert CostBreakdown.model_validate(costs).upload_encoding == "identity"
+    assert CostBreakdown.model_validate({**costs, "upload_encoding": "zstd"}).upload_encoding is Coding.ZSTD
+    with pytest.raises(ValidationError, match="upload_encoding"):
+        CostBreakdown.model_validate({**costs, "upload_encoding": "br"})

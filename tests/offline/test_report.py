@@ -1,0 +1,68 @@
+"""report.md reads as a person would write it: drawn again from the committed artifact, it has no
+``None``, no Python reprs, no long floats, and its plots name things as its tables do."""
+
+from __future__ import annotations
+
+import re
+
+import matplotlib.pyplot as plt
+import pytest
+
+from offline.report import METHODS, bits, bits_figure, drops_figure, level, number, pct, size, write_report
+from profiles.artifacts import load_artifact
+
+
+@pytest.fixture(scope="module", params=["fmnist-cnn", "fmnist-resnet"])
+def artifact(request, artifacts_dir):
+    return load_artifact(artifacts_dir / request.param)
+
+
+def test_the_report_has_no_none_no_reprs_and_no_long_floats(artifact, tmp_path):
+    text = write_report(artifact, tmp_path).read_text()
+    assert "None" not in text and "nan" not in text.lower()
+    assert "{" not in text and "}" not in text and "[" not in text.replace("![", "")  # no dict or list reprs
+    assert not re.findall(r"\d\.\d{5,}", text), "a float with more than 4 decimals"
+    assert "| validated (ours) | " in text and "| QPART as published | " in text
+    assert "| lossless |" in text and "32 (float)" in text
+    for name in ("drops.png", "payload.png", "bits.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_the_tightest_margin_is_a_percentage(artifacts_dir, tmp_path):
+    text = write_report(load_artifact(artifacts_dir / "fmnist-cnn"), tmp_path).read_text()
+    # validation.json holds the fraction 0.0004000000000000001
+    assert "| validated (ours) | 45 | 0 | 0.04% |" in text
+
+
+def test_the_bits_plot_labels_float_as_the_tables_do(artifact):
+    fig = bits_figure(artifact)
+    try:
+        bar = fig.axes[-1]
+        labels = [t.get_text() for t in bar.get_yticklabels()]
+        assert labels[:8] == [str(b) for b in range(1, 9)] and labels[-1] == bits(32) == "32 (float)"
+        assert "16" not in labels  # it once said "16 = float"
+    finally:
+        plt.close(fig)
+
+
+def test_the_drops_legend_names_the_methods_of_the_table(artifact):
+    fig = drops_figure(artifact)
+    try:
+        legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert set(METHODS.values()) <= set(legend)
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (0.0004000000000000001, "0.04%"), (-0.035, "-3.50%"), (-1e-6, "0.00%"), (None, "—"), (0.928, "92.80%"),
+])
+def test_percentages(value, shown):
+    assert pct(value) == shown
+
+
+def test_levels_sizes_and_numbers():
+    assert [level(a) for a in (0, 0.001, 0.0025, 0.02)] == ["lossless", "0.1%", "0.25%", "2%"]
+    assert [size(n) for n in (0, 452, 12595, 1911000)] == ["0 B", "452 B", "12.3 KiB", "1.82 MiB"]
+    assert [number(x) for x in (52.0, 596.597, 31.137, 0.07678885, 0.000123)] == [
+        "52", "597", "31.1", "0.0768", "1.23e-04"]

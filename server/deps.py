@@ -40,7 +40,7 @@ async def require_token(request: Request) -> None:
 
 async def require_model_token(request: Request) -> None:
     """The inference token on segments and model listings too, unless ``QPART_PROTECT_MODELS`` is
-    false (a level-0 segment is the whole model's weights: ADR 0008)."""
+    false (a level-0 segment is the whole model's weights: ADR 0009)."""
     if request.app.state.settings.protect_models:
         await require_token(request)
 

@@ -45,7 +45,7 @@ class ServerSettings(BaseSettings):
     protect_models: bool = Field(
         True, description="With QPART_AUTH_TOKEN set, segment downloads and model listings and metadata "
                           "need the token too (a level-0 segment is the whole model's weights); false: "
-                          "they are public. Health and readiness stay public (ADR 0008).")
+                          "they are public. Health and readiness stay public (ADR 0009).")
     max_header_bytes: int = Field(
         64 << 10, ge=1024, le=16 << 20, description="Largest request line plus headers; above it the "
                                                     "server answers 431 and closes the connection.")

@@ -26,8 +26,8 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server import paths
 from server.app import freeze_long_lived, load_engine
-from server.fastpath import TAIL_PATH
 from server.settings import ServerSettings
 
 
@@ -67,10 +67,10 @@ def engine_app(artifacts: Path) -> ASGIApp:
         if scope["type"] != "http":
             return
         packet = await _body(receive)
-        match = TAIL_PATH.fullmatch(scope["path"])
+        params = paths.TAIL_INFER.match(scope["path"])
         status = 200
-        if match is not None:
-            model, version, pattern_id = match.groups()
+        if params is not None:
+            model, version, pattern_id = params["model"], params["version"], params["pattern_id"]
             answer = (await engine.infer_tail(model, version, pattern_id, packet)).json()
         elif scope["path"] == "/":  # the benchmark's readiness probe
             answer = b"{}"

@@ -13,12 +13,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from server import paths
 from server.catalog import Catalog
 from server.engine import Engine
 from server.fastpath import InferFastPath
 from server.http_errors import install_error_handlers
 from server.limits import ASGIApp, LimitsMiddleware
 from server.metrics import Metrics
+from server.responses import Links
 from server.routes_api import router as api_router
 from server.routes_oip import SERVER_VERSION
 from server.routes_oip import router as oip_router
@@ -78,6 +80,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.links = Links(settings.public_url)
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(oip_router)
@@ -94,11 +97,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.get(paths.METRICS.template, include_in_schema=False)
     def prometheus_metrics(request: Request) -> Response:
         engine: Engine | None = getattr(request.app.state, "engine", None)
         if engine is not None:
-            metrics.queue_depth.set(sum(engine.batcher.depth().values()))
+            metrics.queue_depth.set(sum(engine.tails.batcher.depth().values()))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def known_models() -> frozenset[str]:

@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the engine from app state, bearer-token auth, and raw body reading."""
+"""FastAPI dependencies: the engine and the link maker from app state, bearer-token auth, and raw
+body reading."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic import SecretStr
 
 from server.engine import Engine
 from server.errors import ForbiddenError, UnauthorizedError
+from server.responses import Links
 
 
 async def get_engine(request: Request) -> Engine:
@@ -19,6 +21,15 @@ async def get_engine(request: Request) -> Engine:
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
+
+
+async def get_links(request: Request) -> Links:
+    """The link maker built with the app (its base is QPART_PUBLIC_URL)."""
+    links: Links = request.app.state.links
+    return links
+
+
+LinksDep = Annotated[Links, Depends(get_links)]
 
 
 def bearer_ok(token: SecretStr | None, authorization: str) -> bool:

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
+from server import paths
 from server.deps import bearer_ok
 from server.engine import Engine
 from server.errors import ServerError
@@ -27,14 +28,11 @@ from server.http_errors import (
     server_error_response,
     unexpected_response,
 )
+from server.inference import infer_response, tail_infer_response
 from server.limits import ASGIApp, Receive, Scope, Send
 from server.oip_codec import HEADER
-from server.routes_api import TOP_K_DEFAULT, TOP_K_MAX, tail_infer_response
-from server.routes_oip import infer_response
+from server.routes_api import TOP_K_DEFAULT, TOP_K_MAX
 
-# The routes' own paths ({param} is Starlette's [^/]+); a test checks they match the router.
-TAIL_PATH = re.compile(r"/v1/models/([^/]+)/versions/([^/]+)/patterns/([^/]+)/infer")
-V2_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _TOP_K = re.compile(rb"top_k=([1-9][0-9]{0,3})")
 _HEADER = HEADER.lower().encode()
 
@@ -91,11 +89,11 @@ class InferFastPath:
         if not bearer_ok(engine.settings.auth_token, _first(headers, b"authorization") or ""):
             return None
         read = partial(_read_body, scope)
-        if match := TAIL_PATH.fullmatch(path):
+        if (params := paths.TAIL_INFER.match(path)) is not None:
             top_k = _top_k(scope["query_string"])
             if top_k is None:
                 return None
-            model, version, pattern_id = match.groups()
+            model, version, pattern_id = params["model"], params["version"], params["pattern_id"]
 
             encoding = _all(headers, b"content-encoding")
 
@@ -104,11 +102,11 @@ class InferFastPath:
                 return await tail_infer_response(engine, model, version, pattern_id, body, top_k, encoding)
 
             return tail
-        if match := V2_PATH.fullmatch(path):
+        if (params := paths.V2_INFER.match(path) or paths.V2_INFER_VERSION.match(path)) is not None:
             split = _first(headers, _HEADER)
-            model, version = match.groups()
+            v2_model, v2_version = params["model"], params.get("version")
             codings = _all(headers, b"content-encoding")
-            return lambda receive: infer_response(engine, model, version, partial(read, receive), split,
+            return lambda receive: infer_response(engine, v2_model, v2_version, partial(read, receive), split,
                                                   codings)
         return None
 

@@ -15,6 +15,7 @@ from server.content import identity_only
 from server.errors import UnsupportedMediaTypeError
 from server.http_errors import unexpected_response
 from server.metrics import Metrics
+from server.paths import route_label
 
 M = TypeVar("M", Counter, Histogram)
 Scope = MutableMapping[str, Any]
@@ -22,23 +23,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def route_label(path: str) -> str:
-    """A bounded route label for metrics (no ids in it)."""
-    if path.startswith("/v1/plan"):
-        return "plan"
-    if path.startswith("/v1/segments/"):
-        return "segment"
-    if path.startswith("/v1/models/") and path.endswith("/infer"):
-        return "tail_infer"
-    if path.startswith("/v2/models/") and path.endswith("/infer"):
-        return "v2_infer"
-    if path.startswith("/v2"):
-        return "v2_meta"
-    if path == "/metrics":
-        return "metrics"
-    return "other"
 
 
 # The request-state key under which a route names the model a request was for, when the path

@@ -1,4 +1,5 @@
-"""QPART routes (``/v1``): plan, segment download, tail inference, cache budget. Thin over the engine."""
+"""QPART routes (``/v1``): plan, segment download, tail inference, cache budget. Thin over the engine;
+the tail route's work is in :mod:`server.inference`, which the fast path shares."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernels.coding import Coding
-from server.content import content_coding, decode_content
-from server.deps import EngineDep, read_body, require_admin, require_model_token, require_token
-from server.engine import Engine
+from server import paths
+from server.deps import EngineDep, LinksDep, read_body, require_admin, require_model_token, require_token
 from server.errors import RangeNotSatisfiableError
+from server.inference import tail_infer_response
 from server.limits import MODEL_STATE_KEY
+from server.responses import model_info_response, plan_response
 from server.schemas import SHA256_HEX, ErrorBody, JsonInt, ModelInfo, PlanRequest, PlanResponse, TailResponse
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
 _ERRORS: dict[int | str, dict[str, object]] = {
     s: {"model": ErrorBody} for s in (400, 401, 404, 413, 422, 503, 504)}
 _CHUNK = 64 * 1024
@@ -28,22 +30,22 @@ TOP_K_DEFAULT = 5
 TOP_K_MAX = 1000
 
 
-@router.post("/plan", response_model=PlanResponse, responses=_ERRORS,
+@router.post(paths.PLAN.template, response_model=PlanResponse, responses=_ERRORS,
              dependencies=[Depends(require_token)], summary="Plan a request: cut, bits, costs")
-async def plan(body: PlanRequest, engine: EngineDep, request: Request) -> PlanResponse:
+async def plan(body: PlanRequest, engine: EngineDep, links: LinksDep, request: Request) -> PlanResponse:
     """Choose the cut and bit pattern that minimise the weighted time/energy/cost for this device."""
     setattr(request.state, MODEL_STATE_KEY, body.model)  # the requests metric's model label
     # Plain CPU work of about a millisecond that holds the GIL: a worker thread would not let the
     # event loop run meanwhile, only add a thread handover per request. Same for the routes below.
-    return engine.plan(body)
+    return plan_response(engine.plan(body), links)
 
 
-@router.get("/models/{model}", response_model=ModelInfo, responses=_ERRORS,
+@router.get(paths.MODEL_INFO.template, response_model=ModelInfo, responses=_ERRORS,
             dependencies=[Depends(require_model_token)], summary="A model's patterns and their segments")
-async def model_info(model: str, engine: EngineDep,
-               version: Annotated[str | None, Query(max_length=64)] = None) -> ModelInfo:
+async def model_info(model: str, engine: EngineDep, links: LinksDep,
+                     version: Annotated[str | None, Query(max_length=64)] = None) -> ModelInfo:
     """Every precomputed (cut, level) pattern of the newest (or given) version, with segment links."""
-    return engine.model_info(model, version)
+    return model_info_response(engine.model_info(model, version), links)
 
 
 def _position(digits: str, size: int) -> int:
@@ -125,7 +127,7 @@ def _segment_headers(segment_id: str, size: int, request: Request) -> tuple[int,
     return status, start, end, headers
 
 
-@router.get("/segments/{segment_id}", responses=_SEGMENT_RESPONSES, response_class=Response,
+@router.get(paths.SEGMENT.template, responses=_SEGMENT_RESPONSES, response_class=Response,
             dependencies=[Depends(require_model_token)],
             operation_id="get_segment", summary="Download a head segment by content id")
 def segment(
@@ -133,17 +135,17 @@ def segment(
 ) -> Response:
     """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range."""
     started = time.perf_counter()
-    data, index, hit = engine.segment(segment_id)
+    data, entry, hit = engine.segments.segment(segment_id)
     status, start, end, headers = _segment_headers(segment_id, len(data), request)
     if status == 304:
         return Response(status_code=304, headers=headers)
     headers["X-Cache"] = "hit" if hit else "miss"
-    chunks = _chunks(data, start, end, lambda n: engine.metrics.segment_bytes.labels(index.model).inc(n),
+    chunks = _chunks(data, start, end, lambda n: engine.metrics.segment_bytes.labels(entry.model).inc(n),
                      lambda: engine.metrics.segment_stream.observe(time.perf_counter() - started))
     return StreamingResponse(chunks, status_code=status, headers=headers)
 
 
-@router.head("/segments/{segment_id}", responses=_SEGMENT_RESPONSES, response_class=Response,
+@router.head(paths.SEGMENT.template, responses=_SEGMENT_RESPONSES, response_class=Response,
              dependencies=[Depends(require_model_token)],
              operation_id="head_segment", summary="A head segment's size and ETag, without the body")
 def segment_head(
@@ -151,12 +153,12 @@ def segment_head(
 ) -> Response:
     """The GET's status and headers (size, ETag, Content-Range), from the segment index alone: a
     HEAD neither builds nor caches the segment, nor counts as a use of it."""
-    status, _start, _end, headers = _segment_headers(segment_id, engine.segment_index(segment_id).size,
+    status, _start, _end, headers = _segment_headers(segment_id, engine.segments.entry(segment_id).size,
                                                      request)
     return Response(status_code=status, headers=headers)
 
 
-@router.post("/models/{model}/versions/{version}/patterns/{pattern_id}/infer",
+@router.post(paths.TAIL_INFER.template,
              response_model=TailResponse, responses={**_ERRORS, 415: {"model": ErrorBody}},
              dependencies=[Depends(require_token)],
              openapi_extra={"requestBody": {"required": True, "content": {
@@ -178,17 +180,6 @@ async def infer_tail(
                                      request.headers.getlist("content-encoding"))
 
 
-async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
-                              top_k: int, content_encoding: list[str] | None = None) -> Response:
-    """The tail route's work after parsing; :mod:`server.fastpath` calls it too.
-    ``content_encoding``: the request's Content-Encoding field values."""
-    if content_encoding:  # unknown model or pattern: 404 before the coding is looked at
-        loaded, pattern = engine.pattern_of(model, version, pattern_id)
-        body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))
-    answer = await engine.infer_tail(model, version, pattern_id, body, top_k)
-    return Response(answer.json(), media_type="application/json")
-
-
 class CacheBudget(BaseModel):
     """New byte budget of the segment cache."""
 
@@ -197,7 +188,7 @@ class CacheBudget(BaseModel):
     budget_bytes: JsonInt = Field(ge=0, le=1 << 40)
 
 
-@router.put("/admin/segment-cache", responses={**_ERRORS, 403: {"model": ErrorBody}},
+@router.put(paths.ADMIN_SEGMENT_CACHE.template, responses={**_ERRORS, 403: {"model": ErrorBody}},
             dependencies=[Depends(require_admin)],
             summary="Change the segment cache's byte budget at run time")
 def set_cache_budget(body: CacheBudget, engine: EngineDep) -> dict[str, int]:

@@ -11,10 +11,11 @@ import torch
 
 from server.batching import BatchReport
 from server.catalog import Catalog
-from server.engine import Engine, TailKey
+from server.engine import Engine
 from server.metrics import Metrics
 from server.segments import SegmentStore
 from server.settings import ServerSettings
+from server.tail_pool import TailKey
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +32,9 @@ def test_channels_last_runner_matches_the_split_tail(engine, cut):
     x = np.random.default_rng(cut).random((16, *model.cuts[cut].shape), dtype=np.float32)
     with torch.inference_mode():
         want = tail(torch.from_numpy(x)).numpy()
-    got = engine._runner(model, cut)(x).logits
+    got = engine.tails.runner(model, cut)(x).logits
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    assert engine._runner(model, cut) is engine._runner(model, cut)  # built once per (model, cut)
+    assert engine.tails.runner(model, cut) is engine.tails.runner(model, cut)  # built once per (model, cut)
     # The artifact's modules (whose parameters heads and segments share) keep their layout.
     assert all(p.is_contiguous() for p in tail.parameters())
 
@@ -56,7 +57,7 @@ def test_lone_requests_reprice_the_tails(engine):
     profile = engine.tail_seconds(model)
     key = TailKey(model.name, model.version, 0)
     for _ in range(80):  # an idle server: every lone request takes 0.8 ms more than profiled
-        engine._record_batch(BatchReport(key, 1, [0.0], profile[0] + 0.0008))
+        engine.tails._record_batch(BatchReport(key, 1, [0.0], profile[0] + 0.0008))
     assert engine.tail_seconds(model) == pytest.approx([t + 0.0008 if t else 0.0 for t in profile], rel=1e-3)
     assert engine.model_info("fmnist-cnn", None).server_tail_s == engine.tail_seconds(model)
 

@@ -11,7 +11,7 @@ from starlette.routing import compile_path
 from client.runtime import encode_for_plan
 from kernels.coding import deflate
 from server import fastpath
-from server.fastpath import TAIL_PATH, V2_PATH
+from server import paths as route_paths
 from tests.server.conftest import make_client
 
 TIMING = ("queue_s", "compute_s")
@@ -136,7 +136,8 @@ def test_the_fast_path_patterns_match_what_the_router_matches(cnn_only, path):
         documented = [p for p, ops in paths.items() if "post" in ops and p.endswith("/infer")]
         assert len(documented) == 3
         routed = [p for p in documented if compile_path(p)[0].match(path)]
-        fast = bool(TAIL_PATH.fullmatch(path) or V2_PATH.fullmatch(path))
+        fast = any(r.match(path) is not None for r in (route_paths.TAIL_INFER, route_paths.V2_INFER,
+                                                       route_paths.V2_INFER_VERSION))
         assert fast == bool(routed), routed
 
 

@@ -257,10 +257,10 @@ def test_a_plan_with_a_content_encoding_is_a_415(hardened, coded):
 def test_an_injected_tail_failure_fails_only_its_batch(cnn_only, monkeypatch):
     """In process (the seam is the engine's runner): the failing request gets a JSON 500, the
     next one on the same model and cut is served, and readiness stays 200."""
-    from server.engine import Engine
+    from server.tail_pool import TailPool
     from tests.server.conftest import make_client
 
-    original = Engine._runner
+    original = TailPool.runner
     failures = []
 
     def failing_once(self, model, cut):
@@ -275,8 +275,8 @@ def test_an_injected_tail_failure_fails_only_its_batch(cnn_only, monkeypatch):
         return maybe_fail
 
     with make_client(cnn_only) as c:
-        monkeypatch.setattr(Engine, "_runner", failing_once)
-        c.app.state.engine._runs.clear()  # built again through the failing runner
+        monkeypatch.setattr(TailPool, "runner", failing_once)
+        c.app.state.engine.tails._runs.clear()  # built again through the failing runner
         failed = c.post(V2, json=v2_body(1))
         assert failed.status_code == 500 and set(failed.json()) == {"error"}, failed.text
         assert "other requests are unaffected" in failed.json()["error"]

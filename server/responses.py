@@ -1,0 +1,64 @@
+"""The HTTP layer's answers built from the engine's results: links are made here, from the route
+table (:mod:`server.paths`), never in the engine."""
+
+from __future__ import annotations
+
+from profiles.artifacts import Pattern
+from server import paths
+from server.catalog import LoadedModel
+from server.engine import ModelView, PlanChoice
+from server.schemas import ModelInfo, PatternInfo, PlanResponse, SegmentRef
+from server.segment_index import SegmentEntry
+
+
+class Links:
+    """URLs of segments and tail routes, under ``public_url`` (empty: relative URLs)."""
+
+    def __init__(self, public_url: str) -> None:
+        self.base = public_url.rstrip("/")
+
+    def segment(self, segment_id: str) -> str:
+        """Where a segment is downloaded."""
+        return self.base + paths.SEGMENT.format(segment_id=segment_id)
+
+    def tail_infer(self, model: LoadedModel, pattern: Pattern) -> str | None:
+        """Where a pattern's activation packets go (None: the last cut has no tail)."""
+        if pattern.cut == len(model.cuts) - 1:
+            return None
+        return self.base + paths.TAIL_INFER.format(model=model.name, version=model.version,
+                                                   pattern_id=pattern.pattern_id)
+
+    def segment_ref(self, entry: SegmentEntry | None, held: bool = False) -> SegmentRef | None:
+        """A segment's reference in an answer (None without a segment)."""
+        if entry is None:
+            return None
+        return SegmentRef(id=entry.segment_id, url=self.segment(entry.segment_id), size_bytes=entry.size,
+                          sha256=entry.segment_id, held=held)
+
+
+def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
+    """A plan as the device reads it."""
+    model, chosen, p = choice.model, choice.chosen, choice.chosen.pattern
+    held = chosen.segment_id is not None and chosen.segment_id in choice.held
+    return PlanResponse(
+        plan_id=f"{model.name}@{model.version}/{p.pattern_id}", model=model.name,
+        version=model.version, cut=p.cut, cut_node=model.cuts[p.cut].node, cuts=len(model.cuts),
+        level=p.level, weight_bits=p.weight_bits, activation_bits=p.activation_bits,
+        group_size=p.group_size, activation_shape=list(model.cuts[p.cut].shape),
+        predicted=chosen.costs, all_server=choice.all_server.costs, all_device=choice.all_device.costs,
+        segment=links.segment_ref(choice.segment, held), infer_url=links.tail_infer(model, p),
+        upload_encoding=chosen.costs.upload_encoding,
+    )
+
+
+def model_info_response(view: ModelView, links: Links) -> ModelInfo:
+    """Every pattern of a model version with its segment reference."""
+    model = view.model
+    patterns = [PatternInfo(
+        pattern_id=p.pattern_id, cut=p.cut, cut_node=model.cuts[p.cut].node, level=p.level,
+        weight_bits=p.weight_bits, activation_bits=p.activation_bits, group_size=p.group_size,
+        test_drop=p.test_drop, segment=links.segment_ref(entry), infer_url=links.tail_infer(model, p))
+        for p, entry in view.patterns]
+    levels = sorted({p.level for p in model.artifact.patterns})
+    return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
+                     server_tail_s=view.server_tail_s, answer_bytes=view.answer_bytes, patterns=patterns)

@@ -1,0 +1,68 @@
+"""The segment index: which content id each pattern's head segment has, and the segments themselves
+through the byte-budgeted :class:`server.segments.SegmentStore` (rebuilt and verified on a miss)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from profiles.artifacts import Pattern
+from server.catalog import Catalog, LoadedModel
+from server.errors import NotFoundError
+from server.segments import SegmentStore, build_segment
+
+
+@dataclass(frozen=True)
+class SegmentEntry:
+    """Where a pattern's segment is: its content id (sha256) and size."""
+
+    segment_id: str
+    size: int
+    model: str
+    version: str
+    pattern_id: str
+
+
+class SegmentIndex:
+    """Pattern -> segment entry, and segment id -> bytes. The index is small and kept whole; the
+    bytes live in the store under its budget."""
+
+    def __init__(self, catalog: Catalog, store: SegmentStore) -> None:
+        self.catalog = catalog
+        self.store = store
+        self._by_pattern: dict[tuple[str, str, str], SegmentEntry | None] = {}
+        self._by_segment: dict[str, SegmentEntry] = {}
+
+    def for_pattern(self, model: LoadedModel, pattern: Pattern) -> SegmentEntry | None:
+        """The pattern's segment (None: its head has no tensors, as at cut 0), built once."""
+        key = (model.name, model.version, pattern.pattern_id)
+        if key not in self._by_pattern:
+            head = model.parts[pattern.cut][0]
+            if not list(head.parameters()) and not list(head.buffers()):
+                self._by_pattern[key] = None
+            else:
+                data = build_segment(head, model.name, model.version, pattern)
+                digest = hashlib.sha256(data).hexdigest()
+                entry = SegmentEntry(digest, len(data), model.name, model.version, pattern.pattern_id)
+                self._by_pattern[key] = entry
+                self._by_segment[digest] = entry
+                self.store.put(digest, data)
+        return self._by_pattern[key]
+
+    def entry(self, segment_id: str) -> SegmentEntry:
+        """Where a segment comes from and its size, without building or caching it."""
+        entry = self._by_segment.get(segment_id)
+        if entry is None:
+            raise NotFoundError(f"no segment with id '{segment_id}'; ask for a plan to get a segment id")
+        return entry
+
+    def segment(self, segment_id: str) -> tuple[bytes, SegmentEntry, bool]:
+        """A segment's bytes (from the cache, or rebuilt and verified), its entry, and whether the
+        cache held it."""
+        entry = self.entry(segment_id)
+        model = self.catalog.get(entry.model, entry.version)
+        pattern = model.patterns[entry.pattern_id]
+        head = model.parts[pattern.cut][0]
+        data, hit = self.store.lookup(
+            segment_id, lambda: build_segment(head, model.name, model.version, pattern))
+        return data, entry, hit

@@ -22,7 +22,8 @@ from client.settings import DeviceSettings
 from client.transport import Transport
 from kernels import KernelError, unpack_dequantize
 from kernels.coding import Coding, encode
-from kernels.wire import decode_segment, encode_float_activation, encode_quantized_activation
+from kernels.segment_format import decode_segment
+from kernels.wire import encode_float_activation, encode_quantized_activation
 from models.partition import cuts_of, prepare, split
 from models.registry import get_model
 from profiles.devices import DeviceProfile

@@ -23,7 +23,6 @@ import torch
 from kernels import packed_size
 from models.data import Dataset, Split, describe_splits, load_split
 from models.registry import ModelSpec
-from models.timing import median_latency
 from offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
 from offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
 from offline.errors import CalibrationConfigError
@@ -35,7 +34,6 @@ from profiles.artifacts import (
     FLOAT_BITS,
     AccuracyPoint,
     CalibrationArtifact,
-    CutProfile,
     Pattern,
     WeightTensor,
 )
@@ -272,32 +270,6 @@ def _pattern(st: _State, cut: int, level: float, bits: dict[str, int], points: l
     )
 
 
-def _cut_profiles(runner: ModelRunner, input_shape: tuple[int, ...]) -> list[CutProfile]:
-    """Per cut: sizes, FLOPs and head/tail latency on this (serving) machine, batch 1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        total_flops = sum(runner.flops)
-        profiles = []
-        x = torch.zeros((1, *input_shape))
-        for cut in runner.cuts:
-            head, tail = runner.parts[cut.index]
-            act = head(x)
-            profiles.append(CutProfile(
-                index=cut.index, node=cut.node, activation_shape=list(cut.shape),
-                activation_numel=cut.numel,
-                head_tensors=[t.name for t in runner.head_tensors(cut.index)],
-                head_float_params=runner.float_params(cut.index),
-                head_flops=runner.head_flops(cut.index),
-                tail_flops=total_flops - runner.head_flops(cut.index),
-                server_head_s=median_latency(head, x, warmup=3, repeats=15),
-                server_tail_s=median_latency(tail, act, warmup=3, repeats=15),
-            ))
-        return profiles
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _tables(runner: ModelRunner, data: _Data, s: CalibrationSettings,
             progress: ProgressSink) -> tuple[Tables, dict[str, float], dict[str, object]]:
     """Noise tables of the configured estimator (and the other one, to compare and time)."""
@@ -364,7 +336,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         settings=json.loads(settings.model_dump_json()),
         tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
                  for t in runner.tensors],
-        cuts=_cut_profiles(runner, spec.input_shape),
+        cuts=runner.cut_profiles(spec.input_shape),
         weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
         accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
         baseline_qpart_paper=baseline, timing_s=timing,

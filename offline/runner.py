@@ -16,7 +16,8 @@ from torch import fx, nn
 
 from kernels import QuantScheme, activation_group, fake_quantize, weight_group_size
 from models.partition import Cut, cut_flops, cuts_of, prepare, split
-from profiles.artifacts import FLOAT_BITS
+from models.timing import median_latency
+from profiles.artifacts import FLOAT_BITS, CutProfile
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,28 @@ class ModelRunner:
         with self.quantized_weights(weight_bits):
             acts = self.head_outputs(images, cut)
             return self.tail_outputs(acts, cut, act_bits)
+
+    def cut_profiles(self, input_shape: tuple[int, ...]) -> list[CutProfile]:
+        """Per cut: sizes, FLOPs and head/tail latency on this (serving) machine, batch 1."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            total_flops = sum(self.flops)
+            profiles = []
+            x = torch.zeros((1, *input_shape))
+            for cut in self.cuts:
+                head, tail = self.parts[cut.index]
+                act = head(x)
+                profiles.append(CutProfile(
+                    index=cut.index, node=cut.node, activation_shape=list(cut.shape),
+                    activation_numel=cut.numel,
+                    head_tensors=[t.name for t in self.head_tensors(cut.index)],
+                    head_float_params=self.float_params(cut.index),
+                    head_flops=self.head_flops(cut.index),
+                    tail_flops=total_flops - self.head_flops(cut.index),
+                    server_head_s=median_latency(head, x, warmup=3, repeats=15),
+                    server_tail_s=median_latency(tail, act, warmup=3, repeats=15),
+                ))
+            return profiles
+        finally:
+            torch.set_num_threads(threads)

@@ -19,7 +19,7 @@ import numpy as np
 from torch import fx
 
 from kernels import QuantScheme, quantize_pack, weight_group_size
-from kernels.wire import SegmentHeader, encode_segment
+from kernels.segment_format import SegmentHeader, encode_segment
 from profiles.artifacts import FLOAT_BITS, Pattern
 
 

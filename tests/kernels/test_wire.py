@@ -19,15 +19,13 @@ from kernels import (
     quantize_pack,
     unpack_dequantize,
 )
+from kernels.segment_format import SegmentHeader, decode_segment, encode_segment
 from kernels.wire import (
-    SegmentHeader,
     decode_activation,
     decode_activation_array,
-    decode_segment,
     encode_activation,
     encode_float_activation,
     encode_quantized_activation,
-    encode_segment,
 )
 
 
@@ -210,7 +208,7 @@ def test_float_packet_dims_that_overflow_int64_are_a_typed_error():
 
 
 def _segment_with_descriptors(descriptors):
-    from kernels.wire import _content_digest, _serialize
+    from kernels.segment_format import _content_digest, _serialize
 
     arrays = {"t.codes": np.zeros(3, np.uint8), "t.scales": np.ones(1, np.float32),
               "t.mins": np.zeros(1, np.float32)}

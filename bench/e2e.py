@@ -93,6 +93,7 @@ from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, fit_exch
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
+from client.plans import HeadSpec, PacketFormat
 from client.profiler import CodingSeconds, coding_times, head_calls, measure_encodes
 from client.runtime import encode_for_plan, load_head, upload_body
 from kernels.coding import Coding
@@ -190,7 +191,7 @@ class ModelView:
     reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
 
     def plan_of(self, p: dict[str, Any]) -> dict[str, Any]:
-        """A pattern in the form of a plan (what load_head and encode_for_plan take)."""
+        """A pattern in the form of a plan (what :class:`client.plans.HeadSpec` reads)."""
         return {**p, "model": self.name, "version": self.version, "cuts": self.cuts}
 
     def pattern(self, pattern_id: str) -> Pattern:
@@ -209,7 +210,7 @@ def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndar
     exchanges at half their cost.
     """
     p = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
-    packet = encode_for_plan(image, model.plan_of(p))
+    packet = encode_for_plan(image, PacketFormat.model_validate(p))
     rtts = []
     for i in range(51):  # the first 20 are warm-up (first requests of a process run slow)
         time.sleep(idle_s)
@@ -249,7 +250,7 @@ def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.n
     """
     cut0 = [p for p in model.patterns if p["cut"] == 0]
     pair = [min(cut0, key=lambda p: p["activation_bits"]), max(cut0, key=lambda p: p["activation_bits"])]
-    plans = [model.plan_of(p) for p in pair]
+    plans = [PacketFormat.model_validate(p) for p in pair]
     rests: list[list[float]] = [[], []]
     for _ in range(rounds):
         for i in rng.sample((0, 1), 2):
@@ -370,7 +371,7 @@ def meets_demand(strategy: str, p: dict[str, Any]) -> bool:
 def _head(model: ModelView, plan: dict[str, Any], segment: bytes | None) -> torch.nn.Module:
     key = plan["pattern_id"]
     if key not in model.heads:
-        model.heads[key] = load_head(plan, segment)
+        model.heads[key] = load_head(HeadSpec.model_validate(plan), segment)
     return model.heads[key]
 
 
@@ -389,9 +390,10 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     if plan["cut"] < model.cuts - 1:
         # quantize, pack and (if the plan says so) compress: all device work, timed in steady state
         # as the head is (untimed runs first)
-        host_encode = median_seconds(lambda: upload_body(plan, encode_for_plan(act, plan)),
+        packing = PacketFormat.model_validate(plan)
+        host_encode = median_seconds(lambda: upload_body(packing, encode_for_plan(act, packing)),
                                      warmup=ENCODE_RUNS["settle"], repeats=ENCODE_RUNS["burst"])
-        packet, headers = upload_body(plan, encode_for_plan(act, plan))
+        packet, headers = upload_body(packing, encode_for_plan(act, packing))
     local = (host_head + host_encode) * ratio
     if plan["cut"] == model.cuts - 1:
         return {"local": local, "round_trip": 0.0, "server": 0.0}

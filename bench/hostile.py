@@ -35,6 +35,7 @@ import numpy as np
 
 from bench import REPO, write_json
 from bench.loadgen import GENERATOR_CORE, pinned, start_server
+from client.plans import PacketFormat
 from client.runtime import encode_for_plan
 from server.settings import ServerSettings
 
@@ -209,7 +210,7 @@ def _reproducers() -> dict[str, Any]:
     with httpx.Client(base_url=URL, timeout=30) as c:
         info = c.get("/v1/models/fmnist-cnn").json()
         cut0 = next(p for p in info["patterns"] if p["cut"] == 0 and p["level"] == 0.01)
-        packet = encode_for_plan(np.full((1, 1, 28, 28), 0.5, np.float32), cut0)
+        packet = encode_for_plan(np.full((1, 1, 28, 28), 0.5, np.float32), PacketFormat.model_validate(cut0))
         segment = next(p["segment"] for p in info["patterns"] if p["segment"])
         hostile: dict[str, Callable[[], httpx.Response]] = {
             "empty batch": lambda: c.post(V2, json={"inputs": [{"name": "input", "shape": [0, 1, 28, 28],

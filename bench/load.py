@@ -40,6 +40,7 @@ import torch
 
 from bench import REPO, write_json
 from bench.loadgen import GENERATOR_CORE, Server, start_server
+from client.plans import Plan
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
 from server.schemas import WeightPreset
@@ -83,10 +84,11 @@ class Packets:
     def for_plan(self, plan: dict[str, Any], segment: bytes | None) -> bytes:
         key = plan["plan_id"]
         if key not in self._packets:
-            head = load_head(plan, segment)
+            typed = Plan.model_validate(plan)
+            head = load_head(typed, segment)
             with torch.inference_mode():
                 act = head(torch.from_numpy(self._image)).numpy()
-            self._packets[key] = encode_for_plan(act, plan)
+            self._packets[key] = encode_for_plan(act, typed)
         return self._packets[key]
 
 

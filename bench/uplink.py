@@ -34,6 +34,7 @@ from bench.e2e import write_artifacts
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
+from client.plans import PacketFormat
 from client.runtime import encode_for_plan
 
 PORT = 18600
@@ -42,12 +43,12 @@ WARMUP_ROUNDS = 10
 IMAGE = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
 
 
-def _packets(client: httpx.Client, url: str, model: str) -> dict[int, tuple[str, dict[str, Any], bytes]]:
+def _packets(client: httpx.Client, url: str, model: str) -> dict[int, tuple[str, PacketFormat, bytes]]:
     info = client.get(f"{url}/v1/models/{model}").json()
-    out: dict[int, tuple[str, dict[str, Any], bytes]] = {}
+    out: dict[int, tuple[str, PacketFormat, bytes]] = {}
     for p in info["patterns"]:
         if p["cut"] == 0 and p["activation_bits"] not in out:
-            plan = {**p, "model": model, "version": info["version"], "cuts": info["cuts"]}
+            plan = PacketFormat.model_validate(p)
             out[p["activation_bits"]] = (p["infer_url"], plan, encode_for_plan(IMAGE, plan))
     return out
 
@@ -59,7 +60,7 @@ class Session:
     wire: ShapedLink
     client: httpx.Client
     url: str
-    packets: dict[int, tuple[str, dict[str, Any], bytes]]
+    packets: dict[int, tuple[str, PacketFormat, bytes]]
 
 
 @contextlib.contextmanager

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from client.settings import DeviceSettings
+
+if TYPE_CHECKING:
+    from client.runtime import InferenceRun
 
 device_app = typer.Typer(help="Run inference as an edge device, profile it, manage its segment cache.",
                          no_args_is_help=True)
@@ -72,6 +75,15 @@ def _load_inputs(images: list[Path], idx: Path | None, labels: Path | None,
     return read_image_files(images[:limit] if limit else images), None
 
 
+def _document(run: InferenceRun, accuracy: float | None) -> dict[str, Any]:
+    """``infer --json``: the plan and results as the server sent them, and what the run measured."""
+    return {"plan": run.plan.model_dump(mode="json", exclude_unset=True),
+            "results": [r.model_dump(mode="json", exclude_unset=True) for r in run.results],
+            "accuracy": accuracy, "timings_s": run.timings_s,
+            "predicted_s": run.plan.predicted.time_s.model_dump(mode="json"),
+            "downloaded_bytes": run.downloaded_bytes, "uploaded_bytes": run.uploaded_bytes}
+
+
 @device_app.command()
 def infer(
     images: Annotated[list[Path] | None, typer.Argument(help="Image files (PNG, PGM, …).")] = None,
@@ -115,18 +127,15 @@ def infer(
     finally:
         runtime.close()
     accuracy = float(np.mean(np.array(run.predictions) == y)) if y is not None else None
-    predicted = run.plan["predicted"]["time_s"]
-    doc = {"plan": run.plan, "results": run.results, "accuracy": accuracy, "timings_s": run.timings_s,
-           "predicted_s": predicted, "downloaded_bytes": run.downloaded_bytes,
-           "uploaded_bytes": run.uploaded_bytes}
+    predicted = run.plan.predicted.time_s
     if as_json:
-        typer.echo(json.dumps(doc))
+        typer.echo(json.dumps(_document(run, accuracy)))
         return
     p = run.plan
-    typer.echo(f"plan: cut {p['cut']}/{p['cuts'] - 1} level {p['level']} activation "
-               f"{p['activation_bits']} bits; downloaded {run.downloaded_bytes} B, "
+    typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
+               f"{p.activation_bits} bits; downloaded {run.downloaded_bytes} B, "
                f"uploaded {run.uploaded_bytes} B")
-    typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted['total']:.3f} s")
+    typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted.total:.3f} s")
     if accuracy is not None:
         typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")
     else:

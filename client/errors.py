@@ -5,6 +5,7 @@
     DeviceError
     ├── ServerRejectedError      the server answered 4xx: the request must change (message from server)
     ├── ServerUnavailableError   5xx, 429 or connection failures that outlived the retries
+    ├── ServerAnswerError        a plan or answer this client cannot read (client and server disagree)
     ├── SegmentError             a segment that fails its sha256, is truncated or does not fit the head
     └── DeviceInputError         an input file that cannot be read as an image or IDX file
 """
@@ -26,6 +27,10 @@ class ServerRejectedError(DeviceError):
 
 class ServerUnavailableError(DeviceError):
     """The server could not be reached or stayed overloaded through every retry."""
+
+
+class ServerAnswerError(DeviceError):
+    """The server's plan or answer lacks a field this client needs, or holds one it cannot read."""
 
 
 class SegmentError(DeviceError):

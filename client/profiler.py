@@ -17,6 +17,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from client.plans import PacketFormat
 from client.runtime import encode_for_plan
 from kernels import activation_group
 from kernels.coding import CODING_BITS, Coding, encode
@@ -68,7 +69,7 @@ def measure_encodes(model: str, *, warmup: int = 2, repeats: int = 5, min_second
     encodes = []
     for cut in cuts_of(gm)[:-1]:
         act = rng.random((1, *cut.shape), dtype=np.float32)
-        plan = {"activation_bits": 8, "group_size": activation_group(cut.numel, largest_group)}
+        plan = PacketFormat(activation_bits=8, group_size=activation_group(cut.numel, largest_group))
         encodes.append(partial(encode_for_plan, act, plan))
     return interleaved_medians(encodes, warmup=warmup, repeats=repeats, min_seconds=min_seconds,
                                settle=settle, burst=burst)
@@ -90,7 +91,7 @@ def coding_times(activations: list[np.ndarray], *, warmup: int = 2, repeats: int
     for i, act in enumerate(activations):
         group = activation_group(act[0].size, largest_group)
         for bits in CODING_BITS:
-            packet = encode_for_plan(act, {"activation_bits": bits, "group_size": group})
+            packet = encode_for_plan(act, PacketFormat(activation_bits=bits, group_size=group))
             for coding in Coding:
                 keys.append((coding, i, bits))
                 calls.append(partial(encode, packet, coding))

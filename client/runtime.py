@@ -17,6 +17,7 @@ import torch
 from torch import fx
 
 from client.errors import SegmentError, ServerRejectedError
+from client.plans import HeadSpec, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
 from client.segment_cache import SegmentCache
 from client.settings import DeviceSettings
 from client.transport import Transport
@@ -37,22 +38,22 @@ MAX_UPLOAD_BATCH = 64
 class InferenceRun:
     """What one ``infer`` call did and how long each phase took."""
 
-    plan: dict[str, Any]
+    plan: Plan
     predictions: list[int] = field(default_factory=list)
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[Prediction] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     downloaded_bytes: int = 0
     uploaded_bytes: int = 0
 
 
-def load_head(plan: dict[str, Any], segment: bytes | None) -> fx.GraphModule:
+def load_head(plan: HeadSpec, segment: bytes | None) -> fx.GraphModule:
     """Build the plan's head from shared model code and load the segment's tensors into it."""
-    spec = get_model(plan["model"])
+    spec = get_model(plan.model)
     gm = prepare(spec.build(), spec.input_shape)
     cuts = cuts_of(gm)
-    cut = plan["cut"]
-    if len(cuts) != plan["cuts"] or cuts[cut].node != plan["cut_node"]:
-        raise SegmentError(f"this device's code for '{plan['model']}' cuts differently from the server "
+    cut = plan.cut
+    if len(cuts) != plan.cuts or cut >= len(cuts) or cuts[cut].node != plan.cut_node:
+        raise SegmentError(f"this device's code for '{plan.model}' cuts differently from the server "
                            "(update the model package on the device)")
     head, _ = split(gm, cuts[cut])
     expected = dict(head.named_parameters()) | dict(head.named_buffers())
@@ -64,9 +65,9 @@ def load_head(plan: dict[str, Any], segment: bytes | None) -> fx.GraphModule:
         seg = decode_segment(segment)
     except KernelError as exc:
         raise SegmentError(f"segment does not parse: {exc}") from exc
-    if (seg.header.model, seg.header.version, seg.header.cut) != (plan["model"], plan["version"], cut):
+    if (seg.header.model, seg.header.version, seg.header.cut) != (plan.model, plan.version, cut):
         raise SegmentError(f"segment is for {seg.header.model}@{seg.header.version} cut {seg.header.cut}, "
-                           f"the plan for {plan['model']}@{plan['version']} cut {cut}")
+                           f"the plan for {plan.model}@{plan.version} cut {cut}")
     provided = set(seg.quantized) | set(seg.floats)
     if provided != set(expected):
         raise SegmentError(f"segment tensors {sorted(provided ^ set(expected))} do not match the head")
@@ -80,21 +81,20 @@ def load_head(plan: dict[str, Any], segment: bytes | None) -> fx.GraphModule:
     return head.eval()
 
 
-def encode_for_plan(activation: np.ndarray, plan: dict[str, Any]) -> bytes:
+def encode_for_plan(activation: np.ndarray, plan: PacketFormat) -> bytes:
     """Quantize the activation with the plan's bits and group size (kernels) and pack it."""
-    bits = int(plan["activation_bits"])
-    if bits >= FLOAT_BITS:
+    if plan.activation_bits >= FLOAT_BITS:
         return encode_float_activation(activation)
-    return encode_quantized_activation(activation, bits, int(plan["group_size"]))
+    return encode_quantized_activation(activation, plan.activation_bits, plan.group_size)
 
 
-def upload_body(plan: dict[str, Any], packet: bytes) -> tuple[bytes, dict[str, str]]:
+def upload_body(plan: PacketFormat, packet: bytes) -> tuple[bytes, dict[str, str]]:
     """The body and headers that upload ``packet`` as the plan says: compressed (kernels.coding)
     when its ``upload_encoding`` is ``deflate`` or ``zstd``, else as is."""
     headers = {"Content-Type": "application/octet-stream"}
-    coding = plan.get("upload_encoding")
-    if coding in {c.value for c in Coding}:
-        return encode(packet, coding), {**headers, "Content-Encoding": coding}
+    coding = plan.upload_encoding
+    if isinstance(coding, Coding):
+        return encode(packet, coding), {**headers, "Content-Encoding": coding.value}
     return packet, headers
 
 
@@ -114,7 +114,7 @@ class DeviceRuntime:
         self.transport.close()
 
     def plan(self, model: str, demand: float, *, rate_bps: float | None = None, batch: int = 1,
-             preset: str | None = None, deadline_s: float | None = None) -> dict[str, Any]:
+             preset: str | None = None, deadline_s: float | None = None) -> Plan:
         """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s."""
         body: dict[str, Any] = {
             "model": model, "accuracy_demand": demand, "batch": batch,
@@ -134,8 +134,7 @@ class DeviceRuntime:
             body["weights"] = preset
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
-        plan: dict[str, Any] = self.transport.request("POST", "/v1/plan", json=body).json()
-        return plan
+        return parse_answer(Plan, self.transport.request("POST", "/v1/plan", json=body).content)
 
     def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
         """``profile`` as a plan request carries it: without the times of codings the settings do
@@ -158,30 +157,30 @@ class DeviceRuntime:
         return [c for c in self.settings.upload_codings if measured.coding_s.get(c)]
 
     def fetch_segment(
-        self, plan: dict[str, Any], progress: Callable[[int, int], None] | None = None
+        self, plan: Plan, progress: Callable[[int, int], None] | None = None
     ) -> tuple[bytes | None, int]:
         """The plan's segment (cache or download) and the bytes downloaded for it."""
-        seg = plan.get("segment")
+        seg = plan.segment
         if seg is None:
             return None, 0
-        fetched = self.cache.get(seg["id"], seg["url"], progress=progress)
+        fetched = self.cache.get(seg.id, seg.url, progress=progress)
         return fetched.data, fetched.downloaded_bytes
 
-    def upload(self, plan: dict[str, Any], packet: bytes) -> dict[str, Any]:
+    def upload(self, plan: Plan, packet: bytes) -> TailAnswer:
         """POST the activation packet to the plan's tail (compressed if the plan says so) and return
         the server's result."""
         return self._post(plan, *upload_body(plan, packet))
 
-    def _post(self, plan: dict[str, Any], body: bytes, headers: dict[str, str]) -> dict[str, Any]:
-        if plan["infer_url"] is None:
+    def _post(self, plan: Plan, body: bytes, headers: dict[str, str]) -> TailAnswer:
+        if plan.infer_url is None:
             raise ServerRejectedError(400, "all-device plan: nothing to upload")
         started = time.perf_counter()
-        response = self.transport.request("POST", plan["infer_url"], content=body, headers=headers)
-        result: dict[str, Any] = response.json()
+        response = self.transport.request("POST", plan.infer_url, content=body, headers=headers)
+        answer = parse_answer(TailAnswer, response.content)
         # The channel's share of the round trip: the server reports its queue and compute time.
-        server_s = float(result.get("queue_s", 0.0)) + float(result.get("compute_s", 0.0))
+        server_s = answer.queue_s + answer.compute_s
         self.transport.rate.add(len(body), time.perf_counter() - started - server_s)
-        return result
+        return answer
 
     def infer(self, images: np.ndarray, model: str, demand: float, *, rate_bps: float | None = None,
               preset: str | None = None, deadline_s: float | None = None,
@@ -204,16 +203,16 @@ class DeviceRuntime:
             act_np = act.numpy()
             h1 = time.perf_counter()
             head_s += h1 - h0
-            if plan["infer_url"] is None:
+            if plan.infer_url is None:
                 logits = act_np
-                run.results.extend({"logits": row.tolist()} for row in logits)
+                run.results.extend(Prediction(logits=row.tolist()) for row in logits)
             else:
                 body, headers = upload_body(plan, encode_for_plan(act_np, plan))
                 run.uploaded_bytes += len(body)
                 answer = self._post(plan, body, headers)
                 upload_s += time.perf_counter() - h1
-                logits = np.array([r["logits"] for r in answer["results"]], dtype=np.float32)
-                run.results.extend(answer["results"])
+                logits = np.array([r.logits for r in answer.results], dtype=np.float32)
+                run.results.extend(answer.results)
             run.predictions.extend(int(i) for i in logits.argmax(1))
         run.timings_s = {"plan": t1 - t0, "download": t2 - t1, "head": head_s,
                          "upload_and_tail": upload_s, "total": time.perf_counter() - t0}

@@ -71,12 +71,12 @@ def run_demo(artifacts: Path, images: int = 200, demand: float = 0.01, port: int
                         finally:
                             runtime.close()
                         p = run.plan
-                        bits = [b for b in p["weight_bits"].values()]
+                        bits = list(p.weight_bits.values())
                         acc = float(np.mean(np.array(run.predictions) == test.labels))
-                        table.add_row(model, device, f"{rate:g} Mb/s", f"{p['cut']}/{p['cuts'] - 1}",
-                                      f"{p['level']:.2%}", str(p["activation_bits"]),
+                        table.add_row(model, device, f"{rate:g} Mb/s", f"{p.cut}/{p.cuts - 1}",
+                                      f"{p.level:.2%}", str(p.activation_bits),
                                       f"{np.mean(bits):.1f}" if bits else "-", str(run.downloaded_bytes),
-                                      str(run.uploaded_bytes), f"{p['predicted']['time_s']['total']:.3f}",
+                                      str(run.uploaded_bytes), f"{p.predicted.time_s.total:.3f}",
                                       f"{run.timings_s['total']:.3f}", f"{acc:.3f}")
     finally:
         server.terminate()

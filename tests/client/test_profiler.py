@@ -54,13 +54,15 @@ def test_the_profiler_times_every_coding_at_every_cut_and_bits(artifacts_dir):
 
 @pytest.mark.parametrize("coding", ["deflate", "zstd"])
 def test_upload_body_compresses_only_when_the_plan_says_so(coding):
+    from client.plans import PacketFormat
     from client.runtime import upload_body
     from kernels.coding import decode
 
     packet = b"QPA\x01" + bytes(400)
-    body, headers = upload_body({"upload_encoding": coding}, packet)
+    sent = {"activation_bits": 8, "group_size": 4}
+    body, headers = upload_body(PacketFormat.model_validate({**sent, "upload_encoding": coding}), packet)
     assert headers["Content-Encoding"] == coding and decode(body, coding, max_bytes=404) == packet
     assert len(body) < len(packet) / 4
     plain = (packet, {"Content-Type": "application/octet-stream"})
-    assert upload_body({"upload_encoding": "identity"}, packet) == plain
-    assert upload_body({}, packet)[0] is packet
+    assert upload_body(PacketFormat.model_validate({**sent, "upload_encoding": "identity"}), packet) == plain
+    assert upload_body(PacketFormat.model_validate(sent), packet)[0] is packet

@@ -15,6 +15,7 @@ from client.settings import DeviceSettings
 from client.transport import Transport
 from kernels.coding import Coding
 from profiles.devices import DeviceProfile, MeasuredHeads, get_device
+from tests.client.samples import PLAN
 
 CODED = [dict.fromkeys([*range(1, 9), 32], 1e-4)] * 3
 DEFLATE, ZSTD = Coding.DEFLATE, Coding.ZSTD
@@ -31,7 +32,7 @@ def _plan_body(tmp_path, profile: DeviceProfile | None, **settings) -> dict:
 
     def handler(request: httpx.Request) -> httpx.Response:
         sent.append(json.loads(request.content))
-        return httpx.Response(200, json={"cut": 0})
+        return httpx.Response(200, json=PLAN)
 
     conf = DeviceSettings(server="http://qpart.test", cache_dir=tmp_path, **settings)
     client = httpx.Client(base_url=conf.server, transport=httpx.MockTransport(handler))

@@ -9,6 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from client.plans import HeadSpec, PacketFormat, Plan
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
 from server.app import create_app
@@ -185,11 +186,11 @@ def _pattern_as_plan(client, cut, level=0.01):
 def test_tail_inference_matches_the_split_model(client, cut):
     plan = _pattern_as_plan(client, cut)
     segment = client.get(plan["segment"]["url"]).content if plan["segment"] else None
-    head = load_head(plan, segment)
+    head = load_head(HeadSpec.model_validate(plan), segment)
     test = load_split(Split.TEST, limit=40)
     with torch.inference_mode():
         act = head(torch.from_numpy(test.images)).numpy()
-    response = client.post(plan["infer_url"], content=encode_for_plan(act, plan))
+    response = client.post(plan["infer_url"], content=encode_for_plan(act, PacketFormat.model_validate(plan)))
     assert response.status_code == 200, response.text
     preds = [r["top_k"][0]["label"] for r in response.json()["results"]]
     assert np.mean(np.array(preds) == test.labels) > 0.85
@@ -208,7 +209,7 @@ def test_wrong_bits_for_the_plan_are_a_400(client):
     plan = _plan(client)
     shape = [2, *plan["activation_shape"]]
     wrong = dict(plan, activation_bits=8 if plan["activation_bits"] != 8 else 4)
-    packet = encode_for_plan(np.random.rand(*shape).astype(np.float32), wrong)
+    packet = encode_for_plan(np.random.rand(*shape).astype(np.float32), Plan.model_validate(wrong))
     response = client.post(plan["infer_url"], content=packet)
     assert response.status_code == 400 and "requires" in response.json()["error"]
 
@@ -327,7 +328,7 @@ def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(clie
     from kernels.coding import deflate, zstd_compress
 
     plan = _plan(client, rate_bps=1e6)
-    packet = encode_for_plan(load_split(Split.TEST, limit=1).images, plan)
+    packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
     plain = client.post(plan["infer_url"], content=packet).json()
     coded = client.post(plan["infer_url"], content=deflate(packet), headers={"Content-Encoding": "deflate"})
     assert coded.status_code == 200 and coded.json()["results"] == plain["results"]

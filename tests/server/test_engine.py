@@ -71,13 +71,14 @@ def _sample_count(metric, model: str) -> float:
 def test_requests_sharing_a_batch_each_get_their_own_rows_and_errors(engine):
     """Requests of 1, 2 and 3 samples and one whose logits overflow, submitted together: one
     batch of 7; each answer holds its own rows (as run alone), only the overflowing one fails."""
+    from client.plans import PacketFormat
     from client.runtime import encode_for_plan
     from server.errors import UnprocessableError
 
     model = engine.catalog.get("fmnist-cnn")
     engine.warm_up()
     pattern = next(p for p in model.patterns.values() if p.cut == 0 and p.activation_bits == 32)
-    plan = {"activation_bits": 32, "group_size": pattern.group_size}
+    plan = PacketFormat(activation_bits=32, group_size=pattern.group_size)
     rng = np.random.default_rng(7)
     inputs = [rng.random((n, 1, 28, 28), dtype=np.float32) for n in (1, 2, 3)]
     huge = np.full((1, 1, 28, 28), 3e38, dtype=np.float32)  # finite, but the logits are not

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from starlette.routing import compile_path
 
+from client.plans import PacketFormat
 from client.runtime import encode_for_plan
 from kernels.coding import deflate
 from server import fastpath
@@ -28,7 +29,7 @@ def _requests(client):
     plan = _plan(client, 0)
     url = plan["infer_url"]
     image = np.random.default_rng(0).random((2, 1, 28, 28), dtype=np.float32)
-    packet = encode_for_plan(image, plan)
+    packet = encode_for_plan(image, PacketFormat.model_validate(plan))
     v2 = "/v2/models/fmnist-cnn/infer"
     tensor = {"name": "input", "shape": [2, 1, 28, 28], "datatype": "FP32"}
     as_json = json.dumps({"inputs": [{**tensor, "data": image.reshape(-1).tolist()}]}).encode()
@@ -103,7 +104,8 @@ def test_well_formed_requests_take_the_fast_path_and_others_fall_through(cnn_onl
     with make_client(cnn_only, auth_token="s3cret") as c:
         token = {"Authorization": "Bearer s3cret"}
         plan = _plan(c, 0, token)
-        packet = encode_for_plan(np.zeros((1, 1, 28, 28), dtype=np.float32), plan)
+        zeros = np.zeros((1, 1, 28, 28), dtype=np.float32)
+        packet = encode_for_plan(zeros, PacketFormat.model_validate(plan))
         assert c.post(plan["infer_url"], content=packet, headers=token).status_code == 200
         assert len(reads) == 1
         denied = c.post(plan["infer_url"], content=packet)  # FastAPI's dependency answers
@@ -147,7 +149,8 @@ def test_a_bug_behind_the_fast_path_is_the_same_json_500_as_behind_the_routes(cn
 
     with make_client(cnn_only) as fast, make_client(cnn_only, inference_fast_path=False) as routed:
         plan = _plan(fast, 0)
-        packet = encode_for_plan(np.zeros((1, 1, 28, 28), dtype=np.float32), plan)
+        zeros = np.zeros((1, 1, 28, 28), dtype=np.float32)
+        packet = encode_for_plan(zeros, PacketFormat.model_validate(plan))
         answers = []
         for c in (fast, routed):
             monkeypatch.setattr(c.app.state.engine, "infer_tail", broken)

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from client.plans import PacketFormat
 from client.runtime import encode_for_plan
 from tests.conftest import REPO, LiveServer
 from tests.server.test_faults import IO_TIMEOUT_S, RawResponse, parse_response, request_head
@@ -40,7 +41,7 @@ def cut0_tail(url: str) -> tuple[str, bytes]:
     info = httpx.get(f"{url}/v1/models/fmnist-cnn", timeout=IO_TIMEOUT_S).json()
     pattern = next(p for p in info["patterns"] if p["cut"] == 0 and p["level"] == 0.01)
     image = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
-    return pattern["infer_url"], encode_for_plan(image, pattern)
+    return pattern["infer_url"], encode_for_plan(image, PacketFormat.model_validate(pattern))
 
 
 def v2_body(batch: int) -> dict[str, object]:

@@ -9,6 +9,7 @@ import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from client.plans import HeadSpec, PacketFormat
 from client.runtime import encode_for_plan, load_head
 from models.data import Split, load_split
 
@@ -66,12 +67,12 @@ def test_tail_model_infer_with_uint8_packet_and_flat_parameters(client, server):
     info = httpx.get(f"{server.url}/v1/models/fmnist-cnn").json()
     pattern = next(p for p in info["patterns"] if p["cut"] == 3 and p["level"] == 0.01)
     segment = httpx.get(f"{server.url}{pattern['segment']['url']}").content
-    head = load_head({**pattern, "model": "fmnist-cnn", "version": info["version"],
-                      "cuts": info["cuts"]}, segment)
+    head = load_head(HeadSpec.model_validate({**pattern, "model": "fmnist-cnn", "version": info["version"],
+                                              "cuts": info["cuts"]}), segment)
     test = load_split(Split.TEST, limit=8)
     with torch.inference_mode():
         act = head(torch.from_numpy(test.images)).numpy()
-    packet = np.frombuffer(encode_for_plan(act, pattern), dtype=np.uint8)
+    packet = np.frombuffer(encode_for_plan(act, PacketFormat.model_validate(pattern)), dtype=np.uint8)
     inp = triton.InferInput("activation_packet", [packet.size], "UINT8")
     inp.set_data_from_numpy(packet, binary_data=True)
     result = client.infer("fmnist-cnn-tail", [inp], parameters={"pattern_id": pattern["pattern_id"]})

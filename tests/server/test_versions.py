@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from client.plans import PacketFormat
 from client.runtime import encode_for_plan
 from tests.server.conftest import make_client
 
@@ -67,7 +68,7 @@ def test_each_version_runs_its_own_weights(two_versions):
         # a tail plan of the old version runs on the old version
         info = c.get("/v1/models/fmnist-cnn", params={"version": old}).json()
         p = next(p for p in info["patterns"] if p["cut"] == 0)
-        packet = encode_for_plan(image, {**p, "model": "fmnist-cnn", "version": old, "cuts": info["cuts"]})
+        packet = encode_for_plan(image, PacketFormat.model_validate(p))
         answer = c.post(p["infer_url"], content=packet)
         assert answer.status_code == 200 and answer.json()["version"] == old
 

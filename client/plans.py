@@ -1,0 +1,129 @@
+"""The device's typed view of the server's answers: a plan (``POST /v1/plan``) and a tail answer.
+
+Fields the server adds later are ignored; the ones the device reads are validated on arrival.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from client.errors import ServerAnswerError
+from kernels.coding import Coding
+
+UploadEncoding = Coding | Literal["identity"]
+"""How an activation packet is sent: a content coding (:class:`kernels.coding.Coding`) or as is."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class PacketFormat(_Wire):
+    """How the device quantizes, packs and uploads the head's activation."""
+
+    activation_bits: int = Field(ge=1, le=32, description="Bits per activation value; 32 is float32.")
+    group_size: int = Field(ge=1, description="Values per quantization group.")
+    upload_encoding: UploadEncoding = Field("identity", description="Content-Encoding of the upload.")
+
+
+class HeadSpec(_Wire):
+    """Which head the device builds: a model version cut at one of its legal cuts."""
+
+    model: str
+    version: str
+    cut: int = Field(ge=0)
+    cut_node: str = Field(description="The graph node the cut falls after; the device's must agree.")
+    cuts: int = Field(ge=1, description="Number of legal cuts; the last one is all-device.")
+
+
+class Segment(_Wire):
+    """Where the device gets the head's tensors."""
+
+    id: str
+    url: str
+    size_bytes: int = Field(ge=0)
+    sha256: str
+    held: bool = Field(description="The device said it holds this segment.")
+
+
+class Seconds(_Wire):
+    """Predicted seconds per phase."""
+
+    local: float
+    transfer: float
+    server: float
+    total: float
+
+
+class Joules(_Wire):
+    """Predicted device joules per phase."""
+
+    local: float
+    transfer: float
+    total: float
+
+
+class Costs(_Wire):
+    """The predicted terms of the objective for one plan."""
+
+    time_s: Seconds
+    energy_j: Joules
+    server_cost: float
+    objective: float
+    transfer_bytes: int
+    upload_encoding: UploadEncoding = "identity"
+
+
+class Plan(HeadSpec, PacketFormat):
+    """The server's plan: the head to build, how to send its activation, and where."""
+
+    plan_id: str
+    level: float = Field(description="The accuracy level of the chosen pattern.")
+    weight_bits: dict[str, int] = Field(description="Bits of each quantized head tensor.")
+    activation_shape: list[int] = Field(description="One sample's activation at the cut.")
+    predicted: Costs
+    all_server: Costs | None = None
+    all_device: Costs | None = None
+    segment: Segment | None
+    infer_url: str | None = Field(description="Where to POST the activation packet (None: all-device).")
+
+
+class TopK(_Wire):
+    """One class and its softmax probability."""
+
+    label: int
+    probability: float
+
+
+class Prediction(_Wire):
+    """One sample's result: its logits and, from the server, its most likely classes."""
+
+    logits: list[float]
+    top_k: list[TopK] = Field(default_factory=list)
+
+
+class TailAnswer(_Wire):
+    """The server's answer to an uploaded activation packet."""
+
+    plan_id: str
+    model: str
+    version: str
+    results: list[Prediction]
+    queue_s: float = Field(0.0, description="Seconds the request waited for a batch.")
+    compute_s: float = Field(0.0, description="Seconds of the tail's batch.")
+
+
+Answer = TypeVar("Answer", bound=_Wire)
+
+
+def parse_answer(kind: type[Answer], body: bytes) -> Answer:
+    """``body`` (JSON) as ``kind``; a body this client cannot read raises :class:`ServerAnswerError`."""
+    try:
+        return kind.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the document"
+        raise ServerAnswerError(f"the server's {kind.__name__} does not read as this client expects "
+                                f"({where}: {first['msg']}); update the client or the server") from exc

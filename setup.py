@@ -5,7 +5,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "kernels._native",
+            "qpart.kernels._native",
             sources=["kernels/_native.c"],
             # -ffp-contract=off: no FMA fusion, so float results match the numpy reference bit for bit.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"],

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from bench import write_json
-from server.answers import tail_json, tail_rows
-from server.schemas import TailResponse, TailResult, TopK
+from qpart.server.answers import tail_json, tail_rows
+from qpart.server.schemas import TailResponse, TailResult, TopK
 
 BATCHES = (1, 16)
 

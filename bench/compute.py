@@ -26,10 +26,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from bench import REPO, write_json
-from models.data import Split, load_split
-from models.partition import cuts_of, prepare, split
-from models.registry import get_model
-from profiles.artifacts import load_artifact
+from qpart.models.data import Split, load_split
+from qpart.models.partition import cuts_of, prepare, split
+from qpart.models.registry import get_model
+from qpart.profiles.artifacts import load_artifact
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 MODELS = ("fmnist-cnn", "fmnist-resnet")

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from bench import write_json
-from client.profiler import head_calls
-from models.data import Split, load_split
-from models.timing import median_seconds
+from qpart.client.profiler import head_calls
+from qpart.models.data import Split, load_split
+from qpart.models.timing import median_seconds
 
 # How the grid times a head and an encode on the device (untimed calls, then timed calls back to
 # back; the median of the timed ones), in its rounds and in the profile before them alike: single

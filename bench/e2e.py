@@ -93,19 +93,19 @@ from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, fit_exch
 from bench.link import ShapedLink, idle_gap_s
 from bench.loadgen import GENERATOR_CORE, Server, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from client.plans import HeadSpec, PacketFormat
-from client.profiler import CodingSeconds, coding_times, head_calls, measure_encodes
-from client.runtime import encode_for_plan, load_head, upload_body
-from kernels.coding import Coding
-from kernels.packing import packed_size
-from models.data import Split, load_split
-from models.partition import cuts_of, prepare, split
-from models.registry import get_model
-from models.timing import interleaved_medians, median_latency, median_seconds
-from profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
-from profiles.devices import DeviceProfile, MeasuredHeads, get_device
-from server.planner import PlanInputs, price
-from server.schemas import PRESETS, WeightPreset
+from qpart.client.plans import HeadSpec, PacketFormat
+from qpart.client.profiler import CodingSeconds, coding_times, head_calls, measure_encodes
+from qpart.client.runtime import encode_for_plan, load_head, upload_body
+from qpart.kernels.coding import Coding
+from qpart.kernels.packing import packed_size
+from qpart.models.data import Split, load_split
+from qpart.models.partition import cuts_of, prepare, split
+from qpart.models.registry import get_model
+from qpart.models.timing import interleaved_medians, median_latency, median_seconds
+from qpart.profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
+from qpart.profiles.devices import DeviceProfile, MeasuredHeads, get_device
+from qpart.server.planner import PlanInputs, price
+from qpart.server.schemas import PRESETS, WeightPreset
 
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc")
 RATES_MBPS = (1.0, 5.0, 20.0, 100.0)

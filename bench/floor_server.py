@@ -26,9 +26,9 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server import paths
-from server.app import freeze_long_lived, load_engine
-from server.settings import ServerSettings
+from qpart.server import paths
+from qpart.server.app import freeze_long_lived, load_engine
+from qpart.server.settings import ServerSettings
 
 
 def floor_app(answer_bytes: int) -> ASGIApp:

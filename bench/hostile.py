@@ -35,9 +35,9 @@ import numpy as np
 
 from bench import REPO, write_json
 from bench.loadgen import GENERATOR_CORE, pinned, start_server
-from client.plans import PacketFormat
-from client.runtime import encode_for_plan
-from server.settings import ServerSettings
+from qpart.client.plans import PacketFormat
+from qpart.client.runtime import encode_for_plan
+from qpart.server.settings import ServerSettings
 
 PORT = 18731
 URL = f"http://127.0.0.1:{PORT}"

@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from bench import write_json
-from kernels import (
+from qpart.kernels import (
     Backend,
     QuantScheme,
     pack_codes,
@@ -40,7 +40,7 @@ from kernels import (
     unpack_codes,
     unpack_dequantize,
 )
-from kernels.quantization import dequantize_numpy, quantize_numpy
+from qpart.kernels.quantization import dequantize_numpy, quantize_numpy
 
 BITS = (2, 3, 4, 8)
 OPS = ("pack", "unpack", "quantize_pack", "unpack_dequantize")

@@ -38,8 +38,8 @@ from kserve.protocol.rest.server import RESTServer  # type: ignore[import-untype
 from kserve.utils.utils import generate_uuid  # type: ignore[import-untyped]
 from torch import nn
 
-from models.partition import cuts_of, prepare, split
-from models.registry import get_model
+from qpart.models.partition import cuts_of, prepare, split
+from qpart.models.registry import get_model
 
 LOOPBACK = "127.0.0.1"
 TORCH_THREADS = 1

@@ -40,10 +40,10 @@ import torch
 
 from bench import REPO, write_json
 from bench.loadgen import GENERATOR_CORE, Server, start_server
-from client.plans import Plan
-from client.runtime import encode_for_plan, load_head
-from models.data import Split, load_split
-from server.schemas import WeightPreset
+from qpart.client.plans import Plan
+from qpart.client.runtime import encode_for_plan, load_head
+from qpart.models.data import Split, load_split
+from qpart.server.schemas import WeightPreset
 
 MODELS = ("fmnist-cnn", "fmnist-resnet")
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc", "qpart-paper")

@@ -126,7 +126,7 @@ def decode_logits(response: httpx.Response) -> npt.NDArray[np.float32]:
 
 def verify_same_model(urls: dict[ServerName, str], n: int = VERIFY_IMAGES) -> dict[str, Any]:
     """Both servers, both payloads, ``n`` test images: the same top-1 everywhere, or SystemExit."""
-    from models.data import Split, load_split
+    from qpart.models.data import Split, load_split
 
     data = load_split(Split.TEST, limit=n)
     diff = 0.0
@@ -183,7 +183,7 @@ def _measured(server: Server, url: str, body: Body, clients: int, seconds: int) 
 
 def run(model: str, seconds: int, kserve_version: str, rounds: int = 3) -> dict[str, Any]:
     """Start both servers, verify them, measure every payload and client count; the JSON document."""
-    from models.data import Split, load_split
+    from qpart.models.data import Split, load_split
 
     require_wrk()
     bodies = infer_bodies(load_split(Split.TEST, limit=1).images)

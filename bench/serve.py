@@ -40,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import REPO, write_json
 from bench.loadgen import Server, require_wrk, start_server, wrk
-from server.schemas import WeightPreset
+from qpart.server.schemas import WeightPreset
 
 CLIENTS = (1, 8, 32)
 MODELS = ("fmnist-cnn", "fmnist-resnet")
@@ -82,9 +82,9 @@ def _bare_run(label: str, bare: Server, server: Server, target: tuple[str, bytes
 
 def _packet(url: str, model: str) -> tuple[str, bytes]:
     """The infer URL and a real activation packet of ``model``'s all-server plan."""
-    from client.plans import Plan
-    from client.runtime import encode_for_plan  # the device's own encoder
-    from models.data import Split, load_split
+    from qpart.client.plans import Plan
+    from qpart.client.runtime import encode_for_plan  # the device's own encoder
+    from qpart.models.data import Split, load_split
 
     plan = httpx.post(f"{url}/v1/plan", json={"model": model, "accuracy_demand": 0.01,
                                               "rate_bps": 1e6, "device": "raspberry-pi-4"}).json()
@@ -153,9 +153,9 @@ def plan_requests(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def planner_p99(artifacts: Path, n: int = 2000) -> float:
     """p99 of ``Engine.plan`` in process (segments indexed first, as the server's warm-up does)."""
-    from server.app import load_engine
-    from server.schemas import PlanRequest
-    from server.settings import ServerSettings
+    from qpart.server.app import load_engine
+    from qpart.server.schemas import PlanRequest
+    from qpart.server.settings import ServerSettings
 
     engine = load_engine(ServerSettings(artifacts=artifacts))
     requests = [PlanRequest.model_validate(r) for r in plan_requests(n)]

@@ -33,8 +33,8 @@ from pathlib import Path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bench.link import Filler
-from server.main import serve
-from server.settings import ServerSettings
+from qpart.server.main import serve
+from qpart.server.settings import ServerSettings
 
 CONTROL_PORT_ENV = "QPART_BENCH_FILLER_PORT"
 

@@ -34,8 +34,8 @@ from bench.e2e import write_artifacts
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, enter_private_network, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from client.plans import PacketFormat
-from client.runtime import encode_for_plan
+from qpart.client.plans import PacketFormat
+from qpart.client.runtime import encode_for_plan
 
 PORT = 18600
 FILLER_PORT = 18601  # bench.shaped_server's orders (filler frames per response)

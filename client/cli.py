@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from client.settings import DeviceSettings
+from qpart.client.settings import DeviceSettings
 
 if TYPE_CHECKING:
-    from client.runtime import InferenceRun
+    from qpart.client.runtime import InferenceRun
 
 device_app = typer.Typer(help="Run inference as an edge device, profile it, manage its segment cache.",
                          no_args_is_help=True)
@@ -64,7 +64,7 @@ def _settings(**flags: object) -> DeviceSettings:
 
 def _load_inputs(images: list[Path], idx: Path | None, labels: Path | None,
                  limit: int | None) -> tuple[Any, Any]:
-    from client.inputs import read_idx_images, read_idx_labels, read_image_files
+    from qpart.client.inputs import read_idx_images, read_idx_labels, read_image_files
 
     if idx is not None:
         x = read_idx_images(idx, limit)
@@ -106,9 +106,9 @@ def infer(
     import numpy as np
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    from client.errors import DeviceError
-    from client.runtime import DeviceRuntime
-    from profiles.devices import load_device_profile
+    from qpart.client.errors import DeviceError
+    from qpart.client.runtime import DeviceRuntime
+    from qpart.profiles.devices import load_device_profile
 
     settings = _settings(server=server, cache_dir=cache_dir, token=token)
     x, y = _load_inputs(images or [], idx, labels, limit)
@@ -160,8 +160,8 @@ def profile(
     """Time every cut's head on this device and write a profile the server's planner accepts."""
     import httpx
 
-    from client.profiler import profile_device
-    from profiles.devices import get_device, save_device_profile
+    from qpart.client.profiler import profile_device
+    from qpart.profiles.devices import get_device, save_device_profile
 
     if version is None:
         server = _settings(server=server).server
@@ -180,8 +180,8 @@ def profile(
 @cache_app.command("list")
 def cache_list(cache_dir: CacheOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Segments in the cache, least recently used first."""
-    from client.segment_cache import SegmentCache
-    from client.transport import Transport
+    from qpart.client.segment_cache import SegmentCache
+    from qpart.client.transport import Transport
 
     settings = _settings(cache_dir=cache_dir)
     entries = SegmentCache(settings.cache_dir, settings.cache_max_bytes, Transport(settings)).entries()
@@ -199,8 +199,8 @@ def cache_prune(
     cache_dir: CacheOpt = None,
 ) -> None:
     """Delete least recently used segments until the cache fits ``--max-bytes``."""
-    from client.segment_cache import SegmentCache
-    from client.transport import Transport
+    from qpart.client.segment_cache import SegmentCache
+    from qpart.client.transport import Transport
 
     settings = _settings(cache_dir=cache_dir)
     removed = SegmentCache(settings.cache_dir, settings.cache_max_bytes, Transport(settings)).prune(

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from client.errors import DeviceInputError
-from models.data import parse_idx
-from models.errors import DatasetError
+from qpart.client.errors import DeviceInputError
+from qpart.models.data import parse_idx
+from qpart.models.errors import DatasetError
 
 MAX_INPUT_BYTES = 512 << 20
 

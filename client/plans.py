@@ -9,8 +9,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from client.errors import ServerAnswerError
-from kernels.coding import Coding
+from qpart.client.errors import ServerAnswerError
+from qpart.kernels.coding import Coding
 
 UploadEncoding = Coding | Literal["identity"]
 """How an activation packet is sent: a content coding (:class:`kernels.coding.Coding`) or as is."""

@@ -17,14 +17,14 @@ from functools import partial
 import numpy as np
 import torch
 
-from client.plans import PacketFormat
-from client.runtime import encode_for_plan
-from kernels import activation_group
-from kernels.coding import CODING_BITS, Coding, encode
-from models.partition import cuts_of, prepare, split
-from models.registry import get_model
-from models.timing import interleaved_medians
-from profiles.devices import DeviceProfile, MeasuredHeads
+from qpart.client.plans import PacketFormat
+from qpart.client.runtime import encode_for_plan
+from qpart.kernels import activation_group
+from qpart.kernels.coding import CODING_BITS, Coding, encode
+from qpart.models.partition import cuts_of, prepare, split
+from qpart.models.registry import get_model
+from qpart.models.timing import interleaved_medians
+from qpart.profiles.devices import DeviceProfile, MeasuredHeads
 
 
 def measure_heads(model: str, *, warmup: int = 2, repeats: int = 5, min_seconds: float = 0.0,

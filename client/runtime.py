@@ -16,18 +16,18 @@ import numpy as np
 import torch
 from torch import fx
 
-from client.errors import SegmentError, ServerRejectedError
-from client.plans import HeadSpec, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
-from client.segment_cache import SegmentCache
-from client.settings import DeviceSettings
-from client.transport import Transport
-from kernels import KernelError, unpack_dequantize
-from kernels.coding import Coding, encode
-from kernels.segment_format import decode_segment
-from kernels.wire import encode_float_activation, encode_quantized_activation
-from models.partition import cuts_of, prepare, split
-from models.registry import get_model
-from profiles.devices import DeviceProfile
+from qpart.client.errors import SegmentError, ServerRejectedError
+from qpart.client.plans import HeadSpec, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
+from qpart.client.segment_cache import SegmentCache
+from qpart.client.settings import DeviceSettings
+from qpart.client.transport import Transport
+from qpart.kernels import KernelError, unpack_dequantize
+from qpart.kernels.coding import Coding, encode
+from qpart.kernels.segment_format import decode_segment
+from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
+from qpart.models.partition import cuts_of, prepare, split
+from qpart.models.registry import get_model
+from qpart.profiles.devices import DeviceProfile
 
 FLOAT_BITS = 32
 DEFAULT_RATE_BPS = 10e6

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from client.errors import SegmentError, ServerRejectedError, ServerUnavailableError
-from client.transport import Transport
+from qpart.client.errors import SegmentError, ServerRejectedError, ServerUnavailableError
+from qpart.client.transport import Transport
 
 Progress = Callable[[int, int], None]
 

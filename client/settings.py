@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, SecretStr, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kernels.coding import Coding
+from qpart.kernels.coding import Coding
 
 _BOOL = TypeAdapter(bool)
 

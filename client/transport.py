@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from client.errors import ServerRejectedError, ServerUnavailableError
-from client.settings import DeviceSettings
+from qpart.client.errors import ServerRejectedError, ServerUnavailableError
+from qpart.client.settings import DeviceSettings
 
 RETRY_STATUS = {429, 502, 503, 504}
 MIN_RATE_SAMPLE_BYTES = 16 * 1024

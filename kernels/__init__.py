@@ -1,14 +1,14 @@
 """Quantize, dequantize, pack and unpack kernels and the wire formats built on them."""
 
-from kernels.coding import Coding, decode, deflate, encode, inflate
-from kernels.errors import (
+from qpart.kernels.coding import Coding, decode, deflate, encode, inflate
+from qpart.kernels.errors import (
     KernelError,
     OversizeError,
     QuantizationError,
     TruncatedError,
     WireFormatError,
 )
-from kernels.ops import (
+from qpart.kernels.ops import (
     Backend,
     PackedTensor,
     active_backend,
@@ -18,8 +18,8 @@ from kernels.ops import (
     unpack_codes,
     unpack_dequantize,
 )
-from kernels.packing import packed_size
-from kernels.quantization import (
+from qpart.kernels.packing import packed_size
+from qpart.kernels.quantization import (
     DEFAULT_ACTIVATION_GROUP,
     QuantScheme,
     activation_group,

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import zstandard
 
-from kernels.errors import OversizeError, TruncatedError, WireFormatError
+from qpart.kernels.errors import OversizeError, TruncatedError, WireFormatError
 
 LEVEL = 6  # zlib's default
 ZSTD_LEVEL = 1  # zstd's fastest positive level: 4-bit cut-0 packets 0.666 of raw against 0.664 at 3

@@ -17,15 +17,15 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
-from kernels.errors import KernelError, QuantizationError
-from kernels.packing import (
+from qpart.kernels.errors import KernelError, QuantizationError
+from qpart.kernels.packing import (
     U8Array,
     check_bits,
     pack_codes_numpy,
     packed_size,
     unpack_codes_numpy,
 )
-from kernels.quantization import (
+from qpart.kernels.quantization import (
     F32Array,
     QuantScheme,
     dequantize_numpy,
@@ -51,7 +51,7 @@ def _load_native() -> ModuleType | None:
     if choice == "numpy":
         return None
     try:
-        from kernels import _native  # type: ignore[attr-defined]  # noqa: PLC0415 (optional build)
+        from qpart.kernels import _native  # type: ignore[attr-defined]  # noqa: PLC0415 (optional build)
     except ImportError as exc:
         if choice == "native":
             raise KernelError(f"{BACKEND_ENV}=native but the extension is not built: {exc}") from exc

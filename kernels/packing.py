@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from kernels.errors import QuantizationError
+from qpart.kernels.errors import QuantizationError
 
 BLOCK_COLUMNS = 512
 BLOCK_CODES = 8 * BLOCK_COLUMNS

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kernels.errors import QuantizationError
-from kernels.packing import check_bits
+from qpart.kernels.errors import QuantizationError
+from qpart.kernels.packing import check_bits
 
 F32Array = npt.NDArray[np.float32]
 U8Array = npt.NDArray[np.uint8]

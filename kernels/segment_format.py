@@ -17,11 +17,11 @@ import numpy as np
 import numpy.typing as npt
 import safetensors
 
-from kernels.errors import OversizeError, TruncatedError, WireFormatError
-from kernels.ops import PackedTensor
-from kernels.packing import packed_size
-from kernels.quantization import QuantScheme
-from kernels.wire import DEFAULT_MAX_ELEMENTS, MAX_NDIM
+from qpart.kernels.errors import OversizeError, TruncatedError, WireFormatError
+from qpart.kernels.ops import PackedTensor
+from qpart.kernels.packing import packed_size
+from qpart.kernels.quantization import QuantScheme
+from qpart.kernels.wire import DEFAULT_MAX_ELEMENTS, MAX_NDIM
 
 SEGMENT_FORMAT = "qpart-segment"
 SEGMENT_FORMAT_VERSION = "1"

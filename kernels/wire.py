@@ -27,15 +27,15 @@ import sys
 import numpy as np
 import numpy.typing as npt
 
-from kernels.errors import OversizeError, QuantizationError, TruncatedError, WireFormatError
-from kernels.ops import (
+from qpart.kernels.errors import OversizeError, QuantizationError, TruncatedError, WireFormatError
+from qpart.kernels.ops import (
     PackedTensor,
     quantize_pack,
     quantize_pack_into,
     unpack_dequantize_into,
 )
-from kernels.packing import packed_size
-from kernels.quantization import QuantScheme
+from qpart.kernels.packing import packed_size
+from qpart.kernels.quantization import QuantScheme
 
 ACTIVATION_MAGIC = b"QPA\x01"
 MAX_NDIM = 8

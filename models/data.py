@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from models.errors import DatasetError
+from qpart.models.errors import DatasetError
 
 DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATA_DIR_ENV = "QPART_DATA_DIR"

@@ -18,7 +18,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from models.errors import PartitionError
+from qpart.models.errors import PartitionError
 
 _FREE_MODULES = (nn.ReLU, nn.Dropout, nn.Flatten, nn.Identity, nn.BatchNorm2d, nn.BatchNorm1d)
 _FREE_FUNCTIONS = {torch.relu, torch.flatten, nn.functional.relu, nn.functional.dropout}

@@ -20,8 +20,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from models.errors import ModelLoadError, UnknownModelError
-from models.partition import legal_cuts
+from qpart.models.errors import ModelLoadError, UnknownModelError
+from qpart.models.partition import legal_cuts
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 REGISTRY_ENV = "QPART_MODEL_REGISTRY"
@@ -85,8 +85,8 @@ def _card(name: str) -> dict[str, object]:
 
 def _builtin() -> dict[str, ModelSpec]:
     entries = {
-        "fmnist-cnn": "models.architectures:fmnist_cnn",
-        "fmnist-resnet": "models.architectures:fmnist_resnet",
+        "fmnist-cnn": "qpart.models.architectures:fmnist_cnn",
+        "fmnist-resnet": "qpart.models.architectures:fmnist_resnet",
     }
     return {
         name: ModelSpec(name, factory, (1, 28, 28), ZOO_DIR / f"{name}.safetensors", _card(name))

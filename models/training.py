@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from models.data import Split, describe_splits, load_split
-from models.registry import ModelSpec, get_model
+from qpart.models.data import Split, describe_splits, load_split
+from qpart.models.registry import ModelSpec, get_model
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from offline.errors import CalibrationConfigError
-from profiles.artifacts import FLOAT_BITS
+from qpart.offline.errors import CalibrationConfigError
+from qpart.profiles.artifacts import FLOAT_BITS
 
 PARAM_BITS = 64
 """Bits of per-group parameters: a float32 scale and a float32 min."""

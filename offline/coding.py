@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.coding import CODING_BITS, Coding, encode
-from kernels.wire import encode_float_activation, encode_quantized_activation
-from models.data import Split, load_split
-from models.registry import get_model
-from offline.errors import CalibrationConfigError
-from offline.runner import ModelRunner
-from profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
+from qpart.kernels.coding import CODING_BITS, Coding, encode
+from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
+from qpart.models.data import Split, load_split
+from qpart.models.registry import get_model
+from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.runner import ModelRunner
+from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
 
 CODING_SAMPLES = 500
 

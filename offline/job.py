@@ -20,17 +20,17 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from kernels import packed_size
-from models.data import Dataset, Split, describe_splits, load_split
-from models.registry import ModelSpec
-from offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
-from offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
-from offline.errors import CalibrationConfigError
-from offline.noise import BITS, Tables, direct_tables, fast_tables, timed
-from offline.runner import ModelRunner
-from offline.settings import CalibrationSettings, Estimator
-from offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
-from profiles.artifacts import (
+from qpart.kernels import packed_size
+from qpart.models.data import Dataset, Split, describe_splits, load_split
+from qpart.models.registry import ModelSpec
+from qpart.offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
+from qpart.offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
+from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
+from qpart.offline.runner import ModelRunner
+from qpart.offline.settings import CalibrationSettings, Estimator
+from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
+from qpart.profiles.artifacts import (
     FLOAT_BITS,
     AccuracyPoint,
     CalibrationArtifact,
@@ -305,7 +305,7 @@ def _ratios(fast: list[float], direct: list[float]) -> list[float]:
 def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
               progress: ProgressSink | None = None) -> CalibrationArtifact:
     """Run the whole job for one model and write ``artifact.json``, ``validation.json``, the report."""
-    from offline.report import write_outputs  # noqa: PLC0415 (matplotlib only when writing)
+    from qpart.offline.report import write_outputs  # noqa: PLC0415 (matplotlib only when writing)
 
     sink = progress or _Silent()
     started = time.perf_counter()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import fx
 
-from offline.runner import ModelRunner
+from qpart.offline.runner import ModelRunner
 
 BITS = tuple(range(1, 9))
 Tables = tuple[dict[str, list[float]], dict[str, list[float]]]

@@ -1,7 +1,7 @@
 """Outputs of the calibration job: ``artifact.json``, ``validation.json``, ``report.md`` + PNG plots.
 
 The report and its plots are drawn from the artifact alone, so a saved one can be drawn again
-without calibrating: ``python -m offline.report DIR...``. Numbers are written for people:
+without calibrating: ``python -m qpart.offline.report DIR...``. Numbers are written for people:
 drops and levels as percentages, sizes in B/KiB/MiB, an em dash where there is no figure.
 """
 
@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from profiles.artifacts import FLOAT_BITS, CalibrationArtifact, Pattern, load_artifact, save_artifact
+from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, Pattern, load_artifact, save_artifact
 
 NONE = "—"  # a figure that does not exist (not measured, not applicable)
 METHODS = {"qpart": "validated (ours)", "baseline_qpart_paper": "QPART as published"}
@@ -285,7 +285,7 @@ def write_outputs(artifact: CalibrationArtifact, agreement: dict[str, object], o
 def main(folders: list[str]) -> None:
     """Draw the report of each saved artifact folder again (its ``artifact.json``), in place."""
     if not folders:
-        raise SystemExit("usage: python -m offline.report ARTIFACT_DIR...")
+        raise SystemExit("usage: python -m qpart.offline.report ARTIFACT_DIR...")
     for folder in map(Path, folders):
         print(write_report(load_artifact(folder), folder))
 

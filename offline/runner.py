@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import fx, nn
 
-from kernels import QuantScheme, activation_group, fake_quantize, weight_group_size
-from models.partition import Cut, cut_flops, cuts_of, prepare, split
-from models.timing import median_latency
-from profiles.artifacts import FLOAT_BITS, CutProfile
+from qpart.kernels import QuantScheme, activation_group, fake_quantize, weight_group_size
+from qpart.models.partition import Cut, cut_flops, cuts_of, prepare, split
+from qpart.models.timing import median_latency
+from qpart.profiles.artifacts import FLOAT_BITS, CutProfile
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import beta, norm
 
-from profiles.artifacts import AccuracyPoint
+from qpart.profiles.artifacts import AccuracyPoint
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kernels.coding import Coding
-from profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
+from qpart.kernels.coding import Coding
+from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
 ARTIFACT_SCHEMA_VERSION = 2
 """2: a cut's upload-coding ratios in one map keyed by :class:`~kernels.coding.Coding`

@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kernels.coding import Coding
-from profiles.errors import ProfileFormatError, ProfileNotFoundError
+from qpart.kernels.coding import Coding
+from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError
 
 DEVICES_DIR = Path(__file__).resolve().parent / "devices"
 DEVICE_SCHEMA_VERSION = 2

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 
 import typer
 
-from client.cli import VersionOpt, device_app
-from offline.settings import CalibrationSettings, Estimator
+from qpart.client.cli import VersionOpt, device_app
 from qpart.errors import MODE, UsageError, run
 from qpart.flags import env_help, settings_from
-from server.settings import ServerSettings
+from qpart.offline.settings import CalibrationSettings, Estimator
+from qpart.server.settings import ServerSettings
 
 app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
@@ -49,8 +49,8 @@ def train(
     """Train a reference model from scratch with its fixed seed; writes safetensors + card."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from models.registry import ZOO_DIR
-    from models.training import train_model
+    from qpart.models.registry import ZOO_DIR
+    from qpart.models.training import train_model
 
     with Progress(
         TextColumn(f"training {model}"), BarColumn(), TextColumn("{task.fields[loss]}"),
@@ -75,8 +75,8 @@ def models_list(
     """List registered models: test accuracy, number of legal cuts and parameters."""
     if ctx.invoked_subcommand is not None:
         return
-    from models.partition import legal_cuts
-    from models.registry import list_models
+    from qpart.models.partition import legal_cuts
+    from qpart.models.registry import list_models
 
     rows = []
     for spec in list_models():
@@ -105,8 +105,8 @@ def models_register(
         help="Registry file to write; default $QPART_MODEL_REGISTRY.")] = None,
 ) -> None:
     """Register your own model; it must load from safetensors and trace with torch.fx."""
-    from models.partition import legal_cuts
-    from models.registry import register_model, registry_path
+    from qpart.models.partition import legal_cuts
+    from qpart.models.registry import register_model, registry_path
 
     shape = parse_shape(input_shape)
     target = registry or registry_path()
@@ -175,8 +175,8 @@ def calibrate(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from models.registry import get_model
-    from offline.job import calibrate as run_job
+    from qpart.models.registry import get_model
+    from qpart.offline.job import calibrate as run_job
 
     spec = get_model(model)
     if weights is not None:
@@ -200,7 +200,7 @@ def measure_coding(
     compressed uploads with it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from offline.coding import measure_artifact
+    from qpart.offline.coding import measure_artifact
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn()) as bar:
@@ -215,7 +215,7 @@ def measure_coding(
 
 def _cut_count(folder: Path) -> int:
     """How many cuts the artifact in ``folder`` has (the progress bar's length)."""
-    from profiles.artifacts import load_artifact
+    from qpart.profiles.artifacts import load_artifact
 
     return len(load_artifact(folder).cuts)
 
@@ -229,7 +229,7 @@ def serve(
     """Serve plans, head segments and tail inference over HTTP (uvicorn). Other settings: QPART_*."""
     settings = settings_from(ServerSettings, {"artifacts": artifacts, "host": host, "port": port})
     check_artifacts(settings.artifacts)
-    from server.main import serve as run_server
+    from qpart.server.main import serve as run_server
 
     run_server(settings)
 
@@ -239,7 +239,7 @@ SERVE_FIX = "pass --artifacts or set QPART_ARTIFACTS to a folder of `qpart calib
 
 def check_artifacts(folder: Path, fix: str = SERVE_FIX) -> None:
     """Refuse to serve a folder the catalog would find no artifact in (it scans ``**/artifact.json``)."""
-    from profiles.artifacts import ARTIFACT_FILE
+    from qpart.profiles.artifacts import ARTIFACT_FILE
 
     if not folder.is_dir():
         raise UsageError(f"artifacts folder {folder} does not exist; {fix}")

@@ -16,12 +16,12 @@ from pydantic import AliasChoices, AliasPath, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-from client.settings import DeviceSettings
-from kernels.ops import BACKEND_ENV, Backend
-from models.data import DATA_DIR_ENV, DEFAULT_DATA_DIR
-from models.registry import REGISTRY_ENV
-from offline.settings import CalibrationSettings
-from server.settings import ServerSettings
+from qpart.client.settings import DeviceSettings
+from qpart.kernels.ops import BACKEND_ENV, Backend
+from qpart.models.data import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from qpart.models.registry import REGISTRY_ENV
+from qpart.offline.settings import CalibrationSettings
+from qpart.server.settings import ServerSettings
 
 SETTINGS: tuple[type[BaseSettings], ...] = (ServerSettings, DeviceSettings, CalibrationSettings)
 """Every ``BaseSettings`` subclass of the project, in the document's order."""

@@ -20,10 +20,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from client.runtime import DeviceRuntime
-from client.settings import DeviceSettings
-from models.data import Split, load_split
+from qpart.client.runtime import DeviceRuntime
+from qpart.client.settings import DeviceSettings
 from qpart.errors import CommandError
+from qpart.models.data import Split, load_split
 
 DEVICES = ("raspberry-pi-4", "jetson-nano", "phone-soc")
 RATES_MBPS = (1.0, 20.0, 100.0)

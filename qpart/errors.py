@@ -13,12 +13,12 @@ from typing import Any, get_args
 from pydantic import SecretBytes, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError
 
-from client.errors import DeviceError
-from models.errors import ModelsError
-from offline.errors import CalibrationConfigError, CalibrationError
-from profiles.errors import ProfileError
+from qpart.client.errors import DeviceError
 from qpart.flags import env_name, json_example
-from server.errors import ServerError
+from qpart.models.errors import ModelsError
+from qpart.offline.errors import CalibrationConfigError, CalibrationError
+from qpart.profiles.errors import ProfileError
+from qpart.server.errors import ServerError
 
 ERROR_EXIT = 1
 USAGE_EXIT = 2
@@ -74,7 +74,7 @@ def describe(exc: BaseException) -> tuple[int, str] | None:
 def _error_trees() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(usage errors, domain errors): the packages' exception trees. ``OSError`` covers unreadable
     files and PIL's ``UnidentifiedImageError`` (a subclass)."""
-    from kernels.errors import KernelError  # noqa: PLC0415 (kernels/__init__ loads the kernels)
+    from qpart.kernels.errors import KernelError  # noqa: PLC0415 (kernels/__init__ loads the kernels)
 
     usage = (UsageError, CalibrationConfigError)
     return usage, (CommandError, KernelError, ModelsError, ProfileError, CalibrationError, DeviceError,

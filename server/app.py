@@ -13,20 +13,20 @@ from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server import paths
-from server.catalog import Catalog
-from server.engine import Engine
-from server.fastpath import InferFastPath
-from server.http_errors import install_error_handlers
-from server.limits import ASGIApp, LimitsMiddleware
-from server.metrics import Metrics
-from server.responses import Links
-from server.routes_api import router as api_router
-from server.routes_oip import SERVER_VERSION
-from server.routes_oip import router as oip_router
-from server.schemas import InferRequest
-from server.segments import SegmentStore
-from server.settings import ServerSettings
+from qpart.server import paths
+from qpart.server.catalog import Catalog
+from qpart.server.engine import Engine
+from qpart.server.fastpath import InferFastPath
+from qpart.server.http_errors import install_error_handlers
+from qpart.server.limits import ASGIApp, LimitsMiddleware
+from qpart.server.metrics import Metrics
+from qpart.server.responses import Links
+from qpart.server.routes_api import router as api_router
+from qpart.server.routes_oip import SERVER_VERSION
+from qpart.server.routes_oip import router as oip_router
+from qpart.server.schemas import InferRequest
+from qpart.server.segments import SegmentStore
+from qpart.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Generic, Protocol, Self, TypeVar
 
 import numpy as np
 
-from server.errors import BadRequestError, OverloadedError, PayloadTooLargeError, TailFailedError
+from qpart.server.errors import BadRequestError, OverloadedError, PayloadTooLargeError, TailFailedError
 
 
 class Rows(Protocol):

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from models.errors import ModelsError
-from models.partition import Cut, cuts_of, prepare, split
-from models.registry import get_model
-from profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
-from profiles.errors import ProfileError
-from server.errors import NotFoundError, NotReadyError
+from qpart.models.errors import ModelsError
+from qpart.models.partition import Cut, cuts_of, prepare, split
+from qpart.models.registry import get_model
+from qpart.profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
+from qpart.profiles.errors import ProfileError
+from qpart.server.errors import NotFoundError, NotReadyError
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.safetensors"

@@ -8,9 +8,9 @@ The inflated body is bounded by what the route can use.
 
 from __future__ import annotations
 
-from kernels import KernelError, OversizeError
-from kernels.coding import Coding, decode
-from server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from qpart.kernels import KernelError, OversizeError
+from qpart.kernels.coding import Coding, decode
+from qpart.server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
 IDENTITY = "identity"
 

@@ -10,20 +10,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiles.artifacts import Pattern
-from profiles.devices import DeviceProfile, get_device
-from profiles.errors import ProfileError
-from server.answers import TailAnswer
-from server.catalog import Catalog, LoadedModel
-from server.errors import BadRequestError, NotFoundError, UnprocessableError
-from server.metrics import Metrics
-from server.packets import decode_activation, packet_limit
-from server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price_options
-from server.schemas import PRESETS, PlanRequest, WeightPreset
-from server.segment_index import SegmentEntry, SegmentIndex
-from server.segments import SegmentStore
-from server.settings import ServerSettings
-from server.tail_pool import TailPool
+from qpart.profiles.artifacts import Pattern
+from qpart.profiles.devices import DeviceProfile, get_device
+from qpart.profiles.errors import ProfileError
+from qpart.server.answers import TailAnswer
+from qpart.server.catalog import Catalog, LoadedModel
+from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
+from qpart.server.metrics import Metrics
+from qpart.server.packets import decode_activation, packet_limit
+from qpart.server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price_options
+from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
+from qpart.server.segment_index import SegmentEntry, SegmentIndex
+from qpart.server.segments import SegmentStore
+from qpart.server.settings import ServerSettings
+from qpart.server.tail_pool import TailPool
 
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.

@@ -18,20 +18,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from server import paths
-from server.deps import bearer_ok
-from server.engine import Engine
-from server.errors import ServerError
-from server.http_errors import (
+from qpart.server import paths
+from qpart.server.deps import bearer_ok
+from qpart.server.engine import Engine
+from qpart.server.errors import ServerError
+from qpart.server.http_errors import (
     disconnect_response,
     http_exception_response,
     server_error_response,
     unexpected_response,
 )
-from server.inference import infer_response, tail_infer_response
-from server.limits import ASGIApp, Receive, Scope, Send
-from server.oip_codec import HEADER
-from server.routes_api import TOP_K_DEFAULT, TOP_K_MAX
+from qpart.server.inference import infer_response, tail_infer_response
+from qpart.server.limits import ASGIApp, Receive, Scope, Send
+from qpart.server.oip_codec import HEADER
+from qpart.server.routes_api import TOP_K_DEFAULT, TOP_K_MAX
 
 _TOP_K = re.compile(rb"top_k=([1-9][0-9]{0,3})")
 _HEADER = HEADER.lower().encode()

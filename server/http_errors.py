@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from server.errors import OverloadedError, ServerError, UnauthorizedError
+from qpart.server.errors import OverloadedError, ServerError, UnauthorizedError
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from starlette.responses import Response
 
-from server.content import content_coding, decode_content, identity_only
-from server.engine import Engine
-from server.errors import BadRequestError, NotFoundError
-from server.oip_codec import decode_request, encode_response
-from server.schemas import InferOutputTensor, InferRequest, InferResponse
+from qpart.server.content import content_coding, decode_content, identity_only
+from qpart.server.engine import Engine
+from qpart.server.errors import BadRequestError, NotFoundError
+from qpart.server.oip_codec import decode_request, encode_response
+from qpart.server.schemas import InferOutputTensor, InferRequest, InferResponse
 
 TAIL_SUFFIX = "-tail"
 

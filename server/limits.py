@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 
-from server.content import identity_only
-from server.errors import UnsupportedMediaTypeError
-from server.http_errors import unexpected_response
-from server.metrics import Metrics
-from server.paths import route_label
+from qpart.server.content import identity_only
+from qpart.server.errors import UnsupportedMediaTypeError
+from qpart.server.http_errors import unexpected_response
+from qpart.server.metrics import Metrics
+from qpart.server.paths import route_label
 
 M = TypeVar("M", Counter, Histogram)
 Scope = MutableMapping[str, Any]

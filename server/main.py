@@ -17,10 +17,10 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from server.app import create_app
-from server.connections import ConnectionCounts, ConnectionLimits, guarded_protocol
-from server.engine import Engine
-from server.settings import ServerSettings
+from qpart.server.app import create_app
+from qpart.server.connections import ConnectionCounts, ConnectionLimits, guarded_protocol
+from qpart.server.engine import Engine
+from qpart.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import KernelError
-from kernels.wire import decode_activation_array, float_packet_bytes
-from profiles.artifacts import Pattern
-from server.catalog import LoadedModel
-from server.errors import BadRequestError
-from server.settings import ServerSettings
+from qpart.kernels import KernelError
+from qpart.kernels.wire import decode_activation_array, float_packet_bytes
+from qpart.profiles.artifacts import Pattern
+from qpart.server.catalog import LoadedModel
+from qpart.server.errors import BadRequestError
+from qpart.server.settings import ServerSettings
 
 
 def packet_limit(settings: ServerSettings, model: LoadedModel, pattern: Pattern) -> int:

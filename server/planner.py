@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernels.coding import Coding
-from profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
-from profiles.devices import DeviceProfile
-from server.errors import UnprocessableError
-from server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
+from qpart.kernels.coding import Coding
+from qpart.profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
+from qpart.profiles.devices import DeviceProfile
+from qpart.server.errors import UnprocessableError
+from qpart.server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
 
 
 @dataclass(frozen=True)

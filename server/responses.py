@@ -3,12 +3,12 @@ table (:mod:`server.paths`), never in the engine."""
 
 from __future__ import annotations
 
-from profiles.artifacts import Pattern
-from server import paths
-from server.catalog import LoadedModel
-from server.engine import ModelView, PlanChoice
-from server.schemas import ModelInfo, PatternInfo, PlanResponse, SegmentRef
-from server.segment_index import SegmentEntry
+from qpart.profiles.artifacts import Pattern
+from qpart.server import paths
+from qpart.server.catalog import LoadedModel
+from qpart.server.engine import ModelView, PlanChoice
+from qpart.server.schemas import ModelInfo, PatternInfo, PlanResponse, SegmentRef
+from qpart.server.segment_index import SegmentEntry
 
 
 class Links:

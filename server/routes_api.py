@@ -12,14 +12,29 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernels.coding import Coding
-from server import paths
-from server.deps import EngineDep, LinksDep, read_body, require_admin, require_model_token, require_token
-from server.errors import RangeNotSatisfiableError
-from server.inference import tail_infer_response
-from server.limits import MODEL_STATE_KEY
-from server.responses import model_info_response, plan_response
-from server.schemas import SHA256_HEX, ErrorBody, JsonInt, ModelInfo, PlanRequest, PlanResponse, TailResponse
+from qpart.kernels.coding import Coding
+from qpart.server import paths
+from qpart.server.deps import (
+    EngineDep,
+    LinksDep,
+    read_body,
+    require_admin,
+    require_model_token,
+    require_token,
+)
+from qpart.server.errors import RangeNotSatisfiableError
+from qpart.server.inference import tail_infer_response
+from qpart.server.limits import MODEL_STATE_KEY
+from qpart.server.responses import model_info_response, plan_response
+from qpart.server.schemas import (
+    SHA256_HEX,
+    ErrorBody,
+    JsonInt,
+    ModelInfo,
+    PlanRequest,
+    PlanResponse,
+    TailResponse,
+)
 
 router = APIRouter()
 _ERRORS: dict[int | str, dict[str, object]] = {

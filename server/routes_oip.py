@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from server import paths
-from server.deps import EngineDep, read_body, require_model_token, require_token
-from server.engine import Engine
-from server.inference import infer_response, resolve_model
-from server.oip_codec import HEADER
-from server.schemas import ErrorBody, ModelMetadata, ServerMetadata, TensorMetadata
+from qpart.server import paths
+from qpart.server.deps import EngineDep, read_body, require_model_token, require_token
+from qpart.server.engine import Engine
+from qpart.server.inference import infer_response, resolve_model
+from qpart.server.oip_codec import HEADER
+from qpart.server.schemas import ErrorBody, ModelMetadata, ServerMetadata, TensorMetadata
 
 router = APIRouter()
 SERVER_VERSION = "0.1.0"

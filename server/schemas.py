@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
-from kernels.coding import Coding
-from profiles.devices import DeviceProfile
+from qpart.kernels.coding import Coding
+from qpart.profiles.devices import DeviceProfile
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from profiles.artifacts import Pattern
-from server.catalog import Catalog, LoadedModel
-from server.errors import NotFoundError
-from server.segments import SegmentStore, build_segment
+from qpart.profiles.artifacts import Pattern
+from qpart.server.catalog import Catalog, LoadedModel
+from qpart.server.errors import NotFoundError
+from qpart.server.segments import SegmentStore, build_segment
 
 
 @dataclass(frozen=True)

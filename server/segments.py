@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from torch import fx
 
-from kernels import QuantScheme, quantize_pack, weight_group_size
-from kernels.segment_format import SegmentHeader, encode_segment
-from profiles.artifacts import FLOAT_BITS, Pattern
+from qpart.kernels import QuantScheme, quantize_pack, weight_group_size
+from qpart.kernels.segment_format import SegmentHeader, encode_segment
+from qpart.profiles.artifacts import FLOAT_BITS, Pattern
 
 
 def build_segment(head: fx.GraphModule, model: str, version: str, pattern: Pattern) -> bytes:

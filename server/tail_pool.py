@@ -14,14 +14,14 @@ import numpy as np
 import torch
 from torch import fx
 
-from models.partition import split
-from server.answers import TailRows, tail_json, tail_rows
-from server.batching import Batcher, BatchReport
-from server.catalog import LoadedModel
-from server.errors import DeadlineExceededError
-from server.metrics import Metrics
-from server.settings import ServerSettings
-from server.tail_times import TailTimes
+from qpart.models.partition import split
+from qpart.server.answers import TailRows, tail_json, tail_rows
+from qpart.server.batching import Batcher, BatchReport
+from qpart.server.catalog import LoadedModel
+from qpart.server.errors import DeadlineExceededError
+from qpart.server.metrics import Metrics
+from qpart.server.settings import ServerSettings
+from qpart.server.tail_times import TailTimes
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,8 @@ def live_server_factory() -> Iterator[type[LiveServer]]:
 
 def tail_request(url: str, batch: int = 1, model: str = "fmnist-cnn") -> tuple[str, bytes]:
     """A planned tail request against a live server: its infer URL and a random activation packet."""
-    from client.plans import Plan
-    from client.runtime import encode_for_plan
+    from qpart.client.plans import Plan
+    from qpart.client.runtime import encode_for_plan
 
     answer = httpx.post(f"{url}/v1/plan", json={"model": model, "accuracy_demand": 0.01, "rate_bps": 1e6},
                         timeout=30)

@@ -21,10 +21,10 @@ from bench.e2e import (
     summarize,
     with_baselines,
 )
-from profiles.artifacts import load_artifact
-from profiles.devices import get_device
-from server.planner import PlanInputs, allowed_patterns
-from server.schemas import PRESETS, WeightPreset
+from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.devices import get_device
+from qpart.server.planner import PlanInputs, allowed_patterns
+from qpart.server.schemas import PRESETS, WeightPreset
 
 CODINGS = frozenset({"deflate", "zstd"})
 

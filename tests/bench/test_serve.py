@@ -49,11 +49,11 @@ def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only)
     from fastapi.testclient import TestClient
 
     from bench.floor_server import engine_app
-    from client.plans import Plan
-    from client.runtime import encode_for_plan
-    from models.data import Split, load_split
-    from server.app import create_app
-    from server.settings import ServerSettings
+    from qpart.client.plans import Plan
+    from qpart.client.runtime import encode_for_plan
+    from qpart.models.data import Split, load_split
+    from qpart.server.app import create_app
+    from qpart.server.settings import ServerSettings
 
     with TestClient(create_app(ServerSettings(artifacts=cnn_only))) as real:
         plan = real.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e9,

@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from client.cli import device_app
-from client.errors import DeviceError
-from client.settings import DeviceSettings
+from qpart.client.cli import device_app
+from qpart.client.errors import DeviceError
+from qpart.client.settings import DeviceSettings
 
 
 @pytest.fixture(autouse=True)
@@ -44,9 +44,9 @@ def test_infer_reads_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_pa
         def close(self):
             pass
 
-    runtime = ModuleType("client.runtime")
+    runtime = ModuleType("qpart.client.runtime")
     runtime.DeviceRuntime = Runtime  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "client.runtime", runtime)
+    monkeypatch.setitem(sys.modules, "qpart.client.runtime", runtime)
     image = tmp_path / "x.png"
     Image.fromarray(np.zeros((28, 28), np.uint8)).save(image)
     env = {"QPART_DEVICE_SERVER": "http://env.test:1", "QPART_DEVICE_CACHE_DIR": str(tmp_path / "env"),
@@ -70,8 +70,8 @@ def test_profile_asks_the_server_of_the_environment_unless_a_flag_names_one(monk
         asked.append(url)
         raise httpx.ConnectError("nobody there")
 
-    monkeypatch.setitem(sys.modules, "client.profiler", ModuleType("client.profiler"))
-    sys.modules["client.profiler"].profile_device = None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "qpart.client.profiler", ModuleType("qpart.client.profiler"))
+    sys.modules["qpart.client.profiler"].profile_device = None  # type: ignore[attr-defined]
     monkeypatch.setattr(httpx, "get", get)
     env = {"QPART_DEVICE_SERVER": "http://env.test:1"}
     args = ["profile", "--model", "fmnist-cnn", "--out", str(tmp_path / "p.json")]
@@ -94,7 +94,7 @@ def test_cache_commands_read_the_environment_and_a_flag_overrides_it(monkeypatch
         def prune(self, max_bytes):
             return []
 
-    monkeypatch.setattr("client.segment_cache.SegmentCache", Cache)
+    monkeypatch.setattr("qpart.client.segment_cache.SegmentCache", Cache)
     env = {"QPART_DEVICE_CACHE_DIR": str(tmp_path / "env"), "QPART_DEVICE_CACHE_MAX_BYTES": "4096"}
     invoke(command, env)
     invoke([*command, "--cache-dir", str(tmp_path / "flag")], env)

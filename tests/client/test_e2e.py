@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from models.data import Split, load_split
-from models.registry import get_model
-from offline.runner import ModelRunner
+from qpart.models.data import Split, load_split
+from qpart.models.registry import get_model
+from qpart.offline.runner import ModelRunner
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
@@ -96,8 +96,8 @@ def test_a_profiled_device_on_a_slow_link_uploads_compressed_packets(server, run
     that prices cheapest (deflate when it is the only one; zstd when it takes a tenth of deflate's
     time), the client sends the packets so (fewer bytes than raw), the server decodes them and
     the answers match."""
-    from kernels import packed_size
-    from profiles.devices import get_device
+    from qpart.kernels import packed_size
+    from qpart.profiles.devices import get_device
 
     info = httpx.get(f"{server.url}/v1/models/fmnist-cnn").json()
     profile = get_device("raspberry-pi-4").model_dump(mode="json")

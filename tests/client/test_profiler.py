@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from client.profiler import profile_device
-from profiles.artifacts import load_artifact
-from profiles.devices import DeviceProfile, get_device
-from server.planner import encode_seconds, head_seconds
+from qpart.client.profiler import profile_device
+from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.devices import DeviceProfile, get_device
+from qpart.server.planner import encode_seconds, head_seconds
 
 
 def test_profiler_times_every_cut_and_the_planner_prefers_it(artifacts_dir, tmp_path):
@@ -41,8 +41,8 @@ def test_encode_times_price_quantized_uploads_but_not_float_ones(artifacts_dir):
 
 
 def test_the_profiler_times_every_coding_at_every_cut_and_bits(artifacts_dir):
-    from client.profiler import measure_codings
-    from kernels.coding import CODING_BITS, Coding
+    from qpart.client.profiler import measure_codings
+    from qpart.kernels.coding import CODING_BITS, Coding
 
     artifact = load_artifact(artifacts_dir / "fmnist-cnn")
     timed = measure_codings("fmnist-cnn", repeats=3)
@@ -54,9 +54,9 @@ def test_the_profiler_times_every_coding_at_every_cut_and_bits(artifacts_dir):
 
 @pytest.mark.parametrize("coding", ["deflate", "zstd"])
 def test_upload_body_compresses_only_when_the_plan_says_so(coding):
-    from client.plans import PacketFormat
-    from client.runtime import upload_body
-    from kernels.coding import decode
+    from qpart.client.plans import PacketFormat
+    from qpart.client.runtime import upload_body
+    from qpart.kernels.coding import decode
 
     packet = b"QPA\x01" + bytes(400)
     sent = {"activation_bits": 8, "group_size": 4}

@@ -10,11 +10,11 @@ import warnings
 import httpx
 import pytest
 
-from client.runtime import DeviceRuntime
-from client.settings import DeviceSettings
-from client.transport import Transport
-from kernels.coding import Coding
-from profiles.devices import DeviceProfile, MeasuredHeads, get_device
+from qpart.client.runtime import DeviceRuntime
+from qpart.client.settings import DeviceSettings
+from qpart.client.transport import Transport
+from qpart.kernels.coding import Coding
+from qpart.profiles.devices import DeviceProfile, MeasuredHeads, get_device
 from tests.client.samples import PLAN
 
 CODED = [dict.fromkeys([*range(1, 9), 32], 1e-4)] * 3

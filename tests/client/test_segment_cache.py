@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from client.errors import ServerUnavailableError
-from client.segment_cache import SegmentCache
-from client.settings import DeviceSettings
-from client.transport import Transport
+from qpart.client.errors import ServerUnavailableError
+from qpart.client.segment_cache import SegmentCache
+from qpart.client.settings import DeviceSettings
+from qpart.client.transport import Transport
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.integration

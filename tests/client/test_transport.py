@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from client.errors import ServerRejectedError, ServerUnavailableError
-from client.settings import DeviceSettings
-from client.transport import RateEstimator, Transport
+from qpart.client.errors import ServerRejectedError, ServerUnavailableError
+from qpart.client.settings import DeviceSettings
+from qpart.client.transport import RateEstimator, Transport
 
 
 def _transport(handler, sleeps, retries=3):

@@ -12,7 +12,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.coding import (
+from qpart.kernels.coding import (
     ZSTD_MAGIC,
     Coding,
     decode,
@@ -22,8 +22,8 @@ from kernels.coding import (
     zstd_compress,
     zstd_decompress,
 )
-from kernels.errors import OversizeError, TruncatedError, WireFormatError
-from kernels.wire import decode_activation_array, encode_quantized_activation
+from qpart.kernels.errors import OversizeError, TruncatedError, WireFormatError
+from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
 
 CODINGS = list(Coding)
 

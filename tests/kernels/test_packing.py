@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import Backend, QuantizationError, pack_codes, packed_size, unpack_codes
-from kernels.ops import native_module
+from qpart.kernels import Backend, QuantizationError, pack_codes, packed_size, unpack_codes
+from qpart.kernels.ops import native_module
 
 BACKENDS = [Backend.NUMPY] + ([Backend.NATIVE] if native_module() is not None else [])
 

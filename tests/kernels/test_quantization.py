@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kernels import (
+from qpart.kernels import (
     Backend,
     QuantizationError,
     QuantScheme,
@@ -16,8 +16,8 @@ from kernels import (
     unpack_dequantize,
     weight_group_size,
 )
-from kernels.ops import PackedTensor, active_backend, native_module
-from kernels.quantization import dequantize_numpy, quantize_numpy
+from qpart.kernels.ops import PackedTensor, active_backend, native_module
+from qpart.kernels.quantization import dequantize_numpy, quantize_numpy
 
 BACKENDS = [Backend.NUMPY] + ([Backend.NATIVE] if native_module() is not None else [])
 FINITE = st.floats(-(2.0**100), 2.0**100, allow_nan=False, width=32)

@@ -10,7 +10,7 @@ import safetensors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from qpart.kernels import (
     KernelError,
     OversizeError,
     QuantScheme,
@@ -19,8 +19,8 @@ from kernels import (
     quantize_pack,
     unpack_dequantize,
 )
-from kernels.segment_format import SegmentHeader, decode_segment, encode_segment
-from kernels.wire import (
+from qpart.kernels.segment_format import SegmentHeader, decode_segment, encode_segment
+from qpart.kernels.wire import (
     decode_activation,
     decode_activation_array,
     encode_activation,
@@ -208,7 +208,7 @@ def test_float_packet_dims_that_overflow_int64_are_a_typed_error():
 
 
 def _segment_with_descriptors(descriptors):
-    from kernels.segment_format import _content_digest, _serialize
+    from qpart.kernels.segment_format import _content_digest, _serialize
 
     arrays = {"t.codes": np.zeros(3, np.uint8), "t.scales": np.ones(1, np.float32),
               "t.mins": np.zeros(1, np.float32)}
@@ -268,7 +268,7 @@ def test_fuzz_structured_descriptors_raise_only_typed_errors(descriptors):
 
 
 def test_float_packet_bytes_is_the_encoded_size():
-    from kernels.wire import float_packet_bytes
+    from qpart.kernels.wire import float_packet_bytes
 
     for shape in [(1,), (3, 1, 28, 28), (2, 5)]:
         assert float_packet_bytes(shape) == len(encode_float_activation(np.zeros(shape, np.float32)))

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from models.architectures import BasicBlock, fmnist_cnn, fmnist_resnet, resnet18_style
-from models.errors import PartitionError
-from models.partition import Cut, cut_flops, cuts_of, prepare, split
+from qpart.models.architectures import BasicBlock, fmnist_cnn, fmnist_resnet, resnet18_style
+from qpart.models.errors import PartitionError
+from qpart.models.partition import Cut, cut_flops, cuts_of, prepare, split
 
 ARCHS = [
     pytest.param(fmnist_cnn, (1, 28, 28), id="fmnist-cnn"),

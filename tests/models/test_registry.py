@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.errors import ModelLoadError, PartitionError, UnknownModelError
-from models.registry import get_model, list_models, register_model
+from qpart.models.errors import ModelLoadError, PartitionError, UnknownModelError
+from qpart.models.registry import get_model, list_models, register_model
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from models.timing import interleaved_medians, median_seconds
+from qpart.models.timing import interleaved_medians, median_seconds
 
 
 def test_every_round_runs_every_function_once_in_a_changing_order():

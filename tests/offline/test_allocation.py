@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offline.allocation import (
+from qpart.offline.allocation import (
     Item,
     allocate,
     closed_form_bits,
@@ -15,7 +15,7 @@ from offline.allocation import (
     pattern_noise,
     qpart_paper_bits,
 )
-from profiles.artifacts import FLOAT_BITS
+from qpart.profiles.artifacts import FLOAT_BITS
 
 
 def _item(name, numel, scale, groups=4):

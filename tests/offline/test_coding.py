@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from kernels.coding import Coding
-from offline.coding import measure_artifact
-from offline.errors import CalibrationConfigError
-from profiles.artifacts import load_artifact
+from qpart.kernels.coding import Coding
+from qpart.offline.coding import measure_artifact
+from qpart.offline.errors import CalibrationConfigError
+from qpart.profiles.artifacts import load_artifact
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_other_weights_or_too_many_samples_are_refused(copy):
 
 
 def test_ratios_for_another_number_of_cuts_are_refused(copy):
-    from offline.coding import with_coding_ratios
+    from qpart.offline.coding import with_coding_ratios
 
     artifact = load_artifact(copy)
     n = len(artifact.cuts)

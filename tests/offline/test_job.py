@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from kernels.coding import Coding
-from models.registry import get_model
-from offline.job import calibrate
-from offline.settings import CalibrationSettings
-from profiles.artifacts import FLOAT_BITS, load_artifact
+from qpart.kernels.coding import Coding
+from qpart.models.registry import get_model
+from qpart.offline.job import calibrate
+from qpart.offline.settings import CalibrationSettings
+from qpart.profiles.artifacts import FLOAT_BITS, load_artifact
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,18 @@ import re
 import matplotlib.pyplot as plt
 import pytest
 
-from offline.report import METHODS, bits, bits_figure, drops_figure, level, number, pct, size, write_report
-from profiles.artifacts import load_artifact
+from qpart.offline.report import (
+    METHODS,
+    bits,
+    bits_figure,
+    drops_figure,
+    level,
+    number,
+    pct,
+    size,
+    write_report,
+)
+from qpart.profiles.artifacts import load_artifact
 
 
 @pytest.fixture(scope="module", params=["fmnist-cnn", "fmnist-resnet"])

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import activation_group
-from offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
-from profiles.artifacts import AccuracyPoint
+from qpart.kernels import activation_group
+from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
+from qpart.profiles.artifacts import AccuracyPoint
 
 
 def test_paired_drop_counts_lost_and_gained():

@@ -10,10 +10,10 @@ import shutil
 import pytest
 from pydantic import ValidationError
 
-from kernels.coding import Coding
-from profiles.artifacts import ARTIFACT_SCHEMA_VERSION, CutProfile, load_artifact, save_artifact
-from profiles.devices import DEVICES_DIR, MeasuredHeads, get_device, load_device_profile
-from profiles.errors import SchemaVersionError
+from qpart.kernels.coding import Coding
+from qpart.profiles.artifacts import ARTIFACT_SCHEMA_VERSION, CutProfile, load_artifact, save_artifact
+from qpart.profiles.devices import DEVICES_DIR, MeasuredHeads, get_device, load_device_profile
+from qpart.profiles.errors import SchemaVersionError
 
 
 def _schema1(doc: dict, codings: tuple[str, ...] = ("deflate", "zstd")) -> dict:

@@ -11,10 +11,10 @@ from types import ModuleType, SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from offline.settings import CalibrationSettings, Estimator
 from qpart.cli import app
 from qpart.flags import env_help, settings_from
-from server.settings import ServerSettings
+from qpart.offline.settings import CalibrationSettings, Estimator
+from qpart.server.settings import ServerSettings
 
 
 @pytest.fixture
@@ -23,17 +23,17 @@ def seen(monkeypatch) -> list[object]:
     for name in [k for k in os.environ if k.startswith("QPART_")]:
         monkeypatch.delenv(name)
     captured: list[object] = []
-    server_main = ModuleType("server.main")
+    server_main = ModuleType("qpart.server.main")
     server_main.serve = captured.append  # type: ignore[attr-defined]
-    job = ModuleType("offline.job")
+    job = ModuleType("qpart.offline.job")
 
     def calibrate(spec, settings, out, sink):
         captured.append(settings)
         return SimpleNamespace(patterns=[])
 
     job.calibrate = calibrate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "server.main", server_main)
-    monkeypatch.setitem(sys.modules, "offline.job", job)
+    monkeypatch.setitem(sys.modules, "qpart.server.main", server_main)
+    monkeypatch.setitem(sys.modules, "qpart.offline.job", job)
     return captured
 
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import AliasChoices, Field, SecretStr, create_model
 
 from qpart import config_docs
-from server.settings import ServerSettings
+from qpart.server.settings import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from PIL import UnidentifiedImageError
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from models.errors import ModelLoadError
 from qpart.errors import ERROR_EXIT, USAGE_EXIT, UsageError, describe, run
+from qpart.models.errors import ModelLoadError
 
 
 class TokenSettings(BaseSettings):

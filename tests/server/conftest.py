@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
-from server.settings import ServerSettings
+from qpart.server.app import create_app
+from qpart.server.settings import ServerSettings
 
 
 def make_client(artifacts: Path, **overrides: object) -> TestClient:

@@ -9,11 +9,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from client.plans import HeadSpec, PacketFormat, Plan
-from client.runtime import encode_for_plan, load_head
-from models.data import Split, load_split
-from server.app import create_app
-from server.settings import ServerSettings
+from qpart.client.plans import HeadSpec, PacketFormat, Plan
+from qpart.client.runtime import encode_for_plan, load_head
+from qpart.models.data import Split, load_split
+from qpart.server.app import create_app
+from qpart.server.settings import ServerSettings
 from tests.server.conftest import make_client
 
 
@@ -325,7 +325,7 @@ def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(clie
 
     import zstandard
 
-    from kernels.coding import deflate, zstd_compress
+    from qpart.kernels.coding import deflate, zstd_compress
 
     plan = _plan(client, rate_bps=1e6)
     packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
@@ -356,7 +356,7 @@ def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(clie
 
 
 def test_a_device_with_deflate_times_is_told_to_deflate_on_a_slow_link(client):
-    from profiles.devices import MeasuredHeads, get_device
+    from qpart.profiles.devices import MeasuredHeads, get_device
 
     info = client.get("/v1/models/fmnist-cnn").json()
     pi = get_device("raspberry-pi-4")

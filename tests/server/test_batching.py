@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from server.batching import Batcher, BatchReport
-from server.errors import BadRequestError, OverloadedError, PayloadTooLargeError, TailFailedError
+from qpart.server.batching import Batcher, BatchReport
+from qpart.server.errors import BadRequestError, OverloadedError, PayloadTooLargeError, TailFailedError
 
 
 def _gate():

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels.coding import deflate, zstd_compress
-from server.content import content_coding, decode_content, identity_only
-from server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from qpart.kernels.coding import deflate, zstd_compress
+from qpart.server.content import content_coding, decode_content, identity_only
+from qpart.server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
 
 @pytest.mark.parametrize(("values", "coding"), [

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from server.batching import BatchReport
-from server.catalog import Catalog
-from server.engine import Engine
-from server.metrics import Metrics
-from server.segments import SegmentStore
-from server.settings import ServerSettings
-from server.tail_pool import TailKey
+from qpart.server.batching import BatchReport
+from qpart.server.catalog import Catalog
+from qpart.server.engine import Engine
+from qpart.server.metrics import Metrics
+from qpart.server.segments import SegmentStore
+from qpart.server.settings import ServerSettings
+from qpart.server.tail_pool import TailKey
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +71,9 @@ def _sample_count(metric, model: str) -> float:
 def test_requests_sharing_a_batch_each_get_their_own_rows_and_errors(engine):
     """Requests of 1, 2 and 3 samples and one whose logits overflow, submitted together: one
     batch of 7; each answer holds its own rows (as run alone), only the overflowing one fails."""
-    from client.plans import PacketFormat
-    from client.runtime import encode_for_plan
-    from server.errors import UnprocessableError
+    from qpart.client.plans import PacketFormat
+    from qpart.client.runtime import encode_for_plan
+    from qpart.server.errors import UnprocessableError
 
     model = engine.catalog.get("fmnist-cnn")
     engine.warm_up()

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.coding import zstd_compress
+from qpart.kernels.coding import zstd_compress
 from tests.conftest import LiveServer
 from tests.server.test_robustness import PLAN, V2, assert_every_route_serves, cut0_tail, v2_body
 

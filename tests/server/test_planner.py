@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from kernels.coding import Coding
-from profiles.artifacts import load_artifact
-from profiles.devices import get_device
-from server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, coding_header_bytes, price, price_upload
-from server.schemas import PRESETS, WeightPreset
+from qpart.kernels.coding import Coding
+from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.devices import get_device
+from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, coding_header_bytes, price, price_upload
+from qpart.server.schemas import PRESETS, WeightPreset
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_an_upload_rate_prices_only_the_activation_body(artifact, batch):
 
 def _deflating(rate_bps, seconds=1e-4, offer=True):
     """phone-soc with a measured deflate time (``seconds`` for every cut and bits; None: none)."""
-    from profiles.devices import MeasuredHeads
+    from qpart.profiles.devices import MeasuredHeads
 
     base = get_device("phone-soc")
 
@@ -122,8 +122,8 @@ def test_a_slow_link_deflates_the_upload_at_the_measured_ratio_plus_the_deflate_
 
 
 def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper_wins(artifact):
-    from profiles.devices import MeasuredHeads
-    from server.planner import price_options
+    from qpart.profiles.devices import MeasuredHeads
+    from qpart.server.planner import price_options
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
     ratios = {Coding.DEFLATE: {32: 0.30}, Coding.ZSTD: {32: 0.35}}
@@ -187,8 +187,8 @@ def test_a_deadline_sees_the_raw_upload_when_deflating_saves_energy_but_costs_ti
     """Energy only, a radio that draws 20x the CPU's power, a deflate slower than the bytes it
     saves: deflating is cheaper in J and slower. Both are candidates, so a deadline between their
     times keeps the raw one instead of refusing the pattern."""
-    from server.planner import Candidate, choose, price_options
-    from server.schemas import ObjectiveWeights
+    from qpart.server.planner import Candidate, choose, price_options
+    from qpart.server.schemas import ObjectiveWeights
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
     saved_s = p.activation_bytes * (1 - artifact.cuts[0].coding_ratio[Coding.DEFLATE][32]) * 8 / 1e6

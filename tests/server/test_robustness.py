@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from client.plans import PacketFormat
-from client.runtime import encode_for_plan
+from qpart.client.plans import PacketFormat
+from qpart.client.runtime import encode_for_plan
 from tests.conftest import REPO, LiveServer
 from tests.server.test_faults import IO_TIMEOUT_S, RawResponse, parse_response, request_head
 
@@ -258,7 +258,7 @@ def test_a_plan_with_a_content_encoding_is_a_415(hardened, coded):
 def test_an_injected_tail_failure_fails_only_its_batch(cnn_only, monkeypatch):
     """In process (the seam is the engine's runner): the failing request gets a JSON 500, the
     next one on the same model and cut is served, and readiness stays 200."""
-    from server.tail_pool import TailPool
+    from qpart.server.tail_pool import TailPool
     from tests.server.conftest import make_client
 
     original = TailPool.runner

@@ -8,9 +8,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kernels.coding import Coding
-from profiles.devices import DeviceProfile, get_device
-from server.schemas import CostBreakdown, PlanRequest
+from qpart.kernels.coding import Coding
+from qpart.profiles.devices import DeviceProfile, get_device
+from qpart.server.schemas import CostBreakdown, PlanRequest
 
 
 def _request(**fields) -> PlanRequest:

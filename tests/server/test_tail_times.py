@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.tail_times import ALPHA, MAX_EXTRA_S, TailTimes
+from qpart.server.tail_times import ALPHA, MAX_EXTRA_S, TailTimes
 
 
 def test_no_profile_no_figures():

@@ -9,9 +9,9 @@ import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from client.plans import HeadSpec, PacketFormat
-from client.runtime import encode_for_plan, load_head
-from models.data import Split, load_split
+from qpart.client.plans import HeadSpec, PacketFormat
+from qpart.client.runtime import encode_for_plan, load_head
+from qpart.models.data import Split, load_split
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from client.plans import PacketFormat
-from client.runtime import encode_for_plan
+from qpart.client.plans import PacketFormat
+from qpart.client.runtime import encode_for_plan
 from tests.server.conftest import make_client
 
 

@@ -1,21 +1,11 @@
 """A tail batch's answer: softmax and class order for the whole batch at once, JSON per request.
 
-The batch function of a tail (:meth:`server.engine.Engine._runner`) turns its logits into
-:class:`TailRows` in the worker thread, vectorized over the batch: which rows are finite, each
-row's classes by falling probability, and those probabilities. Each request then takes its slice
-(:class:`server.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes its answer.
-
-Before, every request did this on the event loop in plain Python (softmax, a sort, seven
-``model_construct`` calls and pydantic's serializer), paid once per request whether or not
-requests were batched: ~27 us of the event loop's ~314 us per request at 32 clients by py-spy
-(CNN, batching on). ``python -m bench.answers`` (``bench/results/answers.json``) times both paths
-side by side per one-sample request: about even in batches of 1 (38.6 us before, 38.1 now; x1.02,
-on a slow spell of this shared machine), x2.81 cheaper in batches of 16 (25.8 against 9.2 us),
-where the per-batch step is shared. The JSON
-written here is the :class:`server.schemas.TailResponse` document as ``model_dump_json`` wrote it
-(same fields, order and float formatting; probabilities may differ in the last bit, numpy's exp
-not being libm's); a test validates it against the model, checks the numbers against a plain
-softmax, and compares the bytes with the old per-request code on random logits.
+The batch function of a tail (:meth:`server.tail_pool.TailPool.runner`) turns its logits into
+:class:`TailRows` in the worker thread, vectorized over the batch, so the event loop does no
+per-request softmax or pydantic serialization; each request takes its slice
+(:class:`server.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes the
+:class:`server.schemas.TailResponse` document byte for byte as ``model_dump_json`` would (a test
+compares them). ``bench/README.md`` has the measured saving (``python -m bench.answers``).
 """
 
 from __future__ import annotations

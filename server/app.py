@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 def freeze_long_lived() -> None:
     """Move everything loaded so far (torch modules, fx graphs, artifacts), which lives as long as
-    the process, out of the collector's reach: else every full collection walks it (measured:
-    150 ms pauses, the whole p99 of tail inference under load)."""
+    the process, out of the collector's reach: else every full collection walks it, and those
+    pauses were the whole p99 of tail inference under load."""
     gc.collect()
     gc.freeze()
 
@@ -74,7 +74,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         summary="Plans, quantized head segments and tail inference for edge devices.",
         lifespan=lifespan,
         # Off by default (Prometheus at /metrics is the server's telemetry): FastAPI's check for
-        # configured OpenTelemetry providers costs ~3 us on every request (timeit: 3.15 -> 0.10).
+        # configured OpenTelemetry providers costs every request a few microseconds.
         telemetry={"tracing": settings.opentelemetry, "metrics": settings.opentelemetry,
                    "logs": settings.opentelemetry},
     )
@@ -115,8 +115,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
         Both sit outside FastAPI's middleware (``add_middleware`` would put them inside its
         ServerErrorMiddleware and two more layers), so the fast path skips three layers and their
-        ``send`` wrappers: ~20 us of the event loop's ~300 us per tail request at 32 clients
-        (py-spy). The fast path answers its own errors, unexpected ones included, as the
+        ``send`` wrappers, a measurable share of the event loop per tail request. The fast path
+        answers its own errors, unexpected ones included, as the
         handlers of :func:`server.http_errors.install_error_handlers` do.
         """
         inner: ASGIApp = build_stack()

@@ -1,7 +1,7 @@
 """The inference routes' common case served straight from ASGI, past FastAPI's router.
 
-At 32 clients FastAPI's routing, dependency solving and exit stacks were a third of the event
-loop's CPU per tail request (py-spy). For a POST to a tail or v2 infer route that is
+Under load FastAPI's routing, dependency solving and exit stacks were a large share of the event
+loop's CPU per tail request. For a POST to a tail or v2 infer route that is
 well-formed on its face (authorised, no query but a valid ``top_k``), this middleware calls the
 same handler the route calls, and maps errors through :mod:`server.http_errors` as the route
 would. Anything else falls through to FastAPI, which answers it (401, 422, ...) as documented.

@@ -1,7 +1,7 @@
-"""The planner: QPART's cost model (DESIGN §2) over the precomputed (cut, level) patterns.
+"""The planner: QPART's cost model (docs/cost-model.md) over the precomputed (cut, level) patterns.
 
 For a fixed (cut, level) every bit-dependent term is proportional to the bits sent, so the
-bit pattern that minimises ``J`` does not depend on rate or weights (DESIGN §3): planning is an
+bit pattern that minimises ``J`` does not depend on rate or weights: planning is an
 enumeration of cuts × levels no looser than the demand, each priced with the request's numbers.
 """
 
@@ -128,17 +128,8 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
 
     The activation's upload time counts only past ``inputs.upload_overlap_s``: the server parses a
     request's headers and dispatches it while the body is still on the wire, work the round trip
-    (probed with a tiny body) already holds. On the benchmark's 100 Mbit/s link a packet trace
-    (``python -m bench.uplink_trace --rate 100``, 50 pairs, medians) had a 3,164 B body end
-    0.21 ms later after its headers than a 354 B one, and the answer leave 0.07 ms later (net of
-    the server's compute): some of the body's time was hidden. How much varies by run: round
-    trips less compute differed by 0.15 ms there against 0.22 ms of wire, by 0.02 ms in
-    ``bench/results/uplink-100.json``. The device measures it on its link (``bench.exchange``).
-
+    (probed with a tiny body) already holds; the device measures it on its link (ADR 0004).
     With ``inputs.upload_rate_bps`` the activation body's bytes cost time at that rate (ADR 0006).
-    On the benchmark's shaped links (``bench/results/upload-sizes-*.json``) the bytes of a
-    one-packet body cost about the line rate at 1 and 5 Mbit/s, less than half of it at 20 and
-    nothing measurable at 100; a long download's goodput says otherwise at every rate.
 
     With ``ratio`` the activation is sent in ``coding`` (deflate or zstd; each needs the other):
     priced at its raw size times the ratio (the calibration's mean, measured on one-sample packets:

@@ -3,13 +3,11 @@ took beyond it lately.
 
 The start-up profile times every cut's tail back to back through the worker pool. A request from
 an edge device usually finds the server idle, and an idle server is slower by a roughly fixed
-amount, not a factor: through the pool the CNN's whole-model tail took 0.70 ms back to back,
-1.19 ms after 5 ms of idle and 1.53 ms after 20 ms; the ResNet's 1.05, 1.72 and 1.88 ms (median
-of 35, taskset -c 0): +0.83 ms after 20 ms idle for both. Priced with the profile alone, a lone
-device's request cost up to twice what the planner said. So every executed batch of one sample
-moves a per-model-version extra (an exponential average of measured minus profiled time, each
-sample clamped to [-profile, +MAX_EXTRA_S]) and prices use profile + extra for every cut with a
-tail. Batches of several samples run at another per-sample cost and leave it alone. Lone
+amount (caches and the worker thread go cold), not a factor: priced with the profile alone, a
+lone device's request cost up to twice what the planner said. So every executed batch of one
+sample moves a per-model-version extra (an exponential average of measured minus profiled time,
+each sample clamped to [-profile, +MAX_EXTRA_S]) and prices use profile + extra for every cut
+with a tail. Batches of several samples run at another per-sample cost and leave it alone. Lone
 requests under load also carry waits for the interpreter lock; those are real too.
 """
 

@@ -74,13 +74,15 @@ async def _idle(deadline: list[float], reopened: list[int], opened: asyncio.Even
         writer.close()
 
 
-async def _trickle(deadline: list[float], lifetimes: list[float], opened: asyncio.Event) -> None:
+async def _trickle(deadline: list[float], lifetimes: list[tuple[float, float]],
+                   opened: asyncio.Event) -> None:
     while time.monotonic() < deadline[0]:
         started = time.monotonic()  # before the connect: the server's clock starts later
         pair = await _connect(opened)
         if pair is None:
             continue
         reader, writer = pair
+        connected = time.monotonic()  # the server's clock starts at its accept, at or after this
         writer.write(b"GET /v2/health/ready HTTP/1.1\r\nX-Slow: ")
         try:
             while time.monotonic() < deadline[0]:
@@ -88,18 +90,18 @@ async def _trickle(deadline: list[float], lifetimes: list[float], opened: asynci
                 try:
                     async with asyncio.timeout(1.0):
                         if not await reader.read(4096) and reader.at_eof():
-                            lifetimes.append(time.monotonic() - started)
+                            lifetimes.append((time.monotonic() - connected, time.monotonic() - started))
                             break
                 except TimeoutError:
                     writer.write(b"a")  # one byte a second
         except OSError:
-            lifetimes.append(time.monotonic() - started)
+            lifetimes.append((time.monotonic() - connected, time.monotonic() - started))
         writer.close()
 
 
 async def _attack(idle: int, trickle: int, seconds: float) -> dict[str, Any]:
     """Open every connection, say so on stdout, then hold them for ``seconds``."""
-    reopened, lifetimes = [0], list[float]()
+    reopened, lifetimes = [0], list[tuple[float, float]]()
     opened = [asyncio.Event() for _ in range(idle + trickle)]
     deadline = [time.monotonic() + 3600]  # moved once every connection is open
     tasks = [asyncio.create_task(_idle(deadline, reopened, e)) for e in opened[:idle]]
@@ -167,8 +169,16 @@ def _phase(attacked: bool, pid: int, args: argparse.Namespace) -> dict[str, Any]
     lifetimes = report.pop("trickle_lifetimes_s")
     return {"attacked": True, **_summary(latencies), "server_fds_min_max": [min(fds), max(fds)], **report,
             "trickles_closed": len(lifetimes),
-            "trickle_lifetime_s": {"min": min(lifetimes), "median": statistics.median(lifetimes),
-                                   "max": max(lifetimes)} if lifetimes else None}
+            # From the connect's return (the server's timer starts at its accept, at or after it)
+            # and from before the connect (which waits its turn among thousands of others).
+            "trickle_lifetime_from_connected_s": _spread([c for c, _ in lifetimes]),
+            "trickle_lifetime_from_connecting_s": _spread([s for _, s in lifetimes])}
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def _rss(pid: int) -> int:

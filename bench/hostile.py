@@ -6,11 +6,11 @@ header costs the server.
 The server (``qpart serve`` on the committed fmnist-cnn artifact, shipped connection settings,
 core 0) is measured in interleaved rounds: a quiet phase, then an attacked one, each time the same
 client (one keep-alive connection, sequential 1-sample ``/v2`` infers, core 1). In the attacked
-phase an attacker process (asyncio, core 1) keeps ``--idle`` connections open that never send a
-byte, reopening each one the server closes, and ``--trickle`` connections that send a request head
-a byte a second; each trickler records how long the server let it live. Then the reproducers of
-the robustness suite run once each, followed by the four well-formed requests (timed), and a
-100 MiB header is sent while the server's RSS is sampled every 2 ms.
+phase one attacker process (asyncio, core 1) keeps ``--idle`` connections open that never send a
+byte, reopening each one the server closes, and a second one keeps ``--trickle`` connections that
+send a request head a byte a second; each trickler records how long the server let it live. Then
+the reproducers of the robustness suite run once each, followed by the four well-formed requests
+(timed), and a 100 MiB header is sent while the server's RSS is sampled every 2 ms.
 """
 
 from __future__ import annotations
@@ -147,12 +147,10 @@ def _open_fds(pid: int) -> int:
 def _phase(attacked: bool, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     if not attacked:
         return {"attacked": False, **_summary(_client(args.seconds))}
-    cmd = pinned([sys.executable, "-m", "bench.hostile", "--attacker", "--idle", str(args.idle),
-                  "--trickle", str(args.trickle), "--seconds", str(args.seconds + 2)], GENERATOR_CORE)
-    attacker = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert attacker.stdout is not None
-    if attacker.stdout.readline().strip() != "open":  # every hostile connection is open
-        raise RuntimeError("the attacker did not open its connections")
+    # Two attacker processes: the tricklers' own event loop is not the one that reopens
+    # thousands of idle connections at once, so their clocks read the server, not themselves.
+    attackers = [_start_attacker(args.idle, 0, args.seconds + 2),
+                 _start_attacker(0, args.trickle, args.seconds + 2)]
     fds, done = [_open_fds(pid)], threading.Event()
 
     def sample() -> None:
@@ -164,15 +162,27 @@ def _phase(attacked: bool, pid: int, args: argparse.Namespace) -> dict[str, Any]
     latencies = _client(args.seconds)
     done.set()
     sampler.join()
-    out, _ = attacker.communicate(timeout=args.seconds + 60)
-    report = json.loads(out.strip().splitlines()[-1])
-    lifetimes = report.pop("trickle_lifetimes_s")
-    return {"attacked": True, **_summary(latencies), "server_fds_min_max": [min(fds), max(fds)], **report,
+    reports = [json.loads(a.communicate(timeout=args.seconds + 60)[0].strip().splitlines()[-1])
+               for a in attackers]
+    lifetimes = reports[1]["trickle_lifetimes_s"]
+    return {"attacked": True, **_summary(latencies), "server_fds_min_max": [min(fds), max(fds)],
+            "idle_reopened": reports[0]["idle_reopened"],
             "trickles_closed": len(lifetimes),
             # From the connect's return (the server's timer starts at its accept, at or after it)
             # and from before the connect (which waits its turn among thousands of others).
             "trickle_lifetime_from_connected_s": _spread([c for c, _ in lifetimes]),
             "trickle_lifetime_from_connecting_s": _spread([s for _, s in lifetimes])}
+
+
+def _start_attacker(idle: int, trickle: int, seconds: float) -> subprocess.Popen[str]:
+    """An attacker process, once it has opened its connections."""
+    cmd = pinned([sys.executable, "-m", "bench.hostile", "--attacker", "--idle", str(idle),
+                  "--trickle", str(trickle), "--seconds", str(seconds)], GENERATOR_CORE)
+    attacker = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert attacker.stdout is not None
+    if attacker.stdout.readline().strip() != "open":
+        raise RuntimeError("the attacker did not open its connections")
+    return attacker
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:

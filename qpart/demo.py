@@ -9,6 +9,7 @@ transfer times are shorter than predicted at low rates; ``bench.e2e`` shapes the
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,18 @@ RATES_MBPS = (1.0, 20.0, 100.0)
 MODELS = ("fmnist-cnn", "fmnist-resnet")
 
 
+def _require_free(port: int) -> None:
+    """Refuse a port something already listens on: its answers would pass for the demo server's."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CommandError(f"port {port} on 127.0.0.1 is in use (another server?); stop it or pass "
+                               "--port with a free one") from exc
+
+
 def _start_server(artifacts: Path, port: int) -> subprocess.Popen[bytes]:
+    _require_free(port)
     env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
     proc = subprocess.Popen([sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -111,3 +111,15 @@ def test_version(tmp_path, group):
     done = qpart(*group, "--version", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"qpart {version('qpart-serving')}"
+
+
+def test_the_demo_refuses_a_port_another_server_holds(tmp_path):
+    """Its readiness probe would otherwise be answered by whatever listens there."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        done = qpart("demo", "--artifacts", str(REPO / "artifacts"), "--port", str(port), cwd=tmp_path)
+    assert f"port {port} on 127.0.0.1 is in use" in one_line_error(done, 1)

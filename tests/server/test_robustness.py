@@ -133,7 +133,8 @@ def test_a_head_within_the_limit_is_served_even_split_over_many_reads(hardened):
     assert answer.status == 200, answer
 
 
-@pytest.mark.parametrize("trickled", [b"", b"GET /v2/health/ready HTTP/1.1\r\nX-Slow: "], ids=["silent", "trickling"])
+@pytest.mark.parametrize("trickled", [b"", b"GET /v2/health/ready HTTP/1.1\r\nX-Slow: "],
+                         ids=["silent", "trickling"])
 def test_a_silent_or_trickling_connection_is_closed_after_the_head_timeout(hardened, trickled):
     with socket.create_connection(("127.0.0.1", hardened.port), timeout=IO_TIMEOUT_S) as sock:
         opened = time.monotonic()

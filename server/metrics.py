@@ -135,6 +135,9 @@ class Metrics:
             "lately; plans price each tail at profile + this.", ["model", "version"], registry=r)
         self.in_flight = Gauge("qpart_in_flight_requests", "Requests being processed.", registry=r)
         self.queue_depth = Gauge("qpart_tail_queue_depth", "Tail samples waiting, all models.", registry=r)
+        self.queue_limit = Gauge("qpart_tail_queue_limit", "Tail samples that may wait per model "
+                                 "before 503 (QPART_MAX_QUEUE); alerts compare the depth with it.",
+                                 registry=r)
         self.shed = Counter("qpart_shed_requests", "Requests refused by overload protection.",
                             ["route"], registry=r)
         self.model_ready = Gauge("qpart_model_ready", "1 if the model version is ready to serve.",

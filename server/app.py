@@ -43,7 +43,8 @@ def load_engine(settings: ServerSettings) -> Engine:
     """An engine outside the app (benchmarks, tools): its own segment store and metrics, every
     model loaded and warmed up, as the lifespan hook builds it."""
     store = SegmentStore(settings.segment_cache_bytes)
-    engine = Engine(settings, Catalog.load(settings.artifacts), store, Metrics(store, SERVER_VERSION))
+    engine = Engine(settings, Catalog.load(settings.artifacts), store,
+                    Metrics(store, SERVER_VERSION, created=settings.metrics_created))
     engine.warm_up()
     return engine
 
@@ -51,7 +52,7 @@ def load_engine(settings: ServerSettings) -> Engine:
 def create_app(settings: ServerSettings) -> FastAPI:
     """Build the app. Models load in the lifespan hook; readiness is 503 until they have."""
     store = SegmentStore(settings.segment_cache_bytes)
-    metrics = Metrics(store, SERVER_VERSION)
+    metrics = Metrics(store, SERVER_VERSION, created=settings.metrics_created)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -73,6 +73,7 @@ class Engine:
         self.catalog = catalog
         self.store = store
         self.metrics = metrics
+        metrics.queue_limit.set(settings.max_queue)
         self.draining = False
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)

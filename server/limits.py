@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from qpart.server.content import identity_only
 from qpart.server.errors import UnsupportedMediaTypeError
 from qpart.server.http_errors import unexpected_response
-from qpart.server.metrics import Metrics
+from qpart.server.metrics import UNKNOWN_MODEL, Metrics
 from qpart.server.paths import route_label
 
 M = TypeVar("M", Counter, Histogram)
@@ -88,9 +88,8 @@ class LimitsMiddleware:
             name: str | None = parts[3].removesuffix("-tail")
         else:  # a route with the model in its body records it in the request state (plan)
             name = state.get(MODEL_STATE_KEY) if isinstance(state, dict) else None
-        if name is None:
-            return ""
-        return name if name in self.known_models() else "unknown"
+        # One spelling for "no served model": a name not served and a route naming none alike.
+        return name if name is not None and name in self.known_models() else UNKNOWN_MODEL
 
     async def _refuse_declared_length(self, scope: Scope, send: Send) -> bool:
         length = dict(scope.get("headers") or []).get(b"content-length")
@@ -152,7 +151,7 @@ class LimitsMiddleware:
         self._child(self.metrics.requests, (route, model, outcome)).inc()
 
     def _child(self, metric: M, labels: tuple[str, ...]) -> M:
-        # Bounded: routes x (known models, "unknown", "") x outcomes. Nothing calls remove() or
+        # Bounded: routes x (known models, "unknown") x outcomes. Nothing calls remove() or
         # clear() on these metrics; a child cached here would stop being exported if anything did.
         key = (id(metric), labels)  # the metrics live as long as this middleware
         child: M | None = self._children.get(key)

@@ -1,18 +1,34 @@
 """Prometheus metrics of the server (one registry per app; names in base units, bounded labels).
 
 Labels are limited to route, model, version, outcome, cut and level: never device or request ids.
+A request for no served model (a name the server does not serve, or a route that names no model)
+counts under ``model="unknown"``, the one spelling. The registry also carries the process, platform
+and garbage-collector collectors (``process_*``, ``python_*``). Counters' and histograms'
+``_created`` series are left out unless ``QPART_METRICS_CREATED`` is true: prometheus_client's own
+switch (``disable_created_metrics``) is process-wide, so the filter sits on this registry instead.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from qpart.server.connections import ConnectionCounts
 from qpart.server.segments import SegmentStore
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+UNKNOWN_MODEL = "unknown"  # the model label of a request for no served model
 _BYTES = (256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
 
 
@@ -57,12 +73,33 @@ class _ConnectionCollector(Collector):
         yield family
 
 
+class _Registry(CollectorRegistry):
+    """A registry that drops ``_created`` samples unless asked to keep them (per registry, where
+    prometheus_client's switch is global)."""
+
+    def __init__(self, created: bool) -> None:
+        super().__init__()
+        self._created = created
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
+            if self._created or not any(s.name.endswith("_created") for s in metric.samples):
+                yield metric
+                continue
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            kept.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield kept
+
+
 class Metrics:
     """All metric objects of one server instance."""
 
-    def __init__(self, store: SegmentStore, version: str) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, store: SegmentStore, version: str, *, created: bool = False) -> None:
+        self.registry = _Registry(created)
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)  # registers nothing on interpreters without gc.get_stats
         self.requests = Counter("qpart_requests", "Requests by route, model and outcome.",
                                 ["route", "model", "outcome"], registry=r)
         self.request_duration = Histogram("qpart_request_duration_seconds", "Request latency by route.",
@@ -98,6 +135,9 @@ class Metrics:
             "lately; plans price each tail at profile + this.", ["model", "version"], registry=r)
         self.in_flight = Gauge("qpart_in_flight_requests", "Requests being processed.", registry=r)
         self.queue_depth = Gauge("qpart_tail_queue_depth", "Tail samples waiting, all models.", registry=r)
+        self.queue_limit = Gauge("qpart_tail_queue_limit", "Tail samples that may wait per model "
+                                 "before 503 (QPART_MAX_QUEUE); alerts compare the depth with it.",
+                                 registry=r)
         self.shed = Counter("qpart_shed_requests", "Requests refused by overload protection.",
                             ["route"], registry=r)
         self.model_ready = Gauge("qpart_model_ready", "1 if the model version is ready to serve.",

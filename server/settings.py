@@ -41,6 +41,9 @@ class ServerSettings(BaseSettings):
     opentelemetry: bool = Field(
         False, description="FastAPI's native OpenTelemetry to the global providers (off: /metrics is the "
                            "telemetry, and no request pays FastAPI's provider checks).")
+    metrics_created: bool = Field(
+        False, description="Export the `_created` series of counters and histograms on /metrics "
+                           "(off: fewer series; Prometheus does not need them).")
     public_url: str = Field("", description="Base URL put into segment links (default: relative URLs).")
     protect_models: bool = Field(
         True, description="With QPART_AUTH_TOKEN set, segment downloads and model listings and metadata "

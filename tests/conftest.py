@@ -168,3 +168,46 @@ class TailLoad:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout)
+
+
+class LivePrometheus:
+    """A real ``prometheus`` (Debian package) scraping one target every second, on loopback."""
+
+    def __init__(self, folder: Path, target_port: int, job: str = "qpart") -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail("prometheus not installed (Debian package 'prometheus'); .ci/run installs it")
+        self.url = f"http://127.0.0.1:{free_port()}"
+        config = folder / "prometheus.yml"
+        config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                          f"  - job_name: {job}\n    static_configs:\n"
+                          f"      - targets: ['127.0.0.1:{target_port}']\n")
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+             f"--web.listen-address={self.url.removeprefix('http://')}"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def query(self, expr: str) -> dict:
+        """``/api/v1/query`` at now: the whole answer (status, data or error)."""
+        answer: dict = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5).json()
+        return answer
+
+    def wait_for(self, expr: str, timeout: float = 60) -> list[dict]:
+        """Polls until ``expr`` returns a non-empty vector; its result."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            try:
+                result: list[dict] = self.query(expr).get("data", {}).get("result", [])
+            except httpx.TransportError:
+                continue
+            if result:
+                return result
+        self.log.seek(0)
+        raise TimeoutError(f"{expr} stayed empty; prometheus said: {self.log.read()[-2000:]!r}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+        self.log.close()

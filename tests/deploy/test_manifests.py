@@ -4,8 +4,8 @@ without hiding the image's copy; CRDs without a schema are checked field by fiel
 from __future__ import annotations
 
 import re
-from typing import Any
 import subprocess
+from typing import Any
 
 import pytest
 import yaml

@@ -26,6 +26,37 @@ def _dashboard() -> dict:
     return loaded
 
 
+def _panels(panels: list[dict]) -> list[dict]:
+    """Every panel with queries, those nested in (collapsed) rows included."""
+    found = []
+    for panel in panels:
+        found += _panels(panel.get("panels", []))
+        if panel.get("targets"):
+            found.append(panel)
+    return found
+
+
+def test_panels_in_rows_are_walked():
+    row = {"type": "row", "panels": [{"title": "inner", "targets": [{"expr": "up"}]}]}
+    assert [p["title"] for p in _panels([row, {"title": "outer", "targets": [{"expr": "up"}]}])] == [
+        "inner", "outer"]
+
+
+# A metric selector: a metric name of the server's families and its label matchers, if any.
+SELECTOR = re.compile(r"\b((?:qpart|process|python)_[a-z_]+)(\{[^}]*\})?")
+
+
+def _selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, selector text) of every selector in a PromQL expression."""
+    return [(m.group(1), m.group(0)) for m in SELECTOR.finditer(expr)]
+
+
+def test_selectors_are_parsed_with_their_labels():
+    expr = 'sum(rate(qpart_x_bucket{route="tail_infer", model=~"a"}[1m])) / qpart_y'
+    assert _selectors(expr) == [("qpart_x_bucket", 'qpart_x_bucket{route="tail_infer", model=~"a"}'),
+                                ("qpart_y", "qpart_y")]
+
+
 def _datasources(node: object) -> list[object]:
     if isinstance(node, dict):
         found = [node["datasource"]] if "datasource" in node else []
@@ -46,7 +77,8 @@ def test_dashboard_takes_its_datasource_at_import():
     queries = [v for n, v in variables.items() if n != "datasource"]
     uses = _datasources(board["panels"]) + _datasources(queries)
     assert uses and all(d == {"type": "prometheus", "uid": "${datasource}"} for d in uses), uses
-    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in _panels(board["panels"]) for t in p["targets"]]
+    assert not [e for e in exprs if "vector(" in e], "a constant fallback hides a query that matches nothing"
     assert not [e for e in exprs if re.search(r"\[\d+[smh]\]", e)], "use $__rate_interval"
     assert all("$__rate_interval" in e for e in exprs if "rate(" in e)
 
@@ -80,6 +112,69 @@ def _finite(result: list[dict]) -> bool:
     return any(math.isfinite(float(s["value"][1])) for s in result)
 
 
+def _series(prometheus: LivePrometheus, selector: str) -> list[dict]:
+    answer = httpx.get(f"{prometheus.url}/api/v1/series", params={"match[]": selector}, timeout=5).json()
+    assert answer["status"] == "success", (selector, answer)
+    found: list[dict] = answer["data"]
+    return found
+
+
+def _families(prometheus: LivePrometheus) -> set[str]:
+    """Metric families the target declared (# TYPE), with or without samples yet (a counter
+    nothing has incremented, such as shed requests, has no series but has metadata)."""
+    return set(httpx.get(f"{prometheus.url}/api/v1/metadata", timeout=5).json()["data"])
+
+
+# Label values a quiet server cannot produce (a 5xx needs a failing server), each with the source
+# file that must emit it verbatim: a misspelling still fails, against the code instead of a series.
+QUIET_UNSEEN = {'outcome="server_error"': REPO / "server/limits.py"}
+
+
+def _unseen_but_emitted(selector: str) -> bool:
+    matchers = re.findall(r'\w+=~?"[^"]*"', selector)
+    return bool(matchers) and all(
+        m in QUIET_UNSEEN and m.split("=", 1)[1] in QUIET_UNSEEN[m].read_text() for m in matchers)
+
+
+def test_quiet_unseen_label_values_are_checked_against_the_source():
+    assert _unseen_but_emitted('qpart_requests_total{outcome="server_error"}')
+    assert not _unseen_but_emitted('qpart_requests_total{outcome="server_eror"}')
+    assert not _unseen_but_emitted("qpart_requests_total")
+
+
+def _selector_problems(prometheus: LivePrometheus, known: set[str], where: str, expr: str) -> list[str]:
+    """Each selector must match a series of the live scrape (a misspelled label value matches
+    none); only a bare name of a declared family with no series yet (nothing in it to misspell)
+    may match none."""
+    problems = []
+    for name, selector in _selectors(expr):
+        if re.sub(r"_(bucket|sum|count)$", "", name) not in known:
+            problems.append(f"{where}: {name} is no family the target exports")
+        elif (not _series(prometheus, selector) and (selector != name or _series(prometheus, name))
+              and not _unseen_but_emitted(selector)):
+            problems.append(f"{where}: {selector} matches no series")
+    return problems
+
+
+def _panel_problems(prometheus: LivePrometheus, known: set[str], title: str, expr: str) -> list[str]:
+    answer = prometheus.query(expr)
+    assert answer["status"] == "success", (title, expr, answer)
+    found = _selector_problems(prometheus, known, f"panel {title!r}", expr)
+    unborn = all(sel == name and not _series(prometheus, name) for name, sel in _selectors(expr))
+    if not found and not unborn and not _finite(answer["data"]["result"]):
+        found.append(f"panel {title!r}: {expr} returned no (finite) data")
+    return found
+
+
+def _rule_problems(prometheus: LivePrometheus, known: set[str], rule: dict) -> list[str]:
+    answer = prometheus.query(rule["expr"])
+    assert answer["status"] == "success", (rule["alert"], answer)
+    found = _selector_problems(prometheus, known, f"rule {rule['alert']}", rule["expr"])
+    if answer["data"]["result"] != []:
+        found.append(f"rule {rule['alert']} fires on a quiet server: {answer}")
+    return found
+
+
 @pytest.mark.integration
 def test_every_panel_and_rule_evaluates_against_a_live_prometheus(cnn_only, tmp_path):
     server = LiveServer(cnn_only)
@@ -93,31 +188,16 @@ def test_every_panel_and_rule_evaluates_against_a_live_prometheus(cnn_only, tmp_
         ready = prometheus.wait_for('qpart_model_ready{model="fmnist-cnn"}')
         variables = {**VARIABLES, "$version": ready[0]["metric"]["version"]}
 
-        board = _dashboard()
-        empty_panels: dict[str, list[str]] = {}
-        targets = 0
-        for panel in board["panels"]:
-            for target in panel["targets"]:
-                targets += 1
-                answer = prometheus.query(_substitute(target["expr"], variables))
-                assert answer["status"] == "success", (panel["title"], target["expr"], answer)
-                if not _finite(answer["data"]["result"]):
-                    empty_panels.setdefault(panel["title"], []).append(target["expr"])
-        assert not empty_panels, f"panels that returned no (finite) data: {empty_panels}"
-
-        # Metric families the target declared (# TYPE), with or without samples yet (a counter
-        # nothing has incremented, such as shed requests, has no series but has metadata).
-        known = set(httpx.get(f"{prometheus.url}/api/v1/metadata", timeout=5).json()["data"])
+        known = _families(prometheus)
+        panels = _panels(_dashboard()["panels"])
+        problems = [p for panel in panels for t in panel["targets"]
+                    for p in _panel_problems(prometheus, known, panel["title"],
+                                             _substitute(t["expr"], variables))]
         rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
-        for rule in rules:
-            answer = prometheus.query(rule["expr"])
-            assert answer["status"] == "success", (rule["alert"], answer)
-            assert answer["data"]["result"] == [], f"{rule['alert']} fires on a quiet server: {answer}"
-            names = set(re.findall(r"\b(?:qpart|process|python)_[a-z_]+", rule["expr"]))
-            families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
-            unseen = families - known
-            assert not unseen, f"{rule['alert']} watches what the target never exported: {unseen}"
-        print(f"evaluated {len(board['panels'])} panels ({targets} queries) and {len(rules)} rules")
+        problems += [p for rule in rules for p in _rule_problems(prometheus, known, rule)]
+        assert not problems, "\n".join(problems)
+        targets = sum(len(p["targets"]) for p in panels)
+        print(f"evaluated {len(panels)} panels ({targets} queries) and {len(rules)} rules")
     finally:
         if prometheus is not None:
             prometheus.stop()

@@ -156,12 +156,20 @@ def _selector_problems(prometheus: LivePrometheus, known: set[str], where: str, 
     return problems
 
 
+def _unborn(prometheus: LivePrometheus, expr: str) -> bool:
+    """Whether every selector is a bare name of a family with no series yet (a counter nothing has
+    incremented on a quiet server), so an empty answer is no fault of the query."""
+    selectors = _selectors(expr)
+    return bool(selectors) and all(sel == name and not _series(prometheus, name) for name, sel in selectors)
+
+
 def _panel_problems(prometheus: LivePrometheus, known: set[str], title: str, expr: str) -> list[str]:
     answer = prometheus.query(expr)
     assert answer["status"] == "success", (title, expr, answer)
     found = _selector_problems(prometheus, known, f"panel {title!r}", expr)
-    unborn = all(sel == name and not _series(prometheus, name) for name, sel in _selectors(expr))
-    if not found and not unborn and not _finite(answer["data"]["result"]):
+    if not _selectors(expr):  # a misspelled prefix (qaprt_...) leaves nothing to check by name
+        found.append(f"panel {title!r}: {expr} reads no metric the server exports")
+    elif not found and not _unborn(prometheus, expr) and not _finite(answer["data"]["result"]):
         found.append(f"panel {title!r}: {expr} returned no (finite) data")
     return found
 
@@ -198,6 +206,10 @@ def test_every_panel_and_rule_evaluates_against_a_live_prometheus(cnn_only, tmp_
         assert not problems, "\n".join(problems)
         targets = sum(len(p["targets"]) for p in panels)
         print(f"evaluated {len(panels)} panels ({targets} queries) and {len(rules)} rules")
+        for panel in panels:  # named, as the issue asks, though excused (see _unborn)
+            for t in panel["targets"]:
+                if _unborn(prometheus, expr := _substitute(t["expr"], variables)):
+                    print(f"panel {panel['title']!r} returned nothing: no series of {expr} yet")
     finally:
         if prometheus is not None:
             prometheus.stop()

@@ -87,6 +87,27 @@ def test_the_validator_is_strict(tmp_path):
     assert _validate(docs, tmp_path).returncode != 0
 
 
+# The predictor's fields that KServe adds to an inline PodSpec (ComponentExtensionSpec).
+KSERVE_EXTENSION = {"minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "containerConcurrency",
+                    "timeout", "canaryTrafficPercent", "logger", "batcher", "labels", "annotations",
+                    "deploymentStrategy", "autoScaling"}
+
+
+def _predictor_as_pod(docs: list[dict]) -> dict:
+    """The InferenceService's predictor, less KServe's own fields, as the Pod it becomes."""
+    predictor = dict(one(docs, "InferenceService")["spec"]["predictor"])
+    pod_spec = {k: v for k, v in predictor.items() if k not in KSERVE_EXTENSION}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "qpart-predictor"}, "spec": pod_spec}
+
+
+def test_the_predictors_pod_spec_validates_strictly(tmp_path):
+    pod = _predictor_as_pod(render("kserve"))
+    done = _validate([pod], tmp_path)
+    assert done.returncode == 0 and " passed for resource " in done.stdout + done.stderr, done.stdout
+    pod["spec"]["containers"][0].setdefault("securityContext", {})["runAsNonRot"] = True  # a typo
+    assert _validate([pod], tmp_path).returncode != 0
+
+
 def _at(node: object, path: list[str]) -> list[object]:
     """Every value at a dotted path ("*" walks each item of a list or value of a map)."""
     if not path:

@@ -71,7 +71,8 @@ _PATH = re.compile(r"(?<![\w.:/])(?:/[^/\s'\"]+)*/([^/\s'\"]+)")
 def public_reason(exc: Exception) -> str:
     """``exc``'s message for anyone who asks readiness: every absolute path cut to its file name
     (the log has the whole message)."""
-    return _PATH.sub(r"\1", str(exc))
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # one line, no input dump
+    return _PATH.sub(r"\1", first)
 
 
 def _load_one(folder: Path) -> ModelEntry:

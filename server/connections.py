@@ -19,6 +19,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 _HEAD_END = b"\r\n\r\n"
+PROBE_RESERVE = 64  # connections past the cap that may still ask a health route
+PROBE_TIMEOUT_S = 1.0  # the head time such a connection gets
+PROBE_PREFIX = b"/v2/health/"
+CHUNK_FRAMING_BYTES = 32  # allowance per body chunk for its size line and CRLFs
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,15 @@ class GuardedProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = 0  # bytes of the head being received; None: in a body
         self._head_timer: asyncio.TimerHandle | None = None
+        self._probe_only = False  # past the cap: health routes only, then closed
+        self._after_head = 0  # bytes fed since the head: body, chunk framing, trailers
+        self._body_bytes = 0
+        self._chunks = 0
         self._head_tail = b""  # the last bytes of a head split over reads, for its blank line
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
+        open_now = len(self.connections)
+        if open_now >= self.limits.max_connections + PROBE_RESERVE:
             # Refused before it costs anything: the established connections keep their share.
             self.counts.over_cap += 1
             if self.counts.over_cap & (self.counts.over_cap - 1) == 0:  # 1, 2, 4, ...: no log flood
@@ -72,6 +81,9 @@ class GuardedProtocol(HttpToolsProtocol):
             transport.abort()
             return
         super().connection_made(transport)
+        # Past the cap a few more may ask /v2/health/* (probes open a connection each time), with
+        # a short head timeout, and are closed after the answer.
+        self._probe_only = open_now >= self.limits.max_connections
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -96,20 +108,51 @@ class GuardedProtocol(HttpToolsProtocol):
                 return
             self._head_bytes += len(data) if end < 0 else end
             self._head_tail = data[-3:] if end < 0 else b""
+            super().data_received(data)
+            return
         super().data_received(data)
+        self._after_head += len(data)
+        # Chunk framing and trailers are neither body nor head: bound them like a head, or a
+        # trailer grows without limit (and httptools joins its pieces quadratically).
+        framing = self._after_head - self._body_bytes - CHUNK_FRAMING_BYTES * self._chunks
+        if self._head_bytes is None and framing > self.limits.max_header_bytes:
+            self.counts.head_too_large += 1
+            self._refuse(431, "Request Header Fields Too Large",
+                         f"chunk framing and trailers exceed {self.limits.max_header_bytes} bytes "
+                         "(QPART_MAX_HEADER_BYTES)")
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
+        self._after_head = self._body_bytes = self._chunks = 0
         self._disarm_head_timer()
+        if self._probe_only and not self.url.startswith(PROBE_PREFIX):
+            self.counts.over_cap += 1
+            self._refuse(503, "Service Unavailable",
+                         f"{self.limits.max_connections} connections are open (QPART_MAX_CONNECTIONS); "
+                         "retry later")
+            return
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        self._chunks += 1
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_bytes = 0  # the next request's head; its timer starts with its first byte
+        self._after_head = self._body_bytes = self._chunks = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._probe_only and not self.transport.is_closing():
+            self.transport.close()  # its slot is the probes' reserve, not a keep-alive
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+        timeout = min(PROBE_TIMEOUT_S, self.limits.header_timeout_s) if self._probe_only else \
+            self.limits.header_timeout_s
+        self._head_timer = self.loop.call_later(timeout, self._head_timed_out)
 
     def _disarm_head_timer(self) -> None:
         if self._head_timer is not None:

@@ -53,6 +53,7 @@ def decode_content(body: bytes, coding: str, limit: int) -> bytes:
 
 def identity_only(values: list[str]) -> None:
     """Refuse (415) any coding but identity: the route takes plain bodies only."""
-    if content_coding(values) != IDENTITY:
+    codings = [c.strip().lower() for value in values for c in value.split(",")]
+    if any(c and c != IDENTITY for c in codings):
         raise UnsupportedMediaTypeError("this route takes bodies as is (no Content-Encoding); "
                                         "deflate and zstd are taken on the tail route only")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -18,7 +19,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from qpart.server.app import create_app
-from qpart.server.connections import ConnectionCounts, ConnectionLimits, guarded_protocol
+from qpart.server.connections import PROBE_RESERVE, ConnectionCounts, ConnectionLimits, guarded_protocol
 from qpart.server.engine import Engine
 from qpart.server.settings import ServerSettings
 
@@ -72,6 +73,22 @@ def _engine_of(app: object) -> Engine | None:
     return engine if isinstance(engine, Engine) else None
 
 
+_SPARE_DESCRIPTORS = 256  # model files, logs, threads' pipes, the listening socket
+
+
+def _ensure_descriptors(needed: int) -> None:
+    """Raise the soft file-descriptor limit towards ``needed`` (the connection cap is only a
+    guard if descriptors outlast it); warn when the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        log.warning("file descriptor limit %d is below QPART_MAX_CONNECTIONS plus reserve (%d): "
+                    "lower QPART_MAX_CONNECTIONS or raise the limit (ulimit -n)", target, needed)
+
+
 def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = None) -> None:
     """Run until a signal; blocks. ``wrap`` puts an outer ASGI layer around the app (test and
     benchmark harnesses; a wrapper that keeps the app as ``.app`` keeps the drain working)."""
@@ -80,6 +97,7 @@ def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = 
     if wrap is not None:
         app = wrap(app)
     limits = ConnectionLimits(settings.max_header_bytes, settings.header_timeout_s, settings.max_connections)
+    _ensure_descriptors(settings.max_connections + PROBE_RESERVE + _SPARE_DESCRIPTORS)
     engine_app = _app_of(app)
     counts = engine_app.state.metrics.connections if engine_app is not None else ConnectionCounts()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",

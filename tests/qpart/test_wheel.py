@@ -5,6 +5,7 @@ names there, and the CLI works from the installed copy alone."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +23,9 @@ SOURCES = ("pyproject.toml", "setup.py", "README.md", "qpart", "kernels", "model
 
 
 def _run(*cmd: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what is installed
     return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          check=False)
+                          check=False, env=env)
 
 
 @pytest.fixture(scope="module")

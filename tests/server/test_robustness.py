@@ -16,6 +16,7 @@ import pytest
 
 from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
+from qpart.server.connections import PROBE_RESERVE
 from tests.conftest import REPO, LiveServer
 from tests.server.test_faults import IO_TIMEOUT_S, RawResponse, parse_response, request_head
 
@@ -160,7 +161,20 @@ def test_a_silent_or_trickling_connection_is_closed_after_the_head_timeout(harde
     assert_every_route_serves(hardened)
 
 
-def test_past_the_connection_cap_new_connections_close_and_established_ones_serve(cnn_only):
+def _one_answer(port: int, path: str) -> bytes:
+    """What a new connection asking ``path`` gets before the server closes it (b"": nothing)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=IO_TIMEOUT_S) as sock:
+        sock.sendall(request_head("GET", path))
+        data = b""
+        try:
+            while chunk := sock.recv(4096):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        return data
+
+
+def test_past_the_connection_cap_probes_are_answered_and_everything_else_refused(cnn_only):
     cap = 24
     server = LiveServer(cnn_only, env={"QPART_MAX_CONNECTIONS": str(cap), "QPART_HEADER_TIMEOUT_S": "30"})
     try:
@@ -169,15 +183,18 @@ def test_past_the_connection_cap_new_connections_close_and_established_ones_serv
             assert established.get("/v2/health/ready").status_code == 200  # its connection stays open
             idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(cap - 1)]
             try:
-                time.sleep(0.3)  # the server has accepted them all
-                over = socket.create_connection(("127.0.0.1", server.port), timeout=IO_TIMEOUT_S)
-                with over:
-                    over.sendall(request_head("GET", "/v2/health/ready"))
-                    try:
-                        refused = over.recv(4096) == b""
-                    except ConnectionResetError:
-                        refused = True
-                assert refused, "a connection past the cap was served"
+                time.sleep(0.3)  # the server has accepted them all: it is at the cap
+                probe = _one_answer(server.port, "/v2/health/ready")  # a kubelet probe: answered, closed
+                assert parse_response(probe).status == 200, probe[:200]
+                other = _one_answer(server.port, "/v1/models/fmnist-cnn")
+                assert parse_response(other).status == 503, other[:200]
+                reserve = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(PROBE_RESERVE)]
+                try:
+                    time.sleep(0.3)  # past the cap and its probe reserve: closed at once
+                    assert _one_answer(server.port, "/v2/health/ready") == b""
+                finally:
+                    for sock in reserve:
+                        sock.close()
                 assert established.get("/v2/health/ready").status_code == 200
                 assert established.post(V2, json=v2_body(1)).status_code == 200
             finally:
@@ -185,9 +202,20 @@ def test_past_the_connection_cap_new_connections_close_and_established_ones_serv
                     sock.close()
         refused_total = [line for line in httpx.get(f"{server.url}/metrics").text.splitlines()
                          if line.startswith('qpart_connections_refused_total{reason="over_cap"}')]
-        assert refused_total and float(refused_total[0].split()[-1]) >= 1, refused_total
+        assert refused_total and float(refused_total[0].split()[-1]) >= 2, refused_total
     finally:
         server.stop()
+
+
+def test_chunk_trailers_are_bounded_like_a_head(hardened):
+    before = rss_bytes(hardened.proc.pid)
+    head = (b"POST /v1/plan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Big: ")
+    answer = raw_exchange(hardened, head + b"a" * (48 << 20))
+    assert answer is None or answer.status == 431, answer
+    grown = rss_bytes(hardened.proc.pid) - before
+    assert grown < 16 << 20, f"RSS grew {grown / 2**20:.1f} MiB on a refused 48 MiB trailer"
+    assert_every_route_serves(hardened)
 
 
 # ---- 4: a request that can never succeed is not overload --------------------------------------

@@ -1,7 +1,7 @@
-"""The calibration job: tables → mapping → allocation → validation → one test measurement.
+"""The calibration job: tables → mapping → allocation → Learn then Test → one test measurement.
 
-Order matters for the guarantee: every choice (tables, mapping, budgets, tightening) is made on
-the calibration split; the test split is read once per final pattern, after all choices.
+Order matters for the guarantee: tables, mapping, budgets and ladders come from the fit samples,
+the check samples are read once per rung, and the test split once per final pattern, last.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -21,15 +20,17 @@ import numpy as np
 import torch
 
 from qpart.kernels import packed_size
-from qpart.models.data import Dataset, Split, describe_splits, load_split
+from qpart.models.data import describe_splits
 from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
 from qpart.offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
-from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.ltt import make_promise
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.runner import ModelRunner
+from qpart.offline.selection import Selection, select
 from qpart.offline.settings import CalibrationSettings, Estimator
-from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop, predicted_drop
+from qpart.offline.state import Data, State, evaluate, key, load_data, split_bits
+from qpart.offline.validation import budget_for_level, paired_drop, predicted_drop
 from qpart.profiles.artifacts import (
     FLOAT_BITS,
     AccuracyPoint,
@@ -50,49 +51,6 @@ class _Silent:
         return lambda done: None
 
 
-@dataclass
-class _Data:
-    fit: Dataset
-    check: Dataset
-    test: Dataset
-    fit_logits: torch.Tensor
-    check_correct: np.ndarray
-    test_correct: np.ndarray
-
-
-@dataclass
-class _State:
-    runner: ModelRunner
-    data: _Data
-    settings: CalibrationSettings
-    items: dict[int, list[Item]] = field(default_factory=dict)
-    check_cache: dict[str, PairedDrop] = field(default_factory=dict)
-    test_cache: dict[str, PairedDrop] = field(default_factory=dict)
-
-
-def _slice(ds: Dataset, start: int, stop: int) -> Dataset:
-    return Dataset(ds.images[start:stop], ds.labels[start:stop], ds.split, ds.indices_sha256)
-
-
-def _load_data(runner: ModelRunner, s: CalibrationSettings) -> _Data:
-    cal = load_split(Split.CALIBRATION)
-    if s.fit_samples + s.check_samples > len(cal):
-        raise CalibrationConfigError(
-            f"fit_samples + check_samples = {s.fit_samples + s.check_samples} exceeds the "
-            f"{len(cal)} calibration samples")
-    fit = _slice(cal, 0, s.fit_samples)
-    check = _slice(cal, s.fit_samples, s.fit_samples + s.check_samples)
-    test = load_split(Split.TEST, limit=s.test_samples)
-    full = len(runner.cuts) - 1
-
-    def correct(ds: Dataset) -> np.ndarray:
-        logits = runner.run_pattern(ds.images, full, {}, FLOAT_BITS)
-        return np.asarray(logits.argmax(1).numpy() == ds.labels)
-
-    fit_logits = runner.run_pattern(fit.images, full, {}, FLOAT_BITS)
-    return _Data(fit, check, test, fit_logits, correct(check), correct(test))
-
-
 def _items(runner: ModelRunner, tables: Tables, s: CalibrationSettings) -> dict[int, list[Item]]:
     weight, activation = tables
     allowed = range(s.min_bits, s.max_bits + 1)
@@ -108,36 +66,17 @@ def _items(runner: ModelRunner, tables: Tables, s: CalibrationSettings) -> dict[
     return out
 
 
-def _key(cut: int, bits: dict[str, int]) -> str:
-    return f"{cut}:" + ",".join(f"{k}={v}" for k, v in sorted(bits.items()))
-
-
-def _split_bits(bits: dict[str, int]) -> tuple[dict[str, int], int]:
-    weights = {k: v for k, v in bits.items() if k != "@activation"}
-    return weights, bits.get("@activation", FLOAT_BITS)
-
-
-def _evaluate(st: _State, cut: int, bits: dict[str, int], ds: Dataset, ref: np.ndarray,
-              cache: dict[str, PairedDrop]) -> PairedDrop:
-    key = _key(cut, bits)
-    if key not in cache:
-        weights, act = _split_bits(bits)
-        logits = st.runner.run_pattern(ds.images, cut, weights, act)
-        cache[key] = paired_drop(ref, np.asarray(logits.argmax(1).numpy() == ds.labels))
-    return cache[key]
-
-
-def _measure_point(st: _State, cut: int, budget: float) -> AccuracyPoint:
+def _measure_point(st: State, cut: int, budget: float) -> AccuracyPoint:
     bits = allocate(st.items[cut], budget, st.settings.budget_units)
-    weights, act = _split_bits(bits)
+    weights, act = split_bits(bits)
     logits = st.runner.run_pattern(st.data.fit.images, cut, weights, act)
     noise = float((logits - st.data.fit_logits).pow(2).sum(1).mean())
-    ref_pred = st.data.fit_logits.argmax(1).numpy() == st.data.fit.labels
-    drop = paired_drop(ref_pred, logits.argmax(1).numpy() == st.data.fit.labels).drop
-    return AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits), drop=drop)
+    counts = paired_drop(st.data.fit_correct, logits.argmax(1).numpy() == st.data.fit.labels)
+    st.fit_cache.setdefault(key(cut, bits), counts)  # the ladder's search may ask for it again
+    return AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits), drop=counts.drop)
 
 
-def _mapping(st: _State, progress: ProgressSink) -> list[AccuracyPoint]:
+def _mapping(st: State, progress: ProgressSink) -> list[AccuracyPoint]:
     """Noise and drop of DP patterns, on the fit samples: a log grid of budgets over the whole
     range, then bisection points where the drop envelope crosses each level (where D(a) is read)."""
     s = st.settings
@@ -184,54 +123,7 @@ def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
             "max_ratio_predicted_to_measured": float(np.max(ratio)), "points": float(len(rel))}
 
 
-def _check(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, bool]:
-    bits = allocate(st.items[cut], budget, st.settings.budget_units)
-    result = _evaluate(st, cut, bits, st.data.check, st.data.check_correct, st.check_cache)
-    return bits, result, result.upper_bound(st.settings.confidence, st.settings.bound) <= level
-
-
-def _validate(st: _State, cut: int, level: float, budget: float) -> tuple[dict[str, int], PairedDrop, int]:
-    """The largest budget whose pattern's upper bound on the check samples meets ``level``.
-
-    From ``D(a)``: halve until a pattern passes (falling back to lossless), or double while it
-    passes (``expand_steps`` times); then two geometric bisection steps between the last pass and
-    the first failure. Every accepted pattern has passed the bound itself.
-    """
-    s = st.settings
-    bits, result, ok = _check(st, cut, level, budget)
-    passed: tuple[dict[str, int], PairedDrop, float] | None = (bits, result, budget) if ok else None
-    failed_at: float | None = None if ok else budget
-    tightenings = 0
-    d = budget
-    while passed is None and tightenings < s.max_tightenings:
-        d /= 2
-        tightenings += 1
-        bits, result, ok = _check(st, cut, level, d)
-        passed = (bits, result, d) if ok else None
-        failed_at = d if not ok else failed_at
-    if passed is None:
-        lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
-        result = _evaluate(st, cut, lossless, st.data.check, st.data.check_correct, st.check_cache)
-        return lossless, result, tightenings
-    for _ in range(s.expand_steps if failed_at is None else 0):
-        bits, result, ok = _check(st, cut, level, passed[2] * 2)
-        if not ok:
-            failed_at = passed[2] * 2
-            break
-        passed = (bits, result, passed[2] * 2)
-    if failed_at is not None:
-        lo, hi = passed[2], failed_at
-        for _ in range(2):
-            mid = math.sqrt(lo * hi)
-            bits, result, ok = _check(st, cut, level, mid)
-            if ok:
-                passed, lo = (bits, result, mid), mid
-            else:
-                hi = mid
-    return passed[0], passed[1], tightenings
-
-
-def _sizes(st: _State, cut: int, bits: dict[str, int]) -> tuple[int, int, int]:
+def _sizes(st: State, cut: int, bits: dict[str, int]) -> tuple[int, int, int]:
     """(head segment payload bytes, fp32 head bytes, activation bytes per sample)."""
     runner = st.runner
     weight_bytes = 4 * runner.float_params(cut)
@@ -251,14 +143,17 @@ def _sizes(st: _State, cut: int, bits: dict[str, int]) -> tuple[int, int, int]:
     return weight_bytes, fp32, act_bytes
 
 
-def _pattern(st: _State, cut: int, level: float, bits: dict[str, int], points: list[AccuracyPoint],
-             check: PairedDrop | None, tightenings: int) -> Pattern:
-    weights, act = _split_bits(bits)
+def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: list[AccuracyPoint],
+             chosen: Selection | None = None) -> Pattern:
+    """The artifact's record of ``bits``; ``chosen``: how the ladder chose them (None: lossless, or
+    the baseline, not tested)."""
+    weights, act = split_bits(bits)
     noise = pattern_noise(st.items[cut], bits)
-    test = (_evaluate(st, cut, bits, st.data.test, st.data.test_correct, st.test_cache)
+    test = (evaluate(st, cut, bits, st.data.test, st.data.test_correct, st.test_cache)
             if st.settings.measure_test else None)
     wb, fp32, ab = _sizes(st, cut, bits)
-    digest = hashlib.sha256(_key(cut, bits).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(key(cut, bits).encode()).hexdigest()[:16]
+    check = chosen.check if chosen else None
     return Pattern(
         pattern_id=f"c{cut}-{digest}", cut=cut, level=level, weight_bits=weights,
         activation_bits=act, group_size=st.runner.groups[cut], predicted_noise=noise,
@@ -266,11 +161,12 @@ def _pattern(st: _State, cut: int, level: float, bits: dict[str, int], points: l
         calib_drop=check.drop if check else None,
         calib_drop_ub=check.upper_bound(st.settings.confidence, st.settings.bound) if check else None,
         test_drop=test.drop if test else None, weight_bytes=wb, fp32_weight_bytes=fp32,
-        activation_bytes=ab, tightenings=tightenings,
+        activation_bytes=ab, rungs=chosen.rungs if chosen else None,
+        passed=chosen.passed if chosen else None,
     )
 
 
-def _tables(runner: ModelRunner, data: _Data, s: CalibrationSettings,
+def _tables(runner: ModelRunner, data: Data, s: CalibrationSettings,
             progress: ProgressSink) -> tuple[Tables, dict[str, float], dict[str, object]]:
     """Noise tables of the configured estimator (and the other one, to compare and time)."""
     images = data.fit.images[: s.noise_samples]
@@ -314,8 +210,8 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     model = spec.load()
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
                          largest_group=settings.activation_group)
-    data = _load_data(runner, settings)
-    st = _State(runner, data, settings)
+    data = load_data(runner, settings)
+    st = State(runner, data, settings)
     tables, timing, agreement = _tables(runner, data, settings, sink)
     st.items = _items(runner, tables, settings)
     points = _mapping(st, sink)
@@ -339,7 +235,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         cuts=runner.cut_profiles(spec.input_shape),
         weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
         accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
-        baseline_qpart_paper=baseline, timing_s=timing,
+        baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
     )
     artifact = with_coding_ratios(artifact, ratios)
     write_outputs(artifact, agreement, out_dir)
@@ -348,7 +244,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     return artifact
 
 
-def _all_patterns(st: _State, cuts: list[int], budgets: dict[str, float], points: list[AccuracyPoint],
+def _all_patterns(st: State, cuts: list[int], budgets: dict[str, float], points: list[AccuracyPoint],
                   sink: ProgressSink) -> tuple[list[Pattern], list[Pattern]]:
     levels = st.settings.levels
     advance = sink.start("validate + test patterns", len(cuts) * (len(levels) + 1))
@@ -357,13 +253,15 @@ def _all_patterns(st: _State, cuts: list[int], budgets: dict[str, float], points
     done = 0
     for cut in cuts:
         lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
-        patterns.append(_pattern(st, cut, 0.0, lossless, points, None, 0))
+        patterns.append(_pattern(st, cut, 0.0, lossless, points))
+        floor = None
         for level in levels:
-            bits, check, tightenings = _validate(st, cut, level, budgets[str(level)])
-            patterns.append(_pattern(st, cut, level, bits, points, check, tightenings))
+            chosen = select(st, cut, level, budgets[str(level)], floor)
+            floor = chosen.anchor
+            patterns.append(_pattern(st, cut, level, chosen.bits, points, chosen))
             if st.settings.baseline and st.items[cut] and budgets[str(level)] > 0:
                 paper = qpart_paper_bits(st.items[cut], budgets[str(level)])
-                baseline.append(_pattern(st, cut, level, paper, points, None, 0))
+                baseline.append(_pattern(st, cut, level, paper, points))
             done += 1
             advance(done)
         done += 1

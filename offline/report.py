@@ -34,7 +34,7 @@ def _row(p: Pattern) -> dict[str, object]:
             "weight_bytes": p.weight_bytes, "fp32_weight_bytes": p.fp32_weight_bytes,
             "activation_bits": p.activation_bits, "calib_drop": p.calib_drop,
             "calib_drop_ub": p.calib_drop_ub, "weight_bits": p.weight_bits,
-            "activation_bytes": p.activation_bytes, "tightenings": p.tightenings}
+            "activation_bytes": p.activation_bytes, "rungs": p.rungs, "passed": p.passed}
 
 
 def _violations(patterns: list[Pattern]) -> dict[str, object]:
@@ -58,6 +58,7 @@ def validation_doc(artifact: CalibrationArtifact, agreement: dict[str, object]) 
         "patterns": [_row(p) for p in graded],
         "baseline_qpart_paper": [_row(p) for p in artifact.baseline_qpart_paper],
         "summary": _summary(artifact),
+        "promise": artifact.promise.model_dump() if artifact.promise else None,
         "timing_s": {"direct": artifact.timing_s.get("direct"), "fast": artifact.timing_s.get("fast"),
                      **artifact.timing_s},
         "additivity_error": artifact.additivity_error,
@@ -213,10 +214,19 @@ def _additivity(errors: Mapping[str, float]) -> str:
 def _pattern_row(p: Pattern, last: int) -> str:
     uploads = p.cut < last
     of_fp32 = pct(p.weight_bytes / p.fp32_weight_bytes) if p.fp32_weight_bytes else NONE
+    ladder = f"{p.passed} of {p.rungs}" if p.rungs is not None and p.passed is not None else NONE
     cells = [str(p.cut), level(p.level), bits(p.activation_bits) if uploads else NONE,
              size(p.activation_bytes) if uploads else NONE, size(p.weight_bytes), of_fp32,
-             pct(p.predicted_drop), pct(p.calib_drop_ub), pct(p.test_drop)]
+             pct(p.predicted_drop), ladder, pct(p.calib_drop_ub), pct(p.test_drop)]
     return "| " + " | ".join(cells) + " |"
+
+
+def _promise(artifact: CalibrationArtifact) -> str:
+    if artifact.promise is None:
+        return ("This artifact predates the promise (schema 3): its patterns come from a search over "
+                "budgets on the check samples, which passed each a bound but backs no statement about "
+                "the chance of a wrong one. Re-calibrate for one.")
+    return artifact.promise.statement
 
 
 def markdown(artifact: CalibrationArtifact) -> str:
@@ -228,7 +238,8 @@ def markdown(artifact: CalibrationArtifact) -> str:
         f"fp32 test accuracy {pct(artifact.fp32_test_accuracy)}. Accuracy levels (max top-1 drop): {levels}.",
         f"Calibration samples used: {plain(artifact.splits.get('calibration_use'))}; "
         "test = the official t10k images, read once per final pattern.",
-        "", "## Promise kept on the test split", "",
+        "", "## The promise", "", _promise(artifact), "",
+        "## Promise kept on the test split", "",
         "Margin: the level less the measured test drop (negative: the promise was broken).", "",
         "| method | patterns | violations (test drop > level) | tightest margin |", "|---|---|---|---|",
     ]
@@ -240,11 +251,12 @@ def markdown(artifact: CalibrationArtifact) -> str:
     last = len(artifact.cuts) - 1
     lines += ["", "![measured vs requested](drops.png)", "", "## Patterns", "",
               f"Activation: the uploaded activation's bits and bytes per sample ({NONE}: the last cut "
-              "uploads nothing). Weights: the head segment. Check bound: the upper confidence bound of "
-              f"the drop on the calibration check samples ({NONE}: lossless, not checked).", "",
+              "uploads nothing). Weights: the head segment. Passed: the ladder's rungs that passed on "
+              "the check samples before the first failure, of all its rungs. Check bound: the upper "
+              f"confidence bound of the drop on the check samples ({NONE}: lossless, not checked).", "",
               "| cut | level | activation bits | activation | weights | of fp32 | predicted drop "
-              "| check bound | test drop |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| passed | check bound | test drop |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_pattern_row(p, last) for p in artifact.patterns]
     lines += ["", "![payload vs level](payload.png)", "", "![bits](bits.png)", "",
               "## Noise tables and timing", "",

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
+LADDER = (-4, -2, -1, 0, 1, 2, 3)
 
 
 class Estimator(StrEnum):
@@ -35,13 +36,16 @@ class CalibrationSettings(BaseSettings):
     min_bits: int = Field(2, ge=1, le=8)
     max_bits: int = Field(8, ge=1, le=8)
     activation_group: int = Field(256, ge=1, description="Largest activation group size.")
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of the bound.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description=(
+        "1 − δ: each pattern keeps its level with at least this probability over the check samples."))
     bound: Literal["exact", "newcombe"] = Field("exact", description="Upper-bound method (validation).")
     budget_units: int = Field(2000, ge=50, le=100_000, description="DP discretisation of the budget.")
     mapping_points: int = Field(40, ge=4, description="Mixed patterns on a log grid for the mapping.")
     refine_points: int = Field(3, ge=0, le=20, description="Extra points per level where drop crosses it.")
-    expand_steps: int = Field(0, ge=0, le=10, description="Budget doublings tried after a first pass.")
-    max_tightenings: int = Field(14, ge=1)
+    ladder_steps: int = Field(4, ge=1, le=16, description="Ladder grid: noise budgets 2^(k/steps).")
+    ladder: tuple[int, ...] = Field(LADDER, description=(
+        "Rungs, in grid steps from the largest budget that passes on the fit samples."))
+    search_octaves: int = Field(14, ge=1, le=40, description="Octaves the fit search may go from D(a).")
     seed: int = 0
     threads: int = Field(2, ge=1)
     batch_size: int = Field(500, ge=1)
@@ -56,3 +60,15 @@ class CalibrationSettings(BaseSettings):
         if not levels or any(not 0 < a < 1 for a in levels):
             raise ValueError("levels must be fractions in (0, 1), e.g. 0.01 for 1%")
         return tuple(sorted(set(levels)))
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder_in_order(cls, ladder: tuple[int, ...]) -> tuple[int, ...]:
+        if not ladder:
+            raise ValueError("the ladder needs at least one rung, e.g. [-4, -2, -1, 0, 1, 2, 3]")
+        return tuple(sorted(set(ladder)))
+
+    @property
+    def delta(self) -> float:
+        """δ: the chance a pattern's promise is wrong (1 − confidence)."""
+        return round(1.0 - self.confidence, 12)

@@ -16,10 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from qpart.kernels.coding import Coding
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 2
-"""2: a cut's upload-coding ratios in one map keyed by :class:`~kernels.coding.Coding`
-(``coding_ratio``). Schema 1 had a field per coding (``deflate_ratio``, ``zstd_ratio``); such
-artifacts are upgraded as they load (ADR 0008)."""
+ARTIFACT_SCHEMA_VERSION = 3
+"""3: the promise a calibration makes (``promise``) and each pattern's ladder (``rungs``,
+``passed``) in place of ``tightenings`` (ADR 0011). 2: a cut's upload-coding ratios in one map
+keyed by :class:`~kernels.coding.Coding`; schema 1 had a field per coding (ADR 0008). Older
+artifacts are upgraded as they load."""
 ARTIFACT_FILE = "artifact.json"
 FLOAT_BITS = 32
 """Bit width that means "not quantized, sent as float32"."""
@@ -87,7 +88,20 @@ class Pattern(_Frozen):
     weight_bytes: int = Field(ge=0, description="Head segment payload: codes + scales + float params.")
     fp32_weight_bytes: int = Field(ge=0)
     activation_bytes: int = Field(ge=0, description="Uploaded activation payload per sample.")
-    tightenings: int = Field(ge=0, description="How often the budget was tightened to pass validation.")
+    rungs: int | None = Field(None, ge=0, description="Candidates in this (cut, level)'s ladder.")
+    passed: int | None = Field(
+        None, ge=0, description="Rungs that passed on the check samples before the first failure "
+                                "(this pattern has the fewest bits of them; 0: lossless).")
+
+
+class Promise(_Frozen):
+    """What every pattern's level means, and what backs it (``offline.ltt``)."""
+
+    statement: str = Field(description="The promise in one sentence, naming all of the below.")
+    delta: float = Field(gt=0, lt=0.5, description="δ: the chance a pattern's promise is wrong.")
+    bound: str = Field(description="Upper-bound method of the test (offline.validation).")
+    check_samples: int = Field(ge=1, description="Calibration samples the test reads, once.")
+    ladder: str = Field(description="How each (cut, level)'s candidates were fixed and tested.")
 
 
 class AccuracyPoint(_Frozen):
@@ -101,7 +115,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -121,18 +135,25 @@ class CalibrationArtifact(_Frozen):
     patterns: list[Pattern]
     baseline_qpart_paper: list[Pattern]
     timing_s: dict[str, float]
+    promise: Promise | None = Field(
+        None, description="None: calibrated before schema 3, by a search that backs no such statement.")
 
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        """A schema 1 document as schema 2: each cut's ``<coding>_ratio`` fields into its
-        ``coding_ratio`` map (an empty one: not measured, left out)."""
-        if not (isinstance(data, dict) and data.get("schema_version") == 1):
+        """An older document as schema 3. From 1: each cut's ``<coding>_ratio`` fields into its
+        ``coding_ratio`` map (an empty one: not measured, left out). From 1 or 2: patterns lose
+        ``tightenings`` (the search that counted them made no promise; ``promise`` stays None)."""
+        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2)):
             return data
-        cuts = data.get("cuts")
-        if isinstance(cuts, list):
-            cuts = [_schema1_cut(c) if isinstance(c, dict) else c for c in cuts]
-        return {**data, "schema_version": ARTIFACT_SCHEMA_VERSION, "cuts": cuts}
+        out = dict(data)
+        if data["schema_version"] == 1 and isinstance(data.get("cuts"), list):
+            out["cuts"] = [_schema1_cut(c) if isinstance(c, dict) else c for c in data["cuts"]]
+        for name in ("patterns", "baseline_qpart_paper"):
+            if isinstance(data.get(name), list):
+                out[name] = [_schema2_pattern(p) if isinstance(p, dict) else p for p in data[name]]
+        out["schema_version"] = ARTIFACT_SCHEMA_VERSION
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationArtifact:
@@ -154,6 +175,10 @@ def _schema1_cut(cut: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in cut.items() if k not in _SCHEMA1_RATIOS}
     out["coding_ratio"] = {c.value: cut[k] for k, c in _SCHEMA1_RATIOS.items() if cut.get(k)}
     return out
+
+
+def _schema2_pattern(pattern: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in pattern.items() if k != "tightenings"}
 
 
 def load_artifact(path: Path) -> CalibrationArtifact:

@@ -160,6 +160,9 @@ def calibrate(
     check_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "check_samples"))] = None,
     noise_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "noise_samples"))] = None,
     mapping_points: Annotated[int | None, typer.Option(help=env_help(CALIB, "mapping_points"))] = None,
+    confidence: Annotated[float | None, typer.Option(help=env_help(
+        CALIB, "confidence", "1 − δ, the probability over the check samples that each pattern keeps its "
+        "level (0.95: δ = 0.05)"))] = None,
     seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
     threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
     baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
@@ -169,7 +172,7 @@ def calibrate(
     settings = settings_from(CalibrationSettings, {
         "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
         "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
-        "seed": seed, "threads": threads, "baseline": baseline,
+        "confidence": confidence, "seed": seed, "threads": threads, "baseline": baseline,
     })
     from dataclasses import replace
 

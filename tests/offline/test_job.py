@@ -18,7 +18,8 @@ def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("calib")
     settings = CalibrationSettings(
         levels=(0.02,), fit_samples=300, check_samples=600, noise_samples=100, mapping_points=5,
-        cuts=(0, 4, 8), test_samples=1000, batch_size=300,
+        cuts=(0, 4, 8), test_samples=1000, batch_size=300, confidence=0.9,
+        ladder=(-16, -8, -4, -2, 0, 2),  # 300 fit samples place the ladder loosely: deeper first rungs
     )
     artifact = calibrate(get_model("fmnist-cnn"), settings, out)
     return artifact, out
@@ -28,9 +29,24 @@ def test_every_pattern_passed_its_bound_on_calibration_data(small_run):
     artifact, _ = small_run
     for p in artifact.patterns:
         quantized = any(b < FLOAT_BITS for b in [*p.weight_bits.values(), p.activation_bits])
-        if p.level > 0 and quantized:  # a lossless fallback needs no bound
-            assert p.calib_drop_ub is not None
-            assert p.calib_drop_ub <= p.level
+        if p.level == 0:
+            assert (p.rungs, p.passed, p.calib_drop_ub) == (None, None, None)
+            continue
+        assert p.rungs is not None and p.passed is not None and 0 <= p.passed <= p.rungs
+        if p.passed:  # the fewest bits among the rungs that passed before the first failure
+            assert quantized and p.calib_drop_ub is not None and p.calib_drop_ub <= p.level
+        else:  # the first rung failed: lossless, not checked
+            assert not quantized and p.calib_drop_ub is None
+
+
+def test_the_artifact_states_its_promise(small_run):
+    artifact, out = small_run
+    assert artifact.promise is not None
+    assert (artifact.promise.delta, artifact.promise.check_samples, artifact.promise.bound) == (
+        pytest.approx(0.1), 600, "exact")
+    assert "δ = 0.1;" in artifact.promise.statement and "600 check samples" in artifact.promise.statement
+    assert artifact.promise.statement in (out / "report.md").read_text()
+    assert json.loads((out / "validation.json").read_text())["promise"]["delta"] == pytest.approx(0.1)
 
 
 def test_artifact_round_trips_and_lists_lossless_patterns(small_run):

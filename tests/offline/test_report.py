@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import matplotlib.pyplot as plt
@@ -40,8 +41,24 @@ def test_the_report_has_no_none_no_reprs_and_no_long_floats(artifact, tmp_path):
 
 def test_the_tightest_margin_is_a_percentage(artifacts_dir, tmp_path):
     text = write_report(load_artifact(artifacts_dir / "fmnist-cnn"), tmp_path).read_text()
-    # validation.json holds the fraction 0.0004000000000000001
-    assert "| validated (ours) | 45 | 0 | 0.04% |" in text
+    summary = json.loads((artifacts_dir / "fmnist-cnn" / "validation.json").read_text())["summary"]["qpart"]
+    margin = summary["tightest_margin"]  # a fraction such as 0.0004000000000000001
+    assert re.fullmatch(r"-?\d+\.\d\d%", pct(margin))
+    assert f"| validated (ours) | {summary['patterns']} | {summary['violations']} | {pct(margin)} |" in text
+
+
+def test_the_report_states_the_promise_or_that_the_artifact_predates_it(artifact, tmp_path):
+    text = write_report(artifact, tmp_path).read_text()
+    promise = text.split("## The promise\n\n")[1].split("\n")[0]
+    if artifact.promise is None:
+        assert promise.startswith("This artifact predates the promise")
+    else:
+        assert promise == artifact.promise.statement
+        assert promise.startswith("For each pattern, with probability at least 1−δ over the draw of the "
+                                  "check samples, its expected top-1 drop on data from the calibration "
+                                  "distribution is at most its level")
+    older = artifact.model_copy(update={"promise": None})
+    assert "predates the promise" in write_report(older, tmp_path).read_text()
 
 
 def test_the_bits_plot_labels_float_as_the_tables_do(artifact):

@@ -1,6 +1,7 @@
-"""Files of an older schema still load (ADR 0008): a schema 1 artifact with a ``<coding>_ratio``
-field per coding, one from before zstd uploads (ADR 0007) without ``zstd_ratio``, and device
-profiles with ``deflate_s``/``zstd_s``; a coding no build knows is refused by name."""
+"""Files of an older schema still load (ADR 0008, 0011): a schema 2 artifact with ``tightenings``
+and no promise, a schema 1 one with a ``<coding>_ratio`` field per coding, one from before zstd
+uploads (ADR 0007) without ``zstd_ratio``, and device profiles with ``deflate_s``/``zstd_s``; a
+coding no build knows is refused by name."""
 
 from __future__ import annotations
 
@@ -11,17 +12,46 @@ import pytest
 from pydantic import ValidationError
 
 from qpart.kernels.coding import Coding
-from qpart.profiles.artifacts import ARTIFACT_SCHEMA_VERSION, CutProfile, load_artifact, save_artifact
+from qpart.profiles.artifacts import (
+    ARTIFACT_SCHEMA_VERSION,
+    CalibrationArtifact,
+    CutProfile,
+    load_artifact,
+    save_artifact,
+)
 from qpart.profiles.devices import DEVICES_DIR, MeasuredHeads, get_device, load_device_profile
 from qpart.profiles.errors import SchemaVersionError
 
+_LADDER = ("rungs", "passed")  # schema 3's per-pattern fields
+
+
+def _schema2(doc: dict) -> dict:
+    """``doc`` (schema 3) as schema 2 wrote it: no promise, ``tightenings`` in place of the ladder."""
+    def pattern(p: dict) -> dict:
+        return {**{k: v for k, v in p.items() if k not in _LADDER}, "tightenings": 1}
+
+    out = {k: v for k, v in doc.items() if k != "promise"}
+    for name in ("patterns", "baseline_qpart_paper"):
+        out[name] = [pattern(p) for p in doc[name]]
+    return {**out, "schema_version": 2}
+
 
 def _schema1(doc: dict, codings: tuple[str, ...] = ("deflate", "zstd")) -> dict:
-    """``doc`` (schema 2) as schema 1 wrote it: a ``<coding>_ratio`` field per coding, empty when
-    not measured."""
+    """``doc`` (schema 3) as schema 1 wrote it: schema 2's, with a ``<coding>_ratio`` field per
+    coding, empty when not measured."""
+    old = _schema2(doc)
     cuts = [{**{k: v for k, v in cut.items() if k != "coding_ratio"},
              **{f"{c}_ratio": cut["coding_ratio"].get(c, {}) for c in codings}} for cut in doc["cuts"]]
-    return {**doc, "schema_version": 1, "cuts": cuts}
+    return {**old, "schema_version": 1, "cuts": cuts}
+
+
+def _without_promise(a: CalibrationArtifact) -> CalibrationArtifact:
+    """What an upgraded older artifact holds: no promise, no ladder per pattern."""
+    def plain(ps: list) -> list:
+        return [p.model_copy(update=dict.fromkeys(_LADDER)) for p in ps]
+
+    return a.model_copy(update={"promise": None, "patterns": plain(a.patterns),
+                                "baseline_qpart_paper": plain(a.baseline_qpart_paper)})
 
 
 @pytest.fixture
@@ -31,23 +61,25 @@ def cnn(artifacts_dir, tmp_path):
     return folder
 
 
-def test_a_schema_1_artifact_loads_as_the_committed_schema_2_one(cnn):
+@pytest.mark.parametrize("older", [_schema1, _schema2])
+def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, older):
     committed = load_artifact(cnn)
-    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 2
-    doc = json.loads((cnn / "artifact.json").read_text())
-    old = _schema1(doc)
-    assert old["cuts"][0]["deflate_ratio"] and old["cuts"][-1]["zstd_ratio"] == {}
+    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 3
+    doc = json.loads(committed.model_dump_json())
+    old = older(doc)
+    assert "promise" not in old and all("tightenings" in p for p in old["patterns"])
     (cnn / "artifact.json").write_text(json.dumps(old))
     upgraded = load_artifact(cnn)
-    assert upgraded == committed
+    assert upgraded == _without_promise(committed)
     assert upgraded.cuts[-1].coding_ratio == {}  # the last cut uploads nothing: no coding measured
-    save_artifact(upgraded, cnn)  # and it is written back as schema 2
-    assert json.loads((cnn / "artifact.json").read_text()) == doc
+    save_artifact(upgraded, cnn)  # and it is written back as schema 3
+    assert json.loads((cnn / "artifact.json").read_text()) == json.loads(upgraded.model_dump_json())
+    assert json.loads((cnn / "artifact.json").read_text())["schema_version"] == 3
 
 
 def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
     committed = load_artifact(cnn)
-    doc = _schema1(json.loads((cnn / "artifact.json").read_text()), codings=("deflate",))
+    doc = _schema1(json.loads(committed.model_dump_json()), codings=("deflate",))
     (cnn / "artifact.json").write_text(json.dumps(doc))
     artifact = load_artifact(cnn)
     assert all(Coding.ZSTD not in c.coding_ratio for c in artifact.cuts)
@@ -56,8 +88,8 @@ def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
 
 def test_a_newer_schema_is_refused_naming_the_ones_this_build_reads(cnn):
     doc = json.loads((cnn / "artifact.json").read_text())
-    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 3}))
-    with pytest.raises(SchemaVersionError, match="schema_version 1 to 2"):
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 4}))
+    with pytest.raises(SchemaVersionError, match="schema_version 1 to 3"):
         load_artifact(cnn)
 
 

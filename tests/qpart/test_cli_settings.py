@@ -80,6 +80,21 @@ def test_calibrate_reads_the_environment_and_a_flag_overrides_it(seen, tmp_path)
     assert from_env.check_samples == 6000  # neither: the default
 
 
+def test_confidence_sets_delta_in_the_settings_and_in_the_artifacts_promise(seen, tmp_path):
+    from qpart.offline.ltt import make_promise
+
+    out = ["--model", "fmnist-cnn", "--out", str(tmp_path / "out")]
+    invoke(["calibrate", *out], {})
+    invoke(["calibrate", *out], {"QPART_CALIB_CONFIDENCE": "0.99"})
+    invoke(["calibrate", *out, "--confidence", "0.9"], {"QPART_CALIB_CONFIDENCE": "0.99"})
+    default, from_env, flagged = seen
+    assert isinstance(default, CalibrationSettings) and isinstance(flagged, CalibrationSettings)
+    assert [s.delta for s in (default, from_env, flagged)] == [0.05, 0.01, 0.1]
+    for settings, shown in ((default, "δ = 0.05;"), (from_env, "δ = 0.01;"), (flagged, "δ = 0.1;")):
+        promise = make_promise(settings)
+        assert promise.delta == settings.delta and shown in promise.statement
+
+
 def test_settings_from_passes_only_the_flags_given(monkeypatch):
     monkeypatch.setenv("QPART_CALIB_SEED", "7")
     assert settings_from(CalibrationSettings, {"seed": None}).seed == 7

@@ -1,0 +1,182 @@
+"""Monte Carlo of the promise: how often the chosen pattern's true drop exceeds its level, for the
+Learn-then-Test selection and for the budget search it replaced. ``python -m tests.offline.ltt_sim``
+prints the table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from qpart.offline.ltt import Test, fixed_sequence, grid_budget, grid_index, learn, rungs
+from qpart.offline.settings import LADDER
+from qpart.offline.validation import PairedDrop
+
+STEPS, OCTAVES = 4, 14  # the job's defaults (ladder_steps, search_octaves and the old max_tightenings)
+N_FIT, N_CHECK = 4000, 6000
+SPAN = range(-90, 70)  # rungs simulated, in grid steps from the crossing
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Synthetic rungs: at grid step ``k`` from the crossing, lost and gained rates ``(lost, gained)
+    · u(k)`` with ``u = 2^(k / growth)``; ``lost − gained`` is the level at ``k = 0``, so the true
+    drops straddle it, the nearest within a few percent of it (the hardest case for a test).
+    ``plateau``: ``u`` stays at 1.01 for that many steps past the crossing (a drop flat just over
+    the level). ``start``: where D(a), the first budget either procedure tries, falls."""
+
+    name: str
+    level: float
+    lost: float
+    gained: float
+    start: int = 4
+    plateau: int = 0
+    growth: int = 16
+
+    def scale(self) -> np.ndarray:
+        k = np.array(SPAN, dtype=float)
+        u = 2.0 ** (k / self.growth)
+        if self.plateau:
+            above = 1.01 * 2.0 ** ((k - self.plateau) / self.growth)
+            u = np.where((k > 0) & (k <= self.plateau), 1.01, np.where(k > self.plateau, above, u))
+        return u
+
+    def rates(self) -> tuple[np.ndarray, np.ndarray]:
+        u = self.scale()
+        return np.minimum(self.lost * u, 0.6), np.minimum(self.gained * u, 0.3)
+
+    def drops(self) -> np.ndarray:
+        lost, gained = self.rates()
+        return lost - gained
+
+
+SETTINGS = (
+    Setting("no gains, 1%", 0.01, 0.01, 0.0),
+    Setting("some gains, 1%", 0.01, 0.013, 0.003),
+    Setting("high churn, 1%", 0.01, 0.02, 0.01),
+    Setting("0.1% level", 0.001, 0.0012, 0.0002),
+    Setting("steep (drop doubles an octave), 1%", 0.01, 0.013, 0.003, growth=4),
+    Setting("plateau just over 1% for 4 octaves", 0.01, 0.01, 0.0, start=16, plateau=16),
+)
+
+
+def draw(setting: Setting, n: int, reps: int, nested: bool, rng: np.random.Generator) -> np.ndarray:
+    """``[reps, rungs, 2]`` lost and gained counts. Nested: one uniform per sample, lost below the
+    lost rate and gained above ``1 − gained rate``, so a rung's flips include the smaller rungs'
+    (neighbouring patterns flip mostly the same samples); else each rung drawn on its own."""
+    lost, gained = setting.rates()
+    if not nested:
+        p = np.stack([lost, gained, 1 - lost - gained], axis=1)
+        return np.stack([rng.multinomial(n, row, size=reps)[:, :2] for row in p], axis=1)
+    edges = np.concatenate([[0.0], np.maximum.accumulate(lost)])
+    tops = np.concatenate([[0.0], np.maximum.accumulate(gained)])
+    cells = np.concatenate([np.diff(edges), np.diff(tops)])
+    counts = rng.multinomial(n, [*cells, 1 - cells.sum()], size=reps)
+    k = len(lost)
+    return np.stack([counts[:, :k].cumsum(1), counts[:, k:2 * k].cumsum(1)], axis=2)
+
+
+def new_choice(fit: Callable[[int], bool], check: Callable[[int], bool], start: int) -> int | None:
+    """``offline.selection.select`` on synthetic rungs (one distinct pattern per grid step, fewer
+    bits at larger budgets): the search on the fit samples, the ladder, one fixed-sequence pass."""
+    found = learn(fit, start, STEPS, OCTAVES)
+    ladder = rungs(start - OCTAVES * STEPS if found is None else found, LADDER)
+    passed = fixed_sequence(len(ladder), lambda i: check(ladder[i]))
+    return ladder[passed - 1] if passed else None
+
+
+def old_choice(check: Callable[[int], bool], start: int) -> int | None:
+    """``offline/job.py:_validate`` as it stood before Learn then Test (``expand_steps`` 0,
+    ``max_tightenings`` 14, two bisection steps), with the pattern at budget ``b`` the grid step
+    at or below it, as the allocation's patterns change with the budget."""
+    budget = grid_budget(start, STEPS)
+
+    def ok(b: float) -> bool:
+        return check(grid_index(b, STEPS))
+
+    passed = budget if ok(budget) else None
+    failed_at = None if passed is not None else budget
+    d, tightenings = budget, 0
+    while passed is None and tightenings < OCTAVES:
+        d /= 2
+        tightenings += 1
+        passed = d if ok(d) else None
+        failed_at = d if passed is None else failed_at
+    if passed is None:
+        return None  # lossless
+    if failed_at is not None:
+        lo, hi = passed, failed_at
+        for _ in range(2):
+            mid = math.sqrt(lo * hi)
+            if ok(mid):
+                passed, lo = mid, mid
+            else:
+                hi = mid
+    return grid_index(passed, STEPS)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Wrong promises out of ``reps`` for the new and the old procedure, and the mean true drop
+    of the new one's choices over the level (its power)."""
+
+    new: float
+    old: float
+    reps: int
+    new_mean_drop: float
+
+    def se(self, p: float) -> float:
+        """Monte Carlo standard error of a rate ``p``."""
+        return math.sqrt(max(p * (1 - p), 1e-12) / self.reps)
+
+
+def simulate(setting: Setting, reps: int, nested: bool, seed: int, confidence: float = 0.95,
+             bound: str = "exact") -> Rates:
+    """Run both procedures on ``reps`` draws of fit and check samples."""
+    rng = np.random.default_rng(seed)
+    fit, check = (draw(setting, n, reps, nested, rng) for n in (N_FIT, N_CHECK))
+    drops, offset = setting.drops(), -SPAN.start
+    fit_test = Test(setting.level, confidence, bound, scale_to=N_CHECK)  # type: ignore[arg-type]
+    test = Test(setting.level, confidence, bound)  # type: ignore[arg-type]
+
+    def judge(counts: np.ndarray, n: int, t: Test) -> Callable[[int], bool]:
+        def passes(k: int) -> bool:
+            i = min(max(k + offset, 0), len(drops) - 1)
+            return t.passes(PairedDrop(n, int(counts[i, 0]), int(counts[i, 1])))
+        return passes
+
+    def true_drop(k: int | None) -> float:
+        return 0.0 if k is None else float(drops[min(max(k + offset, 0), len(drops) - 1)])
+
+    new = old = 0
+    total = 0.0
+    for r in range(reps):
+        on_check = judge(check[r], N_CHECK, test)
+        chosen = true_drop(new_choice(judge(fit[r], N_FIT, fit_test), on_check, setting.start))
+        new += chosen > setting.level
+        total += chosen
+        old += true_drop(old_choice(on_check, setting.start)) > setting.level
+    return Rates(new / reps, old / reps, reps, total / reps / setting.level)
+
+
+def table(reps: int = 4000, seed: int = 23) -> list[tuple[Setting, bool, Rates]]:
+    """Every setting, nested and independent rungs."""
+    return [(s, nested, simulate(s, reps, nested, seed + i))
+            for i, (s, nested) in enumerate((s, n) for s in SETTINGS for n in (True, False))]
+
+
+def main() -> None:
+    """Print the table (Markdown)."""
+    print("| setting | rungs | (lost, gained) at the level | new: wrong promises | old: wrong promises "
+          "| new: mean true drop / level |")
+    print("|---|---|---|---|---|---|")
+    for s, nested, r in table():
+        coupling = "nested" if nested else "independent"
+        print(f"| {s.name} | {coupling} | ({s.lost:.2%}, {s.gained:.2%}) | {r.new:.4f} ± {r.se(r.new):.4f} "
+              f"| {r.old:.4f} ± {r.se(r.old):.4f} | {r.new_mean_drop:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Learn then Test: the fixed-sequence pieces, the promise's sentence, and a simulation of how often
+a chosen pattern's true drop exceeds its level, beside the budget search it replaced."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from qpart.offline.ltt import fixed_sequence, grid_budget, grid_index, learn, make_promise, rungs
+from qpart.offline.settings import CalibrationSettings
+from tests.offline.ltt_sim import SETTINGS, table
+
+DELTA = 0.05
+REPS = 4000
+
+
+def test_fixed_sequence_stops_at_the_first_failure():
+    asked: list[int] = []
+
+    def passes(i: int) -> bool:
+        asked.append(i)
+        return i not in (2, 4)
+
+    assert fixed_sequence(6, passes) == 2
+    assert asked == [0, 1, 2]  # nothing after the first failure is read
+    assert fixed_sequence(3, lambda i: True) == 3
+    assert fixed_sequence(3, lambda i: False) == 0
+
+
+@pytest.mark.parametrize(("crossing", "start"), [(7, 0), (-9, 0), (3, 3), (-60, 0), (100, 0)])
+def test_the_search_finds_the_last_passing_grid_point(crossing, start):
+    found = learn(lambda k: k <= crossing, start, steps=4, octaves=14)
+    if crossing < start - 14 * 4:
+        assert found is None
+    elif crossing >= start + 14 * 4:
+        assert found == start + 14 * 4
+    else:  # bisection to half an octave: the crossing or the point below it
+        assert found in (crossing - 1, crossing)
+
+
+def test_the_grid_and_the_rungs():
+    assert grid_index(grid_budget(-7, 4), 4) == -7
+    assert grid_index(1.0, 4) == 0 and grid_index(1.999, 4) == 3 and grid_index(2.0, 4) == 4
+    assert rungs(10, (3, -4, 0, 0, -1)) == [6, 9, 10, 13]
+
+
+def test_the_promise_names_delta_the_bound_the_check_samples_and_the_ladder():
+    p = make_promise(CalibrationSettings(confidence=0.9, check_samples=5000))
+    assert p.delta == pytest.approx(0.1) and p.check_samples == 5000 and p.bound == "exact"
+    assert p.statement.startswith(
+        "For each pattern, with probability at least 1−δ over the draw of the check samples, its expected "
+        "top-1 drop on data from the calibration distribution is at most its level")
+    for words in ("δ = 0.1;", "Clopper–Pearson", "5,000 check samples", "2^(1/4)", "-4, -2, -1, +0, +1",
+                  "first failure", "arXiv 2110.01052"):
+        assert words in p.statement
+    assert make_promise(CalibrationSettings()).delta == DELTA
+
+
+@pytest.fixture(scope="module")
+def rows():
+    out = table(reps=REPS)
+    print("\n| setting | rungs | new | old |")
+    for s, nested, r in out:
+        print(f"| {s.name} | {'nested' if nested else 'independent'} | {r.new:.4f} ± {r.se(r.new):.4f} "
+              f"| {r.old:.4f} ± {r.se(r.old):.4f} |")
+    return out
+
+
+@pytest.mark.slow
+def test_wrong_promises_are_at_most_delta_in_every_setting(rows):
+    # δ + 3 Monte Carlo standard errors of a rate δ: a valid procedure exceeds it with probability ~0.1%.
+    limit = DELTA + 3 * math.sqrt(DELTA * (1 - DELTA) / REPS)
+    assert len(rows) == 2 * len(SETTINGS) >= 6
+    for s, nested, r in rows:
+        assert r.new <= limit, (s.name, nested, r)
+        assert r.new_mean_drop > 0.1, (s.name, nested, r)  # and it does choose patterns that use the level
+
+
+@pytest.mark.slow
+def test_the_simulation_catches_the_search_it_replaced(rows):
+    # On a drop flat just over the level, the old search's many looks at the same check samples
+    # keep a pattern over its level more often than δ; the ladder's single pass does not.
+    plateau = [r for s, nested, r in rows if s.plateau and not nested]
+    assert plateau and all(r.old > DELTA > r.new for r in plateau)

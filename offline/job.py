@@ -19,23 +19,20 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from qpart.kernels import packed_size
 from qpart.models.data import describe_splits
 from qpart.models.registry import ModelSpec
-from qpart.offline.allocation import Item, allocate, pattern_noise, qpart_paper_bits
+from qpart.offline.allocation import Item, allocate, pattern_noise
 from qpart.offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
 from qpart.offline.ltt import make_promise
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
+from qpart.offline.patterns import Plan, all_patterns, resolve_workers
 from qpart.offline.runner import ModelRunner
-from qpart.offline.selection import Selection, select
 from qpart.offline.settings import CalibrationSettings, Estimator
-from qpart.offline.state import Data, State, evaluate, key, load_data, split_bits
-from qpart.offline.validation import budget_for_level, paired_drop, predicted_drop
+from qpart.offline.state import Data, State, key, load_data, split_bits
+from qpart.offline.validation import budget_for_level, paired_drop
 from qpart.profiles.artifacts import (
-    FLOAT_BITS,
     AccuracyPoint,
     CalibrationArtifact,
-    Pattern,
     WeightTensor,
 )
 
@@ -123,49 +120,6 @@ def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
             "max_ratio_predicted_to_measured": float(np.max(ratio)), "points": float(len(rel))}
 
 
-def _sizes(st: State, cut: int, bits: dict[str, int]) -> tuple[int, int, int]:
-    """(head segment payload bytes, fp32 head bytes, activation bytes per sample)."""
-    runner = st.runner
-    weight_bytes = 4 * runner.float_params(cut)
-    fp32 = weight_bytes
-    for t in runner.head_tensors(cut):
-        b = bits.get(t.name, FLOAT_BITS)
-        fp32 += 4 * t.params
-        weight_bytes += 4 * t.params if b >= FLOAT_BITS else packed_size(t.params, b) + 8 * t.shape[0]
-    c = runner.cuts[cut]
-    act_bits = bits.get("@activation", FLOAT_BITS)
-    if cut == len(runner.cuts) - 1:
-        act_bytes = 0
-    elif act_bits >= FLOAT_BITS:
-        act_bytes = 4 * c.numel
-    else:
-        act_bytes = packed_size(c.numel, act_bits) + 8 * (c.numel // runner.groups[cut])
-    return weight_bytes, fp32, act_bytes
-
-
-def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: list[AccuracyPoint],
-             chosen: Selection | None = None) -> Pattern:
-    """The artifact's record of ``bits``; ``chosen``: how the ladder chose them (None: lossless, or
-    the baseline, not tested)."""
-    weights, act = split_bits(bits)
-    noise = pattern_noise(st.items[cut], bits)
-    test = (evaluate(st, cut, bits, st.data.test, st.data.test_correct, st.test_cache)
-            if st.settings.measure_test else None)
-    wb, fp32, ab = _sizes(st, cut, bits)
-    digest = hashlib.sha256(key(cut, bits).encode()).hexdigest()[:16]
-    check = chosen.check if chosen else None
-    return Pattern(
-        pattern_id=f"c{cut}-{digest}", cut=cut, level=level, weight_bits=weights,
-        activation_bits=act, group_size=st.runner.groups[cut], predicted_noise=noise,
-        predicted_drop=predicted_drop(points, noise),
-        calib_drop=check.drop if check else None,
-        calib_drop_ub=check.upper_bound(st.settings.confidence, st.settings.bound) if check else None,
-        test_drop=test.drop if test else None, weight_bytes=wb, fp32_weight_bytes=fp32,
-        activation_bytes=ab, rungs=chosen.rungs if chosen else None,
-        passed=chosen.passed if chosen else None,
-    )
-
-
 def _tables(runner: ModelRunner, data: Data, s: CalibrationSettings,
             progress: ProgressSink) -> tuple[Tables, dict[str, float], dict[str, object]]:
     """Noise tables of the configured estimator (and the other one, to compare and time)."""
@@ -217,7 +171,10 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     points = _mapping(st, sink)
     budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
     cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
-    patterns, baseline = _all_patterns(st, cuts, budgets, points, sink)
+    workers = resolve_workers(settings, len(cuts))
+    patterns, baseline = all_patterns(
+        spec, st, cuts, Plan(budgets, points), workers,
+        sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)))
     ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES],
                            sink.start("upload coding", len(runner.cuts)))
     timing["total_without_report"] = time.perf_counter() - started
@@ -229,7 +186,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
             "fit": [0, settings.fit_samples], "check": [settings.fit_samples,
                                                         settings.fit_samples + settings.check_samples],
             "noise_tables": [0, settings.noise_samples]}},
-        settings=json.loads(settings.model_dump_json()),
+        settings={**json.loads(settings.model_dump_json()), "workers": workers},
         tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
                  for t in runner.tensors],
         cuts=runner.cut_profiles(spec.input_shape),
@@ -242,31 +199,6 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     # The artifact folder is self-contained: the server loads these exact weights (sha256-checked).
     shutil.copyfile(spec.weights, out_dir / "weights.safetensors")
     return artifact
-
-
-def _all_patterns(st: State, cuts: list[int], budgets: dict[str, float], points: list[AccuracyPoint],
-                  sink: ProgressSink) -> tuple[list[Pattern], list[Pattern]]:
-    levels = st.settings.levels
-    advance = sink.start("validate + test patterns", len(cuts) * (len(levels) + 1))
-    patterns: list[Pattern] = []
-    baseline: list[Pattern] = []
-    done = 0
-    for cut in cuts:
-        lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
-        patterns.append(_pattern(st, cut, 0.0, lossless, points))
-        floor = None
-        for level in levels:
-            chosen = select(st, cut, level, budgets[str(level)], floor)
-            floor = chosen.anchor
-            patterns.append(_pattern(st, cut, level, chosen.bits, points, chosen))
-            if st.settings.baseline and st.items[cut] and budgets[str(level)] > 0:
-                paper = qpart_paper_bits(st.items[cut], budgets[str(level)])
-                baseline.append(_pattern(st, cut, level, paper, points))
-            done += 1
-            advance(done)
-        done += 1
-        advance(done)
-    return patterns, baseline
 
 
 def _sha256(path: Path) -> str:

@@ -47,7 +47,10 @@ class CalibrationSettings(BaseSettings):
         "Rungs, in grid steps from the largest budget that passes on the fit samples."))
     search_octaves: int = Field(14, ge=1, le=40, description="Octaves the fit search may go from D(a).")
     seed: int = 0
-    threads: int = Field(2, ge=1)
+    threads: int = Field(2, ge=1, description="torch threads the job uses in all (fixed: results).")
+    workers: int = Field(0, ge=0, le=256, description=(
+        "Processes for the validation stage, one cut at a time each, sharing the threads "
+        "(0: one per core available, at most one per thread and per cut)."))
     batch_size: int = Field(500, ge=1)
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")

@@ -81,3 +81,24 @@ def test_head_payload_shrinks_below_fp32(small_run):
     artifact, _ = small_run
     full = next(p for p in artifact.patterns if p.cut == 8 and p.level == 0.02)
     assert full.weight_bytes < 0.5 * full.fp32_weight_bytes
+
+
+def test_worker_processes_change_no_pattern(small_run, tmp_path):
+    """The pool (two workers of one thread each) chooses and measures what this process does alone
+    with one thread; only the tables' float rounding (two threads against one) may differ."""
+    artifact, _ = small_run
+    assert artifact.settings["workers"] == 2 and artifact.settings["threads"] == 2
+    alone = calibrate(get_model("fmnist-cnn"), artifact_settings(artifact, workers=1, threads=1), tmp_path)
+    assert alone.settings["workers"] == 1
+    rounding = {"predicted_noise", "predicted_drop"}
+    for ours, theirs in zip([*alone.patterns, *alone.baseline_qpart_paper],
+                            [*artifact.patterns, *artifact.baseline_qpart_paper], strict=True):
+        a, b = ours.model_dump(), theirs.model_dump()
+        exact = sorted(set(a) - rounding)
+        assert [a[k] for k in exact] == [b[k] for k in exact]
+        assert [a[k] for k in sorted(rounding)] == pytest.approx([b[k] for k in sorted(rounding)], rel=1e-6)
+
+
+def artifact_settings(artifact, **changes):
+    kept = {k: v for k, v in artifact.settings.items() if k in CalibrationSettings.model_fields}
+    return CalibrationSettings(**{**kept, **changes})

@@ -165,6 +165,7 @@ def calibrate(
         "level (0.95: δ = 0.05)"))] = None,
     seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
     threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
+    workers: Annotated[int | None, typer.Option(help=env_help(CALIB, "workers"))] = None,
     baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
 ) -> None:
     """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
@@ -172,11 +173,19 @@ def calibrate(
     settings = settings_from(CalibrationSettings, {
         "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
         "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
-        "confidence": confidence, "seed": seed, "threads": threads, "baseline": baseline,
+        "confidence": confidence, "seed": seed, "threads": threads, "workers": workers,
+        "baseline": baseline,
     })
     from dataclasses import replace
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from qpart.models.registry import get_model
     from qpart.offline.job import calibrate as run_job
@@ -185,7 +194,7 @@ def calibrate(
     if weights is not None:
         spec = replace(spec, weights=weights)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn()) as bar:
+                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
         artifact = run_job(spec, settings, out, _RichSink(bar))
     graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
     bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)

@@ -3,16 +3,22 @@
 See ``docs/data-sources.md`` for the formats, the order of samples and the errors.
 """
 
+from qpart.models.sources.arrays import ArraySource
 from qpart.models.sources.base import Batch, DataSource, SourceKind, SourceRecord, SplitRecord
+from qpart.models.sources.fashion import FashionMnistSource, class_folder_names, export_image_folder
 from qpart.models.sources.folder import IMAGE_EXTENSIONS, ImageFolderSource, find_classes
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "ArraySource",
     "Batch",
     "DataSource",
+    "FashionMnistSource",
     "ImageFolderSource",
     "SourceKind",
     "SourceRecord",
     "SplitRecord",
+    "class_folder_names",
+    "export_image_folder",
     "find_classes",
 ]

@@ -7,6 +7,7 @@ from qpart.models.sources.arrays import ArraySource
 from qpart.models.sources.base import Batch, DataSource, SourceKind, SourceRecord, SplitRecord
 from qpart.models.sources.fashion import FashionMnistSource, class_folder_names, export_image_folder
 from qpart.models.sources.folder import IMAGE_EXTENSIONS, ImageFolderSource, find_classes
+from qpart.models.sources.splits import SourceSplit, check_sources, split_source
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -17,8 +18,11 @@ __all__ = [
     "ImageFolderSource",
     "SourceKind",
     "SourceRecord",
+    "SourceSplit",
     "SplitRecord",
+    "check_sources",
     "class_folder_names",
     "export_image_folder",
     "find_classes",
+    "split_source",
 ]

@@ -163,6 +163,8 @@ def test_normalize_pixels_checks_its_input_and_fills_a_given_buffer():
         normalize_pixels(pixels.astype(np.int16), IMAGENET)  # type: ignore[arg-type]
     with pytest.raises(PreprocessError, match="output buffer"):
         normalize_pixels(pixels, IMAGENET, out=np.empty((4, 3, 5, 5), np.float32))
+    with pytest.raises(PreprocessError, match="output buffer"):
+        normalize_pixels(pixels, IMAGENET, out=np.empty((4, 3, 6, 5), np.float32).transpose(0, 1, 3, 2))
 
 
 def preprocess_array(pixels: np.ndarray) -> np.ndarray:

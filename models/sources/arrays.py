@@ -43,6 +43,11 @@ MAX_CLASSES = 100_000
 _MAX_NPY_HEADER = 10_000
 _SAFETENSORS_LABELS = {"I8", "I16", "I32", "I64", "U8", "U16", "U32"}
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+# What zipfile and zlib raise on damaged data: BadZipFile, zlib.error, EOFError (a stream ending
+# early), OSError, ValueError (a bad seek), NotImplementedError and RuntimeError (an unsupported
+# compression method, an encrypted member).
+_ZIP_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+               RuntimeError)
 _HOW_TO_SAVE = "save with np.savez(path, x=float32 [N, C, H, W], y=int [N])"
 
 
@@ -80,7 +85,10 @@ class _NpzMember:
         except KeyError:
             held = sorted(n.removesuffix(".npy") for n in archive.namelist())
             raise ArrayFileError(f"{path} has no array '{name}' (it holds {held}); {_HOW_TO_SAVE}") from None
-        self.handle = cast(zipfile.ZipExtFile, archive.open(self.info))
+        try:
+            self.handle = cast(zipfile.ZipExtFile, archive.open(self.info))
+        except _ZIP_ERRORS as exc:  # a damaged local header, an encrypted or unknown-method member
+            raise ArrayFileError(f"{path}: '{name}' cannot be opened ({exc}); {_HOW_TO_SAVE}") from exc
         try:
             self._read_header()
         except BaseException:
@@ -94,7 +102,7 @@ class _NpzMember:
             if version not in _HEADER_READERS:
                 raise ArrayFileError(f"{path}: '{name}' is .npy version {version}; {_HOW_TO_SAVE}")
             shape, fortran, dtype = _HEADER_READERS[version](self.handle, max_header_size=_MAX_NPY_HEADER)
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        except _ZIP_ERRORS as exc:
             raise ArrayFileError(f"{path}: '{name}' is not a readable .npy array ({exc})") from exc
         if dtype.hasobject or fortran:
             what = "Fortran-ordered" if fortran else "an object array"
@@ -113,7 +121,7 @@ class _NpzMember:
         try:
             self.handle.seek(self.offset + start_byte)
             got = self.handle.readinto(buf)
-        except (OSError, EOFError, zipfile.BadZipFile, ValueError, zlib.error) as exc:
+        except _ZIP_ERRORS as exc:
             raise ArrayFileError(
                 f"{self.path}: '{self.name}' cannot be read ({exc}); the file is damaged") from exc
         if got != count:
@@ -133,7 +141,7 @@ class _NpzReader:
         self.path = path
         try:
             archive = zipfile.ZipFile(path)
-        except (OSError, zipfile.BadZipFile) as exc:
+        except _ZIP_ERRORS as exc:
             raise ArrayFileError(f"{path} is not a readable .npz (zip) file ({exc}); {_HOW_TO_SAVE}") from exc
         # A zip file stays open while any member handle is: close members, then the archive.
         self._open = contextlib.ExitStack()

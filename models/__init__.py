@@ -1,1 +1,2 @@
-"""Reference architectures, Fashion-MNIST splits, the model registry and head/tail partitioning."""
+"""Reference architectures, Fashion-MNIST splits, preprocessing and data sources, the model registry
+and head/tail partitioning."""

@@ -124,8 +124,11 @@ def split_indices(split: Split) -> npt.NDArray[np.int64]:
     return np.sort(order[: TRAIN_POOL - CALIBRATION_COUNT])
 
 
-def load_split(split: Split, limit: int | None = None) -> Dataset:
-    """Load one split as float32 images in ``[0, 1]``.
+def load_split_pixels(
+    split: Split, limit: int | None = None
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """One split as the IDX files hold it: uint8 images ``[N, 28, 28]``, int64 labels ``[N]`` and
+    the int64 indices ``[N]`` of the samples in their source file.
 
     Args:
         split: which split.
@@ -135,9 +138,20 @@ def load_split(split: Split, limit: int | None = None) -> Dataset:
     idx = split_indices(split)
     if limit is not None:
         idx = idx[:limit]
+    return images[idx], labels[idx].astype(np.int64), idx
+
+
+def load_split(split: Split, limit: int | None = None) -> Dataset:
+    """Load one split as float32 images in ``[0, 1]``.
+
+    Args:
+        split: which split.
+        limit: keep only the first ``limit`` samples of the split (in index order).
+    """
+    pixels, labels, idx = load_split_pixels(split, limit)
     digest = hashlib.sha256(idx.astype("<i8").tobytes()).hexdigest()
-    x = (images[idx].astype(np.float32) / np.float32(255.0))[:, None, :, :]
-    return Dataset(images=x, labels=labels[idx].astype(np.int64), split=split, indices_sha256=digest)
+    x = (pixels.astype(np.float32) / np.float32(255.0))[:, None, :, :]
+    return Dataset(images=x, labels=labels, split=split, indices_sha256=digest)
 
 
 def describe_splits() -> dict[str, object]:

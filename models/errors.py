@@ -4,6 +4,12 @@
 
     ModelsError
     ├── DatasetError            the dataset is missing or its files are malformed
+    │   ├── ImageFolderError    an ImageFolder with no class folders, or a class with no images
+    │   ├── ImageDecodeError    an image file that cannot be read or decoded (the message names it)
+    │   ├── ArrayFileError      an .npz or safetensors file without x/y, or with bad dtypes or shapes
+    │   ├── SourceMismatchError calibration and test sources whose class names differ
+    │   └── SampleOverlapError  calibration and test sources sharing a sample (equal digests)
+    ├── PreprocessError         a preprocessing spec that is invalid or does not fit an image
     ├── UnknownModelError       a model name that is not registered
     ├── ModelLoadError          weights file missing, unreadable or not matching the architecture
     └── PartitionError          a cut index outside the legal cuts, or a graph that cannot be traced
@@ -17,7 +23,32 @@ class ModelsError(Exception):
 
 
 class DatasetError(ModelsError):
-    """The dataset files are missing, truncated or not IDX files."""
+    """The dataset files are missing, truncated or not in the format they claim."""
+
+
+class ImageFolderError(DatasetError):
+    """An ImageFolder without class folders, or with a class folder holding no image."""
+
+
+class ImageDecodeError(DatasetError):
+    """An image file that Pillow cannot open or decode, or one too large to decode."""
+
+
+class ArrayFileError(DatasetError):
+    """An array file (``.npz``, safetensors) missing ``x`` or ``y``, or with bad dtypes or shapes."""
+
+
+class SourceMismatchError(DatasetError):
+    """A calibration source and a test source with different class names."""
+
+
+class SampleOverlapError(DatasetError):
+    """A calibration source and a test source that share a sample (equal sha256 digests)."""
+
+
+class PreprocessError(ModelsError):
+    """A preprocessing spec that is invalid (e.g. mean/std of the wrong length) or that an image
+    does not fit (e.g. smaller than the center crop)."""
 
 
 class UnknownModelError(ModelsError, KeyError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from qpart.kernels.errors import (
     DigestMismatchError,
@@ -26,6 +27,17 @@ from qpart.kernels.errors import (
     WireFormatError,
 )
 from qpart.kernels.protobuf import VARINT, fields, message, text
+
+
+class HeadRuntime(StrEnum):
+    """What runs a device's head, and so which form of its segment the device downloads."""
+
+    TORCH = "torch"
+    """PyTorch: the device builds the head from shared model code and loads the safetensors
+    segment's tensors into it (ADR 0003)."""
+    ONNX = "onnx"
+    """ONNX Runtime: the segment is the head's whole graph, checked before it runs (ADR 0012)."""
+
 
 ONNX_SEGMENT_FORMAT = "qpart-segment-onnx"
 ONNX_SEGMENT_FORMAT_VERSION = "1"

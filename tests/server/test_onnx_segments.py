@@ -58,3 +58,26 @@ def test_an_unknown_runtime_is_a_422(client, runtime):
     body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e6, "runtime": runtime}
     answer = client.post("/v1/plan", content=json.dumps(body), headers={"content-type": "application/json"})
     assert answer.status_code == 422 and "runtime" in answer.text
+
+
+@pytest.mark.slow
+def test_onnx_segments_are_no_bigger_than_1_05x_for_every_pattern_of_both_models(artifacts_dir):
+    """Acceptance 4, over the committed artifacts of both reference models."""
+    from qpart.server.catalog import Catalog
+    from qpart.server.segments import build_onnx_segment, build_segment
+
+    ratios = {}
+    for entry in Catalog.load(artifacts_dir).entries:
+        model = entry.model
+        assert model is not None, entry.reason
+        for p in model.artifact.patterns:
+            head = model.parts[p.cut][0]
+            if not list(head.parameters()):
+                continue
+            shape = tuple(model.artifact.input_shape)
+            onnx_bytes = build_onnx_segment(head, shape, model.name, model.version, p)
+            check_onnx_segment(onnx_bytes, hashlib.sha256(onnx_bytes).hexdigest())
+            ratios[model.name, p.pattern_id] = len(onnx_bytes) / len(build_segment(head, model.name,
+                                                                                  model.version, p))
+    assert {name for name, _ in ratios} == {"fmnist-cnn", "fmnist-resnet"}
+    assert max(ratios.values()) <= 1.05, max(ratios.items(), key=lambda kv: kv[1])

@@ -11,7 +11,7 @@ import typer
 from qpart.client.settings import DeviceSettings
 
 if TYPE_CHECKING:
-    from qpart.client.runtime import InferenceRun
+    from qpart.client.device import DeviceClient, InferenceRun
 
 device_app = typer.Typer(help="Run inference as an edge device, profile it, manage its segment cache.",
                          no_args_is_help=True)
@@ -84,6 +84,17 @@ def _document(run: InferenceRun, accuracy: float | None) -> dict[str, Any]:
             "downloaded_bytes": run.downloaded_bytes, "uploaded_bytes": run.uploaded_bytes}
 
 
+def _device_runtime(name: str) -> type[DeviceClient]:
+    """The device class for ``--runtime``: only the chosen one is imported (torch for 'torch')."""
+    if name == "onnx":
+        from qpart.client.onnx_runtime import OnnxDeviceRuntime
+
+        return OnnxDeviceRuntime
+    from qpart.client.runtime import DeviceRuntime
+
+    return DeviceRuntime
+
+
 @device_app.command()
 def infer(
     images: Annotated[list[Path] | None, typer.Argument(help="Image files (PNG, PGM, …).")] = None,
@@ -101,19 +112,23 @@ def infer(
     cache_dir: CacheOpt = None,
     token: Annotated[str | None, typer.Option(help=_env_help("token"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    runtime_name: Annotated[str, typer.Option(
+        "--runtime", help="What runs the head: 'torch' (PyTorch and the model's code) or 'onnx' "
+        "(ONNX Runtime and the server's ONNX segment; no torch needed).")] = "torch",
 ) -> None:
     """Plan, fetch the head segment, run the head, upload the quantized activation, print results."""
     import numpy as np
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from qpart.client.errors import DeviceError
-    from qpart.client.runtime import DeviceRuntime
     from qpart.profiles.devices import load_device_profile
 
+    if runtime_name not in ("torch", "onnx"):
+        raise typer.BadParameter(f"--runtime must be torch or onnx, not {runtime_name!r}")
     settings = _settings(server=server, cache_dir=cache_dir, token=token)
     x, y = _load_inputs(images or [], idx, labels, limit)
     profile = load_device_profile(device_profile) if device_profile else None
-    runtime = DeviceRuntime(settings, device=device, device_profile=profile)
+    runtime = _device_runtime(runtime_name)(settings, device=device, device_profile=profile)
     try:
         with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
                       disable=as_json) as bar:

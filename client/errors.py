@@ -7,6 +7,7 @@
     ├── ServerUnavailableError   5xx, 429 or connection failures that outlived the retries
     ├── ServerAnswerError        a plan or answer this client cannot read (client and server disagree)
     ├── SegmentError             a segment that fails its sha256, is truncated or does not fit the head
+    │   └── SegmentRefusedError  a segment that fails the device's check before it runs (never cached)
     └── DeviceInputError         an input file that cannot be read as an image or IDX file
 """
 
@@ -35,6 +36,11 @@ class ServerAnswerError(DeviceError):
 
 class SegmentError(DeviceError):
     """A downloaded or cached segment is corrupt or does not match the model's head."""
+
+
+class SegmentRefusedError(SegmentError):
+    """A segment the device will not run (an ONNX segment outside its allow-list or caps); the
+    cache never keeps it, and downloading it again would not help."""
 
 
 class DeviceInputError(DeviceError):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qpart.client.errors import ServerAnswerError
 from qpart.kernels.coding import Coding
+from qpart.kernels.onnx_segment import HeadRuntime
 
 UploadEncoding = Coding | Literal["identity"]
 """How an activation packet is sent: a content coding (:class:`kernels.coding.Coding`) or as is."""
@@ -46,6 +47,8 @@ class Segment(_Wire):
     size_bytes: int = Field(ge=0)
     sha256: str
     held: bool = Field(description="The device said it holds this segment.")
+    runtime: HeadRuntime = Field(HeadRuntime.TORCH, description="The segment's form (servers before "
+                                 "ONNX segments send only 'torch' ones, without the field).")
 
 
 class Seconds(_Wire):

@@ -1,49 +1,35 @@
-"""The device runtime: plan → segment → head → quantize the activation → upload → result.
-
-The head is built from the shared model code (ADR 0003): the registry's factory is traced and cut
-exactly as on the server, then every head tensor is loaded from the segment by name. A segment
-whose tensors do not cover the head exactly is refused.
+"""The PyTorch device: :class:`client.device.DeviceClient` with heads built from the shared model
+code (ADR 0003): the registry's factory is traced and cut exactly as on the server, then every head
+tensor is loaded from the segment by name. A segment whose tensors do not cover the head exactly is
+refused.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import fx
 
-from qpart.client.errors import SegmentError, ServerRejectedError
-from qpart.client.plans import HeadSpec, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
-from qpart.client.segment_cache import SegmentCache
-from qpart.client.settings import DeviceSettings
-from qpart.client.transport import Transport
+from qpart.client.device import (
+    DEFAULT_RATE_BPS,
+    FLOAT_BITS,
+    MAX_UPLOAD_BATCH,
+    DeviceClient,
+    HeadFunction,
+    InferenceRun,
+    encode_for_plan,
+    upload_body,
+)
+from qpart.client.errors import SegmentError
+from qpart.client.plans import HeadSpec, Plan
 from qpart.kernels import KernelError, unpack_dequantize
-from qpart.kernels.coding import Coding, encode
 from qpart.kernels.segment_format import decode_segment
-from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import get_model
-from qpart.profiles.devices import DeviceProfile
 
-FLOAT_BITS = 32
-DEFAULT_RATE_BPS = 10e6
-MAX_UPLOAD_BATCH = 64
-
-
-@dataclass
-class InferenceRun:
-    """What one ``infer`` call did and how long each phase took."""
-
-    plan: Plan
-    predictions: list[int] = field(default_factory=list)
-    results: list[Prediction] = field(default_factory=list)
-    timings_s: dict[str, float] = field(default_factory=dict)
-    downloaded_bytes: int = 0
-    uploaded_bytes: int = 0
+__all__ = ["DEFAULT_RATE_BPS", "FLOAT_BITS", "MAX_UPLOAD_BATCH", "DeviceRuntime", "InferenceRun",
+           "encode_for_plan", "load_head", "upload_body"]
 
 
 def load_head(plan: HeadSpec, segment: bytes | None) -> fx.GraphModule:
@@ -81,139 +67,16 @@ def load_head(plan: HeadSpec, segment: bytes | None) -> fx.GraphModule:
     return head.eval()
 
 
-def encode_for_plan(activation: np.ndarray, plan: PacketFormat) -> bytes:
-    """Quantize the activation with the plan's bits and group size (kernels) and pack it."""
-    if plan.activation_bits >= FLOAT_BITS:
-        return encode_float_activation(activation)
-    return encode_quantized_activation(activation, plan.activation_bits, plan.group_size)
+class DeviceRuntime(DeviceClient):
+    """One device talking to one server, running heads with PyTorch."""
 
-
-def upload_body(plan: PacketFormat, packet: bytes) -> tuple[bytes, dict[str, str]]:
-    """The body and headers that upload ``packet`` as the plan says: compressed (kernels.coding)
-    when its ``upload_encoding`` is ``deflate`` or ``zstd``, else as is."""
-    headers = {"Content-Type": "application/octet-stream"}
-    coding = plan.upload_encoding
-    if isinstance(coding, Coding):
-        return encode(packet, coding), {**headers, "Content-Encoding": coding.value}
-    return packet, headers
-
-
-class DeviceRuntime:
-    """One device talking to one server."""
-
-    def __init__(self, settings: DeviceSettings, *, device: str | None = None,
-                 device_profile: DeviceProfile | None = None, transport: Transport | None = None) -> None:
-        self.settings = settings
-        self.transport = transport or Transport(settings)
-        self.cache = SegmentCache(settings.cache_dir, settings.cache_max_bytes, self.transport)
-        self.device = device
-        self.device_profile = device_profile
-
-    def close(self) -> None:
-        """Release the HTTP connections."""
-        self.transport.close()
-
-    def plan(self, model: str, demand: float, *, rate_bps: float | None = None, batch: int = 1,
-             preset: str | None = None, deadline_s: float | None = None) -> Plan:
-        """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s."""
-        body: dict[str, Any] = {
-            "model": model, "accuracy_demand": demand, "batch": batch,
-            "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
-            "held_segments": [e.segment_id for e in self.cache.entries()][-256:],
-        }
-        offered = self._codings_measured(model)
-        if offered == [Coding.DEFLATE]:  # understood by servers from before zstd (ADR 0005) too
-            body["upload_deflate"] = True
-        elif offered:  # only then: a server before compressed uploads refuses the field
-            body["upload_codings"] = offered
-        if self.device_profile is not None:
-            body["device"] = self._inline_profile(self.device_profile)
-        elif self.device is not None:
-            body["device"] = self.device
-        if preset is not None:
-            body["weights"] = preset
-        if deadline_s is not None:
-            body["deadline_s"] = deadline_s
-        return parse_answer(Plan, self.transport.request("POST", "/v1/plan", json=body).content)
-
-    def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
-        """``profile`` as a plan request carries it: without the times of codings the settings do
-        not offer, without defaults, and its coding times in schema 1's spelling
-        (:meth:`~profiles.devices.MeasuredHeads.schema1_json`, ADR 0008), so a server from before a
-        field (e.g. ``zstd_s``, ADR 0007) accepts it when the settings do not offer that coding."""
-        offered = self.settings.upload_codings
-        doc = profile.model_dump(mode="json", exclude_defaults=True)
-        if profile.measured:
-            doc["measured"] = {m: heads.offering_only(offered).schema1_json()
-                               for m, heads in profile.measured.items()}
-        return doc
-
-    def _codings_measured(self, model: str) -> list[Coding]:
-        """The upload codings the settings allow whose times the device profile carries for
-        ``model`` (the planner prices no coding without them)."""
-        measured = self.device_profile.measured.get(model) if self.device_profile else None
-        if measured is None:
-            return []
-        return [c for c in self.settings.upload_codings if measured.coding_s.get(c)]
-
-    def fetch_segment(
-        self, plan: Plan, progress: Callable[[int, int], None] | None = None
-    ) -> tuple[bytes | None, int]:
-        """The plan's segment (cache or download) and the bytes downloaded for it."""
-        seg = plan.segment
-        if seg is None:
-            return None, 0
-        fetched = self.cache.get(seg.id, seg.url, progress=progress)
-        return fetched.data, fetched.downloaded_bytes
-
-    def upload(self, plan: Plan, packet: bytes) -> TailAnswer:
-        """POST the activation packet to the plan's tail (compressed if the plan says so) and return
-        the server's result."""
-        return self._post(plan, *upload_body(plan, packet))
-
-    def _post(self, plan: Plan, body: bytes, headers: dict[str, str]) -> TailAnswer:
-        if plan.infer_url is None:
-            raise ServerRejectedError(400, "all-device plan: nothing to upload")
-        started = time.perf_counter()
-        response = self.transport.request("POST", plan.infer_url, content=body, headers=headers)
-        answer = parse_answer(TailAnswer, response.content)
-        # The channel's share of the round trip: the server reports its queue and compute time.
-        server_s = answer.queue_s + answer.compute_s
-        self.transport.rate.add(len(body), time.perf_counter() - started - server_s)
-        return answer
-
-    def infer(self, images: np.ndarray, model: str, demand: float, *, rate_bps: float | None = None,
-              preset: str | None = None, deadline_s: float | None = None,
-              progress: Callable[[int, int], None] | None = None) -> InferenceRun:
-        """Classify ``images`` (float32 ``[N, *input_shape]``) with one plan and one segment."""
-        t0 = time.perf_counter()
-        plan = self.plan(model, demand, rate_bps=rate_bps, batch=len(images), preset=preset,
-                         deadline_s=deadline_s)
-        run = InferenceRun(plan)
-        t1 = time.perf_counter()
-        segment, run.downloaded_bytes = self.fetch_segment(plan, progress)
-        t2 = time.perf_counter()
+    def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:
+        """The plan's head from shared model code, loaded with the segment's tensors."""
         head = load_head(plan, segment)
-        head_s = time.perf_counter() - t2
-        upload_s = 0.0
-        for start in range(0, len(images), MAX_UPLOAD_BATCH):
-            h0 = time.perf_counter()
+
+        def run(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
             with torch.inference_mode():
-                act = head(torch.from_numpy(np.ascontiguousarray(images[start : start + MAX_UPLOAD_BATCH])))
-            act_np = act.numpy()
-            h1 = time.perf_counter()
-            head_s += h1 - h0
-            if plan.infer_url is None:
-                logits = act_np
-                run.results.extend(Prediction(logits=row.tolist()) for row in logits)
-            else:
-                body, headers = upload_body(plan, encode_for_plan(act_np, plan))
-                run.uploaded_bytes += len(body)
-                answer = self._post(plan, body, headers)
-                upload_s += time.perf_counter() - h1
-                logits = np.array([r.logits for r in answer.results], dtype=np.float32)
-                run.results.extend(answer.results)
-            run.predictions.extend(int(i) for i in logits.argmax(1))
-        run.timings_s = {"plan": t1 - t0, "download": t2 - t1, "head": head_s,
-                         "upload_and_tail": upload_s, "total": time.perf_counter() - t0}
+                out: npt.NDArray[np.float32] = head(torch.from_numpy(x)).numpy()
+            return out
+
         return run

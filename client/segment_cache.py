@@ -18,10 +18,13 @@ from pathlib import Path
 
 import httpx
 
-from qpart.client.errors import SegmentError, ServerRejectedError, ServerUnavailableError
+from qpart.client.errors import SegmentError, SegmentRefusedError, ServerRejectedError, ServerUnavailableError
 from qpart.client.transport import Transport
 
 Progress = Callable[[int, int], None]
+Check = Callable[[bytes], None]
+"""A check a segment's bytes must pass before the cache keeps or returns them; it raises
+:class:`SegmentRefusedError`."""
 
 
 @dataclass(frozen=True)
@@ -64,27 +67,36 @@ class SegmentCache:
             raise SegmentError(f"'{segment_id}' is not a sha256 segment id")
         return self.root / f"{segment_id}.seg"
 
-    def _verified(self, path: Path, segment_id: str) -> bytes | None:
+    def _verified(self, path: Path, segment_id: str, check: Check | None = None) -> bytes | None:
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() == segment_id:
+            if check is not None:
+                try:
+                    check(data)
+                except SegmentRefusedError:
+                    path.unlink(missing_ok=True)  # caps may have tightened since: never keep it
+                    raise
             return data
         path.unlink(missing_ok=True)  # corrupt or truncated: never load it, fetch again
         return None
 
     def get(self, segment_id: str, url: str, *, revalidate: bool = True,
-            progress: Progress | None = None) -> Fetched:
-        """The verified bytes of a segment, from disk or the server."""
+            progress: Progress | None = None, check: Check | None = None) -> Fetched:
+        """The verified bytes of a segment, from disk or the server; with ``check``, bytes that
+        fail it are deleted and :class:`SegmentRefusedError` raised, so they are never cached."""
         path = self._file(segment_id)
         if path.is_file():
-            data = self._verified(path, segment_id)
+            data = self._verified(path, segment_id, check)
             if data is not None and (not revalidate or self._still_valid(segment_id, url)):
                 os.utime(path)
                 return Fetched(data, 0, True)
         try:
-            downloaded = self._download(segment_id, url, progress)
+            downloaded = self._download(segment_id, url, progress, check)
+        except SegmentRefusedError:
+            raise
         except SegmentError:
             # A resumed file that fails its hash (the old part was stale): once more from zero.
-            downloaded = self._download(segment_id, url, progress)
+            downloaded = self._download(segment_id, url, progress, check)
         data = self._verified(path, segment_id)
         if data is None:
             raise SegmentError(f"segment {segment_id[:12]} failed verification after download")
@@ -95,7 +107,7 @@ class SegmentCache:
         response = self.transport.request("GET", url, headers={"If-None-Match": f'"{segment_id}"'})
         return response.status_code == 304
 
-    def _download(self, segment_id: str, url: str, progress: Progress | None) -> int:
+    def _download(self, segment_id: str, url: str, progress: Progress | None, check: Check | None) -> int:
         part = self.root / f"{segment_id}.part"
         settings = self.transport.settings
         total_read = 0
@@ -118,6 +130,12 @@ class SegmentCache:
             part.unlink(missing_ok=True)
             raise SegmentError(f"downloaded segment {segment_id[:12]} does not match its sha256; "
                                "the partial file was deleted, retry")
+        if check is not None:
+            try:
+                check(part.read_bytes())
+            except SegmentRefusedError:
+                part.unlink(missing_ok=True)  # refused: nothing of it stays, not even to resume
+                raise
         os.replace(part, self._file(segment_id))
         return total_read
 

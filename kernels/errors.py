@@ -6,7 +6,10 @@
     ├── QuantizationError      input the quantizer cannot represent (NaN, infinity, bad bits)
     └── WireFormatError        bytes that are not a valid segment or activation packet
         ├── TruncatedError     shorter than its header or its declared contents
-        └── OversizeError      a declared size beyond the configured limits
+        ├── OversizeError      a declared size beyond the configured limits
+        ├── DigestMismatchError  bytes that do not hash to the content id they were fetched by
+        └── UnsafeSegmentError   an ONNX segment that could read files or run operators outside
+                                 the allow-list (external data, a custom domain, a subgraph)
 
 Every one is a ``ValueError`` too, so callers that only know the standard library still catch it.
 """
@@ -32,3 +35,11 @@ class TruncatedError(WireFormatError):
 
 class OversizeError(WireFormatError):
     """A declared size (elements, dimensions, header) exceeds the parser's limits."""
+
+
+class DigestMismatchError(WireFormatError):
+    """The bytes' sha256 is not the content id they were asked for (corrupt, truncated or swapped)."""
+
+
+class UnsafeSegmentError(WireFormatError):
+    """An ONNX segment reaches beyond its own bytes or beyond the documented operator allow-list."""

@@ -149,7 +149,7 @@ class Engine:
         answer = self.tails.answer_bytes(model)
         segments: dict[str, SegmentEntry | None] = {}
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
-            entry = segments[pattern.pattern_id] = self.segments.for_pattern(model, pattern)
+            entry = segments[pattern.pattern_id] = self.segments.for_pattern(model, pattern, req.runtime)
             seg_id, size = (entry.segment_id, entry.size) if entry else (None, 0)
             # Raw and compressed uploads are separate candidates: the cheaper one may miss a
             # deadline the other meets (compressing can save energy and cost time).

@@ -33,7 +33,7 @@ class Links:
         if entry is None:
             return None
         return SegmentRef(id=entry.segment_id, url=self.segment(entry.segment_id), size_bytes=entry.size,
-                          sha256=entry.segment_id, held=held)
+                          sha256=entry.segment_id, held=held, runtime=entry.runtime)
 
 
 def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from qpart.kernels.coding import Coding
+from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.devices import DeviceProfile
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -89,6 +90,11 @@ class PlanRequest(_Strict):
     upload_deflate: bool = Field(
         False, description="The same as listing 'deflate' in upload_codings (kept for devices that "
         "predate zstd).")
+    runtime: Annotated[HeadRuntime, Strict(False)] = Field(
+        HeadRuntime.TORCH, description="What runs the head on the device, and so the form of the "
+        "plan's segment: 'torch' (safetensors tensors for the device's own model code, ADR 0003) or "
+        "'onnx' (the head's whole ONNX graph, its weights packed and dequantized in the graph, "
+        "ADR 0012).")
 
     def offered_codings(self) -> frozenset[Coding]:
         """The codings the device offers, from both fields."""
@@ -138,6 +144,8 @@ class SegmentRef(_Strict):
     size_bytes: int
     sha256: str
     held: bool = Field(description="The device said it holds this segment (no transfer counted).")
+    runtime: HeadRuntime = Field(HeadRuntime.TORCH, description="The segment's form: 'torch' "
+                                 "(safetensors) or 'onnx' (an ONNX model).")
 
 
 class PlanResponse(_Strict):

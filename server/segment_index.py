@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from qpart.kernels.onnx_segment import HeadRuntime
+from qpart.models.errors import PartitionError
 from qpart.profiles.artifacts import Pattern
 from qpart.server.catalog import Catalog, LoadedModel
-from qpart.server.errors import NotFoundError
-from qpart.server.segments import SegmentStore, build_segment
+from qpart.server.errors import NotFoundError, UnprocessableError
+from qpart.server.segments import SegmentStore, build_onnx_segment, build_segment
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,19 @@ class SegmentEntry:
     model: str
     version: str
     pattern_id: str
+    runtime: HeadRuntime = HeadRuntime.TORCH
+
+
+def _build(model: LoadedModel, pattern: Pattern, runtime: HeadRuntime) -> bytes:
+    """The pattern's segment in the form ``runtime`` reads."""
+    head = model.parts[pattern.cut][0]
+    if runtime is HeadRuntime.TORCH:
+        return build_segment(head, model.name, model.version, pattern)
+    try:
+        return build_onnx_segment(head, tuple(model.artifact.input_shape), model.name, model.version, pattern)
+    except PartitionError as exc:
+        raise UnprocessableError(f"model '{model.name}' has no ONNX head at cut {pattern.cut} ({exc}); "
+                                 "plan with runtime 'torch'") from exc
 
 
 class SegmentIndex:
@@ -30,20 +45,23 @@ class SegmentIndex:
     def __init__(self, catalog: Catalog, store: SegmentStore) -> None:
         self.catalog = catalog
         self.store = store
-        self._by_pattern: dict[tuple[str, str, str], SegmentEntry | None] = {}
+        self._by_pattern: dict[tuple[str, str, str, HeadRuntime], SegmentEntry | None] = {}
         self._by_segment: dict[str, SegmentEntry] = {}
 
-    def for_pattern(self, model: LoadedModel, pattern: Pattern) -> SegmentEntry | None:
-        """The pattern's segment (None: its head has no tensors, as at cut 0), built once."""
-        key = (model.name, model.version, pattern.pattern_id)
+    def for_pattern(self, model: LoadedModel, pattern: Pattern,
+                    runtime: HeadRuntime = HeadRuntime.TORCH) -> SegmentEntry | None:
+        """The pattern's segment in ``runtime``'s form (None: its head has no tensors, as at
+        cut 0), built once."""
+        key = (model.name, model.version, pattern.pattern_id, runtime)
         if key not in self._by_pattern:
             head = model.parts[pattern.cut][0]
             if not list(head.parameters()) and not list(head.buffers()):
                 self._by_pattern[key] = None
             else:
-                data = build_segment(head, model.name, model.version, pattern)
+                data = _build(model, pattern, runtime)
                 digest = hashlib.sha256(data).hexdigest()
-                entry = SegmentEntry(digest, len(data), model.name, model.version, pattern.pattern_id)
+                entry = SegmentEntry(digest, len(data), model.name, model.version, pattern.pattern_id,
+                                     runtime)
                 self._by_pattern[key] = entry
                 self._by_segment[digest] = entry
                 self.store.put(digest, data)
@@ -62,7 +80,5 @@ class SegmentIndex:
         entry = self.entry(segment_id)
         model = self.catalog.get(entry.model, entry.version)
         pattern = model.patterns[entry.pattern_id]
-        head = model.parts[pattern.cut][0]
-        data, hit = self.store.lookup(
-            segment_id, lambda: build_segment(head, model.name, model.version, pattern))
+        data, hit = self.store.lookup(segment_id, lambda: _build(model, pattern, entry.runtime))
         return data, entry, hit

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 from torch import fx
 
-from qpart.kernels import QuantScheme, quantize_pack, weight_group_size
+from qpart.kernels import PackedTensor, QuantScheme, quantize_pack, weight_group_size
 from qpart.kernels.segment_format import SegmentHeader, encode_segment
+from qpart.models.onnx_export import head_to_onnx
 from qpart.profiles.artifacts import FLOAT_BITS, Pattern
 
 
-def build_segment(head: fx.GraphModule, model: str, version: str, pattern: Pattern) -> bytes:
-    """Quantize and pack the head's weights per ``pattern``; other tensors travel as float32."""
+def quantize_head(head: fx.GraphModule, pattern: Pattern) -> tuple[dict[str, PackedTensor],
+                                                                    dict[str, np.ndarray]]:
+    """The head's tensors as a segment carries them: weights quantized and packed per ``pattern``,
+    every other tensor float32."""
     quantized = {}
     floats: dict[str, np.ndarray] = {}
     for name, param in head.named_parameters():
@@ -36,8 +39,25 @@ def build_segment(head: fx.GraphModule, model: str, version: str, pattern: Patte
             floats[name] = arr.astype(np.float32)
     for name, buf in head.named_buffers():
         floats[name] = buf.detach().numpy().astype(np.float32)
+    return quantized, floats
+
+
+def build_segment(head: fx.GraphModule, model: str, version: str, pattern: Pattern) -> bytes:
+    """Quantize and pack the head's weights per ``pattern``; other tensors travel as float32."""
+    quantized, floats = quantize_head(head, pattern)
     header = SegmentHeader(model, version, pattern.cut, pattern.pattern_id)
     return encode_segment(header, quantized, floats)
+
+
+def build_onnx_segment(head: fx.GraphModule, input_shape: tuple[int, ...], model: str, version: str,
+                       pattern: Pattern) -> bytes:
+    """The ONNX form of the same segment (ADR 0012): the same packed codes, scales and mins,
+    rebuilt in the graph, which ends in the activation at the cut."""
+    quantized, floats = quantize_head(head, pattern)
+    proto = head_to_onnx(head, input_shape, quantized, floats, {
+        "model": model, "version": version, "cut": str(pattern.cut), "pattern_id": pattern.pattern_id})
+    data: bytes = proto.SerializeToString(deterministic=True)
+    return data
 
 
 @dataclass

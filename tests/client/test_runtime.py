@@ -117,3 +117,10 @@ def test_an_unknown_coding_in_the_settings_is_refused(monkeypatch):
     monkeypatch.setenv("QPART_DEVICE_UPLOAD_CODINGS", '["brotli"]')
     with pytest.raises(ValueError, match="upload_codings"):
         DeviceSettings()
+
+
+def test_a_with_block_closes_the_connections(tmp_path):
+    settings = DeviceSettings(server="http://127.0.0.1:9", cache_dir=tmp_path)
+    with DeviceRuntime(settings, device="jetson-nano") as runtime:
+        assert not runtime.transport.client.is_closed
+    assert runtime.transport.client.is_closed

@@ -1,0 +1,109 @@
+"""Acceptance 1 of issue 25: the torch-free device (``qpart device infer --runtime onnx``, in a
+process where ``import torch`` fails) against the torch device, on the same test images of both
+reference models at the 1% demand, over a live ``qpart serve``: top-1 of each, and the plans.
+
+    python -m bench.onnx_accuracy --limit 1000 --out bench/results/onnx_accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import REPO, provenance
+
+IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+LABELS = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
+NOTORCH = REPO / "tests" / "client" / "notorch"
+# A device on a fast link that plans a split with a head segment (else there is no head to run).
+FAST = {"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11, "power_compute_w": 2.0,
+        "power_tx_w": 1.0, "rtt_s": 0.02}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qpart", "serve", "--artifacts", str(REPO / "artifacts")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("qpart serve did not become ready")
+
+
+def _infer(url: str, model: str, runtime: str, limit: int, demand: float, device: str, rate_mbps: float,
+           folder: Path) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = folder / "fast.json"
+    profile.write_text(json.dumps(FAST))
+    device_args = ["--device-profile", str(profile)] if device == FAST["name"] else ["--device", device]
+    env = dict(os.environ)
+    if runtime == "onnx":  # the device has no torch at all
+        env["PYTHONPATH"] = os.pathsep.join([str(NOTORCH), str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "qpart", "device", "infer", "--runtime", runtime, "--model", model,
+           "--idx", IMAGES, "--labels", LABELS, "--limit", str(limit), "--demand", str(demand),
+           *device_args, "--rate-mbps", str(rate_mbps), "--server", url,
+           "--cache-dir", str(folder / runtime), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=1800)
+    doc = json.loads(done.stdout)
+    plan = doc["plan"]
+    return {"accuracy": doc["accuracy"], "cut": plan["cut"], "level": plan["level"],
+            "segment_runtime": (plan.get("segment") or {}).get("runtime"),
+            "segment_bytes": (plan.get("segment") or {}).get("size_bytes"), "timings_s": doc["timings_s"]}
+
+
+def main() -> None:
+    """Both devices on both models; the JSON says each accuracy and the difference in points."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--limit", type=int, default=1000)
+    parser.add_argument("--demand", type=float, default=0.01)
+    parser.add_argument("--scenarios", default="fast-board@10000,jetson-nano@20",
+                        help="device@Mbit/s, comma-separated: fast-board (inline, plans all on the "
+                        "device) or a shipped profile's name")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "onnx_accuracy.json")
+    args = parser.parse_args()
+    port = _port()
+    server = _serve(port)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for model, scenario in [(m, s) for m in ("fmnist-cnn", "fmnist-resnet")
+                                    for s in args.scenarios.split(",")]:
+                device, rate = scenario.split("@")
+                runs = {rt: _infer(f"http://127.0.0.1:{port}", model, rt, args.limit, args.demand, device,
+                                   float(rate), Path(tmp) / f"{model}-{scenario}")
+                        for rt in ("torch", "onnx")}
+                gap = 100 * (runs["onnx"]["accuracy"] - runs["torch"]["accuracy"])
+                rows.append({"model": model, "images": args.limit, "demand": args.demand, "device": device,
+                             "rate_mbps": float(rate), **runs, "top1_gap_points": round(gap, 4)})
+                t, o = runs["torch"], runs["onnx"]
+                print(f"{model}, {device} at {rate} Mbit/s: torch {t['accuracy']:.4f} (cut {t['cut']}), "
+                      f"onnx {o['accuracy']:.4f} (cut {o['cut']}): {gap:+.2f} points")
+    finally:
+        server.terminate()
+        server.wait(30)
+    args.out.write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

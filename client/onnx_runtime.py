@@ -1,0 +1,106 @@
+"""The device without PyTorch (ADR 0012): heads are ONNX segments run by ONNX Runtime.
+
+Needs onnxruntime, numpy, httpx and pydantic (Pillow for image files): no torch, no safetensors, no
+model code. A segment is checked (:func:`kernels.onnx_segment.check_onnx_segment`: digest, caps,
+allow-list) before the cache keeps it and again before a session is created for it; its metadata
+must name the plan's model, version, cut and pattern. The activation is quantized with the numpy
+kernels, so the packet is the one the torch device sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from qpart.client.device import DeviceClient, HeadFunction
+from qpart.client.errors import SegmentError, SegmentRefusedError
+from qpart.client.plans import Plan
+from qpart.client.settings import DeviceSettings
+from qpart.client.transport import Transport
+from qpart.kernels import KernelError
+from qpart.kernels.onnx_segment import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    HeadRuntime,
+    OnnxSegmentInfo,
+    OnnxSegmentLimits,
+    check_onnx_segment,
+)
+from qpart.profiles.devices import DeviceProfile
+
+
+def check_segment(plan: Plan, data: bytes, limits: OnnxSegmentLimits | None = None) -> OnnxSegmentInfo:
+    """Check an ONNX segment's bytes against the plan before anything runs them.
+
+    Raises:
+        SegmentRefusedError: with the check's one-line reason.
+    """
+    seg = plan.segment
+    if seg is None:
+        raise SegmentRefusedError("the plan has no segment to check")
+    try:
+        info = check_onnx_segment(data, seg.id, size_bytes=seg.size_bytes, limits=limits)
+    except KernelError as exc:
+        raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc}") from exc
+    want = {"model": plan.model, "version": plan.version, "cut": str(plan.cut)}
+    got = {k: info.metadata.get(k, "") for k in want}
+    if got != want:
+        raise SegmentRefusedError(f"segment {seg.id[:12]} refused: it is for {got}, the plan for {want}")
+    if info.inputs != (INPUT_NAME,) or info.outputs != (OUTPUT_NAME,):
+        raise SegmentRefusedError(f"segment {seg.id[:12]} refused: its graph maps {info.inputs} to "
+                                  f"{info.outputs}, not ('{INPUT_NAME}',) to ('{OUTPUT_NAME}',)")
+    return info
+
+
+def create_session(data: bytes, threads: int = 0) -> ort.InferenceSession:
+    """An ONNX Runtime session for checked segment bytes, on the CPU (``threads`` 0: its default)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except (RuntimeError, ValueError) as exc:  # ORT raises its own subclasses of these
+        raise SegmentError(f"ONNX Runtime cannot load the segment: {str(exc).splitlines()[0]}") from exc
+
+
+def _identity(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    return x
+
+
+class OnnxDeviceRuntime(DeviceClient):
+    """One device talking to one server, running heads with ONNX Runtime."""
+
+    runtime = HeadRuntime.ONNX
+
+    def __init__(self, settings: DeviceSettings, *, device: str | None = None,
+                 device_profile: DeviceProfile | None = None, transport: Transport | None = None,
+                 limits: OnnxSegmentLimits | None = None, threads: int = 0) -> None:
+        super().__init__(settings, device=device, device_profile=device_profile, transport=transport)
+        self.limits = limits or OnnxSegmentLimits()
+        self.threads = threads
+
+    def segment_check(self, plan: Plan) -> Callable[[bytes], None]:
+        """The ONNX check, run on the download before the cache keeps it."""
+
+        def check(data: bytes) -> None:
+            check_segment(plan, data, self.limits)
+
+        return check
+
+    def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:
+        """A session for the plan's segment, checked once more (the cache may be shared)."""
+        if segment is None:
+            if plan.cut != 0:
+                raise SegmentError(f"the plan for cut {plan.cut} has no segment")
+            return _identity
+        check_segment(plan, segment, self.limits)
+        session = create_session(segment, self.threads)
+
+        def run(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+            out = session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+            return np.asarray(out, dtype=np.float32)
+
+        return run

@@ -148,7 +148,7 @@ def _walk_model(data: memoryview, limits: OnnxSegmentLimits) -> OnnxSegmentInfo:
         elif number == _MODEL_OPSET:
             domain = _string_field(message(value, "opset_import"), 1)
             if domain not in _DEFAULT_DOMAINS:
-                raise UnsafeSegmentError(f"ONNX segment imports the custom operator domain '{domain}'")
+                raise UnsafeSegmentError(f"ONNX segment imports the custom operator domain {_shown(domain)}")
         elif number == _MODEL_GRAPH:
             if graph is not None:  # protobuf would merge two: refuse rather than guess
                 raise WireFormatError("the model holds more than one graph")
@@ -166,9 +166,9 @@ def _walk_model(data: memoryview, limits: OnnxSegmentLimits) -> OnnxSegmentInfo:
 
 def _check_producer(name: str, version: str) -> None:
     if name != ONNX_SEGMENT_FORMAT:
-        raise WireFormatError(f"not a qpart ONNX segment (producer {name!r})")
+        raise WireFormatError(f"not a qpart ONNX segment (producer {_shown(name)})")
     if version != ONNX_SEGMENT_FORMAT_VERSION:
-        raise WireFormatError(f"ONNX segment format version {version!r} is not supported (this build "
+        raise WireFormatError(f"ONNX segment format version {_shown(version)} is not supported (this build "
                               f"reads {ONNX_SEGMENT_FORMAT_VERSION})")
 
 
@@ -209,9 +209,10 @@ def _check_node(node: memoryview) -> str:
                     raise UnsafeSegmentError(f"an attribute carries {_ATTR_CARRIES[attr_number]} "
                                              "(subgraphs and attribute tensors are not allowed)")
     if domain not in _DEFAULT_DOMAINS:
-        raise UnsafeSegmentError(f"ONNX segment uses operator '{op}' of the custom domain '{domain}'")
+        raise UnsafeSegmentError(
+            f"ONNX segment uses operator {_shown(op)} of the custom domain {_shown(domain)}")
     if op not in ALLOWED_OPS:
-        raise UnsafeSegmentError(f"ONNX segment uses operator '{op}', which is not in the allow-list")
+        raise UnsafeSegmentError(f"ONNX segment uses operator {_shown(op)}, which is not in the allow-list")
     return op
 
 
@@ -223,7 +224,8 @@ def _check_tensor(tensor: memoryview) -> None:
         elif number == _TENSOR_EXTERNAL or (number == _TENSOR_LOCATION and wire == VARINT and value == 1):
             external = True
     if external:
-        raise UnsafeSegmentError(f"ONNX segment initializer '{name}' refers to external data (a file path)")
+        raise UnsafeSegmentError(
+            f"ONNX segment initializer {_shown(name)} refers to external data (a file path)")
 
 
 def _string_field(msg: memoryview, number: int) -> str:
@@ -233,3 +235,9 @@ def _string_field(msg: memoryview, number: int) -> str:
         if n == number:
             found = text(value, f"field {number}")
     return found
+
+
+def _shown(name: str, limit: int = 60) -> str:
+    """A name read from the segment, quoted and escaped for a one-line message (never raw bytes
+    from the network in a log line), cut to ``limit`` characters."""
+    return ascii(name[:limit] + ("…" if len(name) > limit else ""))

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup data promtool demo test test-numpy lint lint-deploy check wrk bench bench-e2e bench-peer bench-load artifacts clean
+.PHONY: setup web data promtool demo test test-numpy lint lint-deploy check wrk bench bench-e2e bench-peer bench-load artifacts clean
 
 $(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -14,7 +14,21 @@ $(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 
-setup: $(VENV)/.installed data  ## create the virtualenv, install everything, fetch the dataset
+setup: $(VENV)/.installed data web  ## create the virtualenv, install everything, fetch the dataset
+
+ORT_DIST := web/node_modules/onnxruntime-web/dist
+ORT_FILES := ort.wasm.min.mjs ort-wasm-simd-threaded.mjs ort-wasm-simd-threaded.wasm
+
+web: server/web/vendor/.built  ## the browser device's runtime: onnxruntime-web (npm, pinned) into server/web/vendor/
+
+server/web/vendor/.built: web/package.json web/package-lock.json
+	@command -v npm >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq npm; \
+	  else echo "install the Debian package npm (sudo apt-get install npm)"; exit 1; fi; }
+	# The lock file pins every package and its integrity; no install scripts run.
+	cd web && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -rf server/web/vendor && mkdir -p server/web/vendor
+	cp $(addprefix $(ORT_DIST)/,$(ORT_FILES)) server/web/vendor/
+	touch $@
 
 data:  ## install Fashion-MNIST from Debian when missing (needs root)
 	@test -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz || \
@@ -84,4 +98,4 @@ docs: $(VENV)/.installed  ## regenerate docs/configuration.md from the settings 
 	$(PY) -m qpart.config_docs
 
 clean:
-	rm -rf $(VENV) build *.egg-info kernels/*.so
+	rm -rf $(VENV) build *.egg-info kernels/*.so web/node_modules server/web/vendor

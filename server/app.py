@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qpart.server import paths
 from qpart.server.catalog import Catalog
+from qpart.server.device_page import device_router
 from qpart.server.engine import Engine
 from qpart.server.fastpath import InferFastPath
 from qpart.server.http_errors import install_error_handlers
@@ -85,6 +86,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(oip_router)
+    app.include_router(device_router())
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -1,0 +1,258 @@
+// The browser device (issue 25, ADR 0012): plan → segment (sha256-checked) → onnxruntime-web head
+// → quantize and pack the activation (packet.js) → upload → answer, timed phase by phase, as
+// client/device.py does it: cut 0 sends the input itself, an all-device plan uploads nothing.
+import * as ort from "./vendor/ort.wasm.min.mjs";
+import { encodePacket } from "./packet.js";
+import { FASHION_MNIST_SPEC, decodePixels, normalize } from "./preprocess.js";
+
+const MAX_SEGMENT_BYTES = 256 << 20; // kernels.onnx_segment.OnnxSegmentLimits.max_bytes
+const FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+  "Sneaker", "Bag", "Ankle boot"];
+// The first image of each class in the t10k test split (file name: its index there).
+const SAMPLES = [[19, 0], [2, 1], [1, 2], [13, 3], [6, 4], [8, 5], [4, 6], [9, 7], [18, 8], [0, 9]];
+const PHASES = ["download", "session", "preprocess", "head", "encode", "upload", "server"];
+
+ort.env.wasm.numThreads = 1;
+ort.env.wasm.proxy = false;
+ort.env.wasm.wasmPaths = new URL("./vendor/", import.meta.url).href;
+
+const sessions = new Map(); // segment id → {session}: the page's segment cache
+const specs = new Map(); // model@version → preprocessing spec
+const $ = (id) => document.getElementById(id);
+
+function setStatus(state, text) {
+  $("status").dataset.state = state;
+  $("status").textContent = text;
+}
+
+function headers(token, extra = {}) {
+  return token ? { ...extra, Authorization: `Bearer ${token}` } : extra;
+}
+
+async function call(url, init, what) {
+  const response = await fetch(url, init);
+  if (!response.ok) {
+    let message = await response.text();
+    try { message = JSON.parse(message).error ?? message; } catch { /* not the server's JSON body */ }
+    throw new Error(`${what}: ${response.status} ${message}`);
+  }
+  return response;
+}
+
+function hex(buffer) {
+  return Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** POST /v1/plan for an ONNX head. */
+export async function requestPlan(options) {
+  const device = options.device.trim().startsWith("{") ? JSON.parse(options.device) : options.device.trim();
+  const body = {
+    model: options.model, accuracy_demand: options.demand, rate_bps: options.rateMbps * 1e6, device,
+    weights: options.weights, runtime: "onnx", batch: 1, held_segments: [...sessions.keys()].slice(-256),
+  };
+  const response = await call("/v1/plan", {
+    method: "POST", headers: headers(options.token, { "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+  }, "plan");
+  return response.json();
+}
+
+/** The model card's preprocessing where the server gives it, else Fashion-MNIST's. */
+async function preprocessSpec(plan, token) {
+  const key = `${plan.model}@${plan.version}`;
+  if (!specs.has(key)) {
+    const url = `/v1/models/${encodeURIComponent(plan.model)}?version=${encodeURIComponent(plan.version)}`;
+    const info = await (await call(url, { headers: headers(token) }, "model info")).json();
+    specs.set(key, { ...FASHION_MNIST_SPEC, ...(info.preprocess ?? info.card?.preprocess ?? {}) });
+  }
+  return specs.get(key);
+}
+
+/** Download, check and load the plan's segment: {run, download_s, session_s, bytes}. */
+export async function loadHead(plan, token) {
+  const seg = plan.segment;
+  if (seg === null) {
+    if (plan.cut !== 0) throw new Error(`the plan for cut ${plan.cut} has no segment`);
+    return { run: async (x) => x, download_s: 0, session_s: 0, bytes: 0 };
+  }
+  if (seg.runtime !== "onnx") throw new Error(`the plan links a ${seg.runtime} segment, not an ONNX one`);
+  let bytes = 0;
+  let downloadS = 0;
+  let sessionS = 0;
+  if (!sessions.has(seg.id)) {
+    if (seg.size_bytes > MAX_SEGMENT_BYTES) throw new Error(`segment of ${seg.size_bytes} bytes is over the cap`);
+    if (!globalThis.crypto?.subtle) {
+      throw new Error("WebCrypto is unavailable: open this page over https or from localhost to check segments");
+    }
+    const t0 = performance.now();
+    const data = new Uint8Array(await (await call(seg.url, { headers: headers(token) }, "segment")).arrayBuffer());
+    // The digest first: nothing reads a segment's bytes before they are known to be the plan's.
+    const digest = hex(await crypto.subtle.digest("SHA-256", data));
+    if (data.length !== seg.size_bytes || digest !== seg.sha256 || digest !== seg.id) {
+      throw new Error(`segment ${seg.id.slice(0, 12)} refused: ${data.length} bytes hashing to ${digest.slice(0, 12)}`);
+    }
+    const t1 = performance.now();
+    const session = await ort.InferenceSession.create(data, {
+      executionProviders: ["wasm"], graphOptimizationLevel: "all", intraOpNumThreads: 1, interOpNumThreads: 1,
+    });
+    if (session.inputNames.join() !== "input" || session.outputNames.join() !== "activation") {
+      throw new Error(`segment ${seg.id.slice(0, 12)} refused: it maps ${session.inputNames} to ${session.outputNames}`);
+    }
+    sessions.set(seg.id, session);
+    [bytes, downloadS, sessionS] = [data.length, (t1 - t0) / 1000, (performance.now() - t1) / 1000];
+  }
+  const session = sessions.get(seg.id);
+  const run = async (x) => {
+    const out = (await session.run({ input: new ort.Tensor("float32", x.data, x.dims) })).activation;
+    return { data: out.data, dims: out.dims };
+  };
+  return { run, download_s: downloadS, session_s: sessionS, bytes };
+}
+
+function argmax(values) {
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i] > values[best]) best = i;
+  return best;
+}
+
+/** One image through the plan: its class, top probability and phase seconds. */
+export async function classify(plan, head, blob, token) {
+  const spec = await preprocessSpec(plan, token);
+  const t0 = performance.now();
+  const input = normalize(await decodePixels(blob, spec), spec);
+  const x = { data: input.data, dims: [1, ...input.dims] };
+  if (plan.cut === 0 && input.dims.join() !== plan.activation_shape.join()) {
+    throw new Error(`the image became [${input.dims}], the model takes [${plan.activation_shape}]`);
+  }
+  const t1 = performance.now();
+  const act = await head.run(x);
+  const t2 = performance.now();
+  const times = { preprocess: (t1 - t0) / 1000, head: (t2 - t1) / 1000 };
+  if (plan.infer_url === null) { // all on the device: the head's output is the logits
+    const logits = Array.from(act.data);
+    const label = argmax(logits);
+    const exps = logits.map((v) => Math.exp(v - logits[label]));
+    return { label, probability: 1 / exps.reduce((a, b) => a + b, 0), logits, bytes_up: 0, times };
+  }
+  const packet = encodePacket(act.data, act.dims, plan.activation_bits, plan.group_size);
+  const t3 = performance.now();
+  const response = await call(plan.infer_url, {
+    method: "POST", body: packet, headers: headers(token, { "Content-Type": "application/octet-stream" }),
+  }, "upload");
+  const answer = await response.json();
+  const t4 = performance.now();
+  const server = answer.queue_s + answer.compute_s;
+  Object.assign(times, { encode: (t3 - t2) / 1000, upload: (t4 - t3) / 1000 - server, server });
+  const logits = answer.results[0].logits;
+  const label = argmax(logits);
+  const top = answer.results[0].top_k.find((k) => k.label === label);
+  return { label, probability: top ? top.probability : null, logits, bytes_up: packet.length, times };
+}
+
+function ms(seconds) {
+  return seconds === undefined ? "—" : (seconds * 1000).toFixed(2);
+}
+
+function median(values) {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement("td");
+    td.textContent = String(cell);
+    tr.append(td);
+  }
+  return tr;
+}
+
+function showPlan(plan, head) {
+  const items = {
+    plan: plan.plan_id, cut: `${plan.cut} of ${plan.cuts} (${plan.cut_node})`, level: plan.level,
+    "activation bits": `${plan.activation_bits} (group ${plan.group_size})`,
+    segment: plan.segment ? `${plan.segment.size_bytes} bytes, downloaded ${head.bytes}` : "none",
+    upload: plan.infer_url ?? "none: all on the device",
+  };
+  $("plan").replaceChildren(...Object.entries(items).flatMap(([k, v]) => {
+    const [dt, dd] = [document.createElement("dt"), document.createElement("dd")];
+    [dt.textContent, dd.textContent] = [k, String(v)];
+    return [dt, dd];
+  }));
+}
+
+function showPhases(run) {
+  const body = $("phases").tBodies[0];
+  body.replaceChildren(...PHASES.map((phase) => {
+    const values = phase === "download" || phase === "session" ? [run[`${phase}_s`]]
+      : run.results.map((r) => r.times[phase]).filter((v) => v !== undefined);
+    const tr = values.length ? row([phase, ms(median(values)), ms(values.reduce((a, b) => a + b, 0))])
+      : row([phase, "—", "—"]);
+    tr.dataset.phase = phase;
+    return tr;
+  }));
+}
+
+function labelName(plan, label) {
+  return plan.model.startsWith("fmnist") ? FASHION_MNIST_CLASSES[label] ?? "" : "";
+}
+
+async function images() {
+  const files = [...$("files").files];
+  if (files.length) return files.map((f) => ({ name: f.name, blob: f }));
+  const sample = $("sample").value;
+  if (!sample) throw new Error("choose image files or a shipped sample");
+  return [{ name: sample, blob: await (await call(`samples/${sample}`, {}, "sample")).blob() }];
+}
+
+async function runForm(event) {
+  event.preventDefault();
+  $("run").disabled = true;
+  setStatus("running", "Planning…");
+  try {
+    const token = $("token").value.trim();
+    const inputs = await images();
+    const t0 = performance.now();
+    const plan = await requestPlan({
+      model: $("model").value.trim(), demand: Number($("demand").value), rateMbps: Number($("rate").value),
+      device: $("device").value, weights: $("weights").value, token,
+    });
+    const planS = (performance.now() - t0) / 1000;
+    setStatus("running", `Plan: cut ${plan.cut}; loading the head…`);
+    const head = await loadHead(plan, token);
+    const run = { plan, plan_s: planS, download_s: head.download_s, session_s: head.session_s,
+      downloaded_bytes: head.bytes, results: [] };
+    showPlan(plan, head);
+    $("plan-section").hidden = false;
+    const tbody = $("results").tBodies[0];
+    tbody.replaceChildren();
+    for (const [i, image] of inputs.entries()) {
+      setStatus("running", `Image ${i + 1} of ${inputs.length}…`);
+      const result = { name: image.name, ...(await classify(plan, head, image.blob, token)) };
+      run.results.push(result);
+      const t = result.times;
+      tbody.append(row([i + 1, image.name, result.label, labelName(plan, result.label),
+        result.probability === null ? "—" : result.probability.toFixed(3), result.bytes_up,
+        ms(t.head), ms(t.encode), ms(t.upload), ms(t.server)]));
+    }
+    showPhases(run);
+    window.qpartLastRun = run;
+    setStatus("done", `Done: ${inputs.length} image(s), cut ${plan.cut}, ${plan.activation_bits}-bit activation.`);
+  } catch (error) {
+    setStatus("error", `Error: ${error.message}`);
+  } finally {
+    $("run").disabled = false;
+  }
+}
+
+for (const [index, label] of SAMPLES) {
+  const option = document.createElement("option");
+  option.value = `t10k-${String(index).padStart(5, "0")}.png`;
+  option.textContent = `${FASHION_MNIST_CLASSES[label]} (t10k #${index})`;
+  $("sample").append(option);
+}
+$("sample").value = $("sample").options[1].value;
+$("form").addEventListener("submit", runForm);
+setStatus("ready", `Ready: onnxruntime-web ${ort.env.versions?.web ?? ""}, WASM, one thread.`);

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup web data promtool demo test test-numpy lint lint-deploy check wrk bench bench-e2e bench-peer bench-load artifacts clean
+.PHONY: setup web chromium data promtool demo test test-numpy lint lint-deploy check wrk bench bench-e2e bench-peer bench-load artifacts clean
 
 $(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,7 +42,7 @@ promtool:  ## Prometheus and promtool for the metrics tests (Debian package prom
 	@command -v promtool >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus; \
 	  else echo "install the Debian package prometheus (sudo apt-get install prometheus)"; exit 1; fi; }
 
-test: setup promtool  ## the test suite (the README's test command)
+test: setup promtool chromium  ## the test suite (the README's test command)
 	$(VENV)/bin/pytest
 
 test-numpy: setup  ## the in-process test suite again with the numpy reference kernels forced
@@ -68,6 +68,10 @@ lint-deploy: setup  ## hadolint, promtool, and every rendered overlay through ku
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/deploy -m "not integration"
 
 check: lint lint-deploy test test-numpy  ## everything CI runs
+
+chromium:  ## the browser of the browser-device test (Debian package chromium; needs root)
+	@command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	  else echo "install the Debian package chromium (sudo apt-get install chromium)"; exit 1; fi; }
 
 wrk:  ## the load generator of the serving benchmarks (Debian package wrk; needs root)
 	@command -v wrk >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wrk; \

@@ -79,3 +79,17 @@ def test_the_installed_cli_answers_version_and_lists_the_models(installed):
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = {m["name"] for m in json.loads(listed.stdout)}
     assert {"fmnist-cnn", "fmnist-resnet"} <= names, listed.stdout[:500]
+
+
+def test_the_wheel_ships_the_browser_device_page(installed):
+    from qpart.server.device_page import VENDOR_FILES
+
+    python = installed / "bin" / "python"
+    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                     cwd=installed).stdout.strip())
+    web = site / "qpart" / "server" / "web"
+    assert {"index.html", "device.js", "packet.js", "preprocess.js", "device.css"} <= {
+        p.name for p in web.iterdir()}
+    assert len(list((web / "samples").glob("*.png"))) == 10
+    built = [name for name in VENDOR_FILES if (REPO / "server" / "web" / "vendor" / name).is_file()]
+    assert [name for name in built if (web / "vendor" / name).is_file()] == built  # after `make web`

@@ -222,7 +222,7 @@ async function runForm(event) {
     const planS = (performance.now() - t0) / 1000;
     setStatus("running", `Plan: cut ${plan.cut}; loading the head…`);
     const head = await loadHead(plan, token);
-    const run = { plan, plan_s: planS, download_s: head.download_s, session_s: head.session_s,
+    const run = { plan, isolated: globalThis.crossOriginIsolated === true, plan_s: planS, download_s: head.download_s, session_s: head.session_s,
       downloaded_bytes: head.bytes, results: [] };
     showPlan(plan, head);
     $("plan-section").hidden = false;
@@ -255,4 +255,8 @@ for (const [index, label] of SAMPLES) {
 }
 $("sample").value = $("sample").options[1].value;
 $("form").addEventListener("submit", runForm);
-setStatus("ready", `Ready: onnxruntime-web ${ort.env.versions?.web ?? ""}, WASM, one thread.`);
+// Drop the downloaded segments and their sessions: the next run downloads again (bench.browser_device).
+window.qpartForgetSegments = () => { for (const session of sessions.values()) session.release(); sessions.clear(); };
+// Timers are coarsened to 100 us unless the page is cross-origin isolated (the server sends COOP/COEP).
+const timers = globalThis.crossOriginIsolated ? "5 us timers" : "100 us timers";
+setStatus("ready", `Ready: onnxruntime-web ${ort.env.versions?.web ?? ""}, WASM, one thread, ${timers}.`);

@@ -6,6 +6,7 @@ kernels' bytes for the same activation."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -170,10 +171,10 @@ def test_cut_0_sends_the_input_and_all_device_uploads_nothing(browser, server, i
         assert plan.cut == cut
         got = [r["label"] for r in run["results"]]
         assert got == python_classes(server.url, plan, x[:3], tmp_path / f"cache{cut}")
-        if cut == 0:  # the input itself, quantized: the kernels' packet to the byte
+        if cut == 0:  # the input itself (PNG decoded, preprocessed), quantized: the kernels' packet
             assert plan.segment is None
-            assert [r["bytes_up"] for r in run["results"]] == [
-                len(encode_for_plan(x[i : i + 1], plan)) for i in range(3)]
+            assert [r["packet_sha256"] for r in run["results"]] == [
+                hashlib.sha256(encode_for_plan(x[i : i + 1], plan)).hexdigest() for i in range(3)]
         else:
             assert plan.infer_url is None and all(r["bytes_up"] == 0 for r in run["results"])
             cells = page.locator('#phases tr[data-phase="upload"] td').all_inner_texts()

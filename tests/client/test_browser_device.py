@@ -130,7 +130,7 @@ def model_version(server) -> tuple[str, int]:
     return info["version"], info["cuts"]
 
 
-@pytest.mark.parametrize("cut", [4, 7])
+@pytest.mark.parametrize("cut", [5, 7])  # tails a third and a tenth of the whole model's: robust plans
 def test_the_page_classifies_20_images_as_the_python_onnx_device(browser, server, images, model_version,
                                                                  cut, tmp_path):
     x, files = images

@@ -260,3 +260,27 @@ def test_the_token_field_reaches_a_server_that_needs_one(browser, cnn_only, live
     run = run_page(page, token="s3cret")
     assert "error" not in run, run
     page.close()
+
+
+def test_the_pages_preprocessing_is_the_models_for_unresized_pixels(browser, server):
+    """normalize() in preprocess.js against models.preprocess: Pillow's luma for L, per-channel
+    scale, mean and std for RGB, the same float32 values."""
+    from qpart.models.preprocess import PreprocessSpec, normalize_pixels, to_pixels
+
+    rgb = np.random.default_rng(12).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    rgba = np.concatenate([rgb, np.full((9, 7, 1), 255, np.uint8)], axis=2)
+    specs = [PreprocessSpec(color="L", scale=1 / 255, mean=(0.5,), std=(0.25,)),
+             PreprocessSpec(color="RGB", scale=1 / 255, mean=(0.485, 0.456, 0.406),
+                            std=(0.229, 0.224, 0.225))]
+    page, errors = open_page(browser, server.url)
+    for spec in specs:
+        got = page.evaluate("""async ([pixels, spec]) => {
+            const { normalize } = await import("/device/preprocess.js");
+            const out = normalize({ data: Uint8ClampedArray.from(pixels), width: 7, height: 9 }, spec);
+            return { data: Array.from(out.data), dims: out.dims };
+        }""", [rgba.reshape(-1).tolist(), spec.model_dump(mode="json")])
+        want = normalize_pixels(to_pixels(Image.fromarray(rgb, "RGB"), spec), spec)
+        assert got["dims"] == list(want.shape)
+        assert np.array_equal(np.array(got["data"], np.float32), want.reshape(-1)), spec.color
+    assert errors == []
+    page.close()

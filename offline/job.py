@@ -24,6 +24,7 @@ from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, allocate, pattern_noise
 from qpart.offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
 from qpart.offline.ltt import make_promise
+from qpart.offline.memory import keep_freed_memory
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Plan, all_patterns, resolve_workers
 from qpart.offline.runner import ModelRunner
@@ -159,6 +160,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
 
     sink = progress or _Silent()
     started = time.perf_counter()
+    keep_freed_memory()
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     model = spec.load()

@@ -14,12 +14,14 @@ import hashlib
 import multiprocessing as mp
 import os
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from qpart.kernels import packed_size
 from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, pattern_noise, qpart_paper_bits
+from qpart.offline.memory import allocator_environment, keep_freed_memory
 from qpart.offline.runner import ModelRunner
 from qpart.offline.selection import Selection, select
 from qpart.offline.settings import CalibrationSettings
@@ -122,6 +124,7 @@ def _init_worker(spec: ModelSpec, settings: CalibrationSettings, data: Data, ite
     import torch  # noqa: PLC0415 (in the child, after the start method chose how to import)
 
     global _WORKER  # noqa: PLW0603 (one state per worker process, set once by the pool)
+    keep_freed_memory()
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
     runner = ModelRunner(spec.load(), spec.input_shape, batch_size=settings.batch_size,
@@ -156,7 +159,8 @@ def all_patterns(spec: ModelSpec, st: State, cuts: list[int], plan: Plan, worker
         events: mp.Queue[int] = ctx.Queue()
         threads = max(1, st.settings.threads // workers)
         args = (spec, st.settings, st.data, st.items, st.fit_cache, plan, threads, events)
-        with ctx.Pool(workers, initializer=_init_worker, initargs=args) as pool:
+        with _environment(allocator_environment()), ctx.Pool(
+                workers, initializer=_init_worker, initargs=args) as pool:
             pending = pool.map_async(_run_cut, cuts, chunksize=1)
             while not pending.ready():
                 _drain(events, done, timeout=0.5)
@@ -166,6 +170,21 @@ def all_patterns(spec: ModelSpec, st: State, cuts: list[int], plan: Plan, worker
     patterns = [p for cut in cuts for p in found[cut][0]]
     baseline = [p for cut in cuts for p in found[cut][1]]
     return patterns, baseline
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while the pool spawns its workers (who inherit it)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _drain(events: mp.Queue[int], done: Done, timeout: float) -> None:

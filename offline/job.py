@@ -1,7 +1,8 @@
 """The calibration job: tables → mapping → allocation → Learn then Test → one test measurement.
 
 Order matters for the guarantee: tables, mapping, budgets and ladders come from the fit samples,
-the check samples are read once per rung, and the test split once per final pattern, last.
+the check samples are read once per rung, and the test split once per final pattern, after its
+level's choice (no choice reads it).
 """
 
 from __future__ import annotations

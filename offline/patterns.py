@@ -15,12 +15,15 @@ import multiprocessing as mp
 import os
 import queue
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from qpart.kernels import packed_size
 from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, pattern_noise, qpart_paper_bits
+from qpart.offline.errors import WorkerError
 from qpart.offline.memory import allocator_environment, keep_freed_memory
 from qpart.offline.runner import ModelRunner
 from qpart.offline.selection import Selection, select
@@ -45,12 +48,10 @@ class Plan:
 
 
 def resolve_workers(s: CalibrationSettings, cuts: int) -> int:
-    """``s.workers``, or (0) one per core available to this process, never more than the cuts
-    or the torch threads the job may use."""
-    if s.workers:
-        return min(s.workers, cuts)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, cuts, s.threads))
+    """``s.workers``, or (0) one per torch thread the job may use, never more than the cuts. Not
+    the machine's cores: the split of threads between workers can change float rounding, so the
+    same settings give the same artifact on any machine."""
+    return max(1, min(s.workers or s.threads, cuts))
 
 
 def sizes(runner: ModelRunner, cut: int, bits: dict[str, int]) -> tuple[int, int, int]:
@@ -117,23 +118,30 @@ def cut_patterns(st: State, cut: int, plan: Plan, done: Done) -> tuple[list[Patt
 # -- worker processes ---------------------------------------------------------------------------
 
 _WORKER: tuple[State, Plan, mp.Queue[int]] | None = None
+_WORKER_FAILED = ""
 
 
 def _init_worker(spec: ModelSpec, settings: CalibrationSettings, data: Data, items: dict[int, list[Item]],
                  fit_cache: dict[str, PairedDrop], plan: Plan, threads: int, events: mp.Queue[int]) -> None:
-    import torch  # noqa: PLC0415 (in the child, after the start method chose how to import)
+    """Build this worker's state; a failure is kept and raised by its first task, so that the job
+    ends with the reason (an initializer that raises would only break the pool)."""
+    global _WORKER, _WORKER_FAILED  # noqa: PLW0603 (one state per worker process, set once)
+    try:
+        import torch  # noqa: PLC0415 (in the child, after the start method chose how to import)
 
-    global _WORKER  # noqa: PLW0603 (one state per worker process, set once by the pool)
-    keep_freed_memory()
-    torch.set_num_threads(threads)
-    torch.manual_seed(settings.seed)
-    runner = ModelRunner(spec.load(), spec.input_shape, batch_size=settings.batch_size,
-                         largest_group=settings.activation_group)
-    _WORKER = (State(runner, data, settings, items, dict(fit_cache)), plan, events)
+        keep_freed_memory()
+        torch.set_num_threads(threads)
+        torch.manual_seed(settings.seed)
+        runner = ModelRunner(spec.load(), spec.input_shape, batch_size=settings.batch_size,
+                             largest_group=settings.activation_group)
+        _WORKER = (State(runner, data, settings, items, dict(fit_cache)), plan, events)
+    except Exception as exc:
+        _WORKER_FAILED = f"{type(exc).__name__}: {exc}"
 
 
 def _run_cut(cut: int) -> tuple[int, list[Pattern], list[Pattern]]:
-    assert _WORKER is not None, "the pool initialises every worker before it runs a task"
+    if _WORKER is None:
+        raise WorkerError(f"a validation worker could not start: {_WORKER_FAILED}")
     st, plan, events = _WORKER
     found = cut_patterns(st, cut, plan, lambda: events.put(cut))
     return (cut, *found)
@@ -141,9 +149,9 @@ def _run_cut(cut: int) -> tuple[int, list[Pattern], list[Pattern]]:
 
 def all_patterns(spec: ModelSpec, st: State, cuts: list[int], plan: Plan, workers: int,
                  advance: Advance) -> tuple[list[Pattern], list[Pattern]]:
-    """Every cut's patterns, in cut order: in this process when ``workers`` is 1, else in a pool of
+    """Every cut's patterns, in cut order: in this process when ``workers`` is 1, else in
     ``workers`` spawned processes (spawned: forking a process that holds torch's thread pools can
-    deadlock)."""
+    deadlock). A worker's error ends the job with it; a worker that dies is a :class:`WorkerError`."""
     found: dict[int, tuple[list[Pattern], list[Pattern]]] = {}
     steps = [0]
 
@@ -159,13 +167,22 @@ def all_patterns(spec: ModelSpec, st: State, cuts: list[int], plan: Plan, worker
         events: mp.Queue[int] = ctx.Queue()
         threads = max(1, st.settings.threads // workers)
         args = (spec, st.settings, st.data, st.items, st.fit_cache, plan, threads, events)
-        with _environment(allocator_environment()), ctx.Pool(
-                workers, initializer=_init_worker, initargs=args) as pool:
-            pending = pool.map_async(_run_cut, cuts, chunksize=1)
-            while not pending.ready():
-                _drain(events, done, timeout=0.5)
-            for cut, patterns, baseline in pending.get():
-                found[cut] = (patterns, baseline)
+        with _environment(allocator_environment()), ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=_init_worker, initargs=args) as pool:
+            pending = {pool.submit(_run_cut, cut) for cut in cuts}
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    _drain(events, done, timeout=0.0)
+                    for future in finished:
+                        cut, patterns, baseline = future.result()
+                        found[cut] = (patterns, baseline)
+            except BrokenProcessPool as exc:
+                raise WorkerError(f"a validation worker died ({exc}); if it ran out of memory, "
+                                  "set QPART_CALIB_WORKERS=1") from exc
+            finally:
+                for future in pending:
+                    future.cancel()
         advance(len(cuts) * (len(st.settings.levels) + 1))  # events still in a worker's pipe
     patterns = [p for cut in cuts for p in found[cut][0]]
     baseline = [p for cut in cuts for p in found[cut][1]]

@@ -49,8 +49,8 @@ class CalibrationSettings(BaseSettings):
     seed: int = 0
     threads: int = Field(2, ge=1, description="torch threads the job uses in all (fixed: results).")
     workers: int = Field(0, ge=0, le=256, description=(
-        "Processes for the validation stage, one cut at a time each, sharing the threads "
-        "(0: one per core available, at most one per thread and per cut)."))
+        "Processes for the validation stage, one cut at a time each, sharing the threads (0: one "
+        "per thread, at most one per cut; not the machine's cores, since the split can change rounding)."))
     batch_size: int = Field(500, ge=1)
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")

@@ -5,13 +5,16 @@ prints the table."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
-from qpart.offline.ltt import Test, fixed_sequence, grid_budget, grid_index, learn, rungs
-from qpart.offline.settings import LADDER
+from qpart.offline import selection
+from qpart.offline.ltt import Test, grid_budget, grid_index
+from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop
 
 STEPS, OCTAVES = 4, 14  # the job's defaults (ladder_steps, search_octaves and the old max_tightenings)
@@ -78,13 +81,57 @@ def draw(setting: Setting, n: int, reps: int, nested: bool, rng: np.random.Gener
     return np.stack([counts[:, :k].cumsum(1), counts[:, k:2 * k].cumsum(1)], axis=2)
 
 
-def new_choice(fit: Callable[[int], bool], check: Callable[[int], bool], start: int) -> int | None:
-    """``offline.selection.select`` on synthetic rungs (one distinct pattern per grid step, fewer
-    bits at larger budgets): the search on the fit samples, the ladder, one fixed-sequence pass."""
-    found = learn(fit, start, STEPS, OCTAVES)
-    ladder = rungs(start - OCTAVES * STEPS if found is None else found, LADDER)
-    passed = fixed_sequence(len(ladder), lambda i: check(ladder[i]))
-    return ladder[passed - 1] if passed else None
+class SyntheticState:
+    """What :func:`offline.selection.select` reads of the job's state, over synthetic rungs: one
+    distinct pattern per grid step ``k`` (``{"k": k, "w": 1}``: never lossless), fewer bits at
+    larger budgets, and each pattern's counts on the fit or check samples drawn beforehand. It
+    records which sample set each evaluation read, in order."""
+
+    def __init__(self, settings: CalibrationSettings, offset: int, rungs_count: int) -> None:
+        self.settings = settings
+        self.items: dict[int, list[object]] = {0: []}
+        self.data = SimpleNamespace(fit="fit", check="check", fit_correct=None, check_correct=None)
+        self.fit_cache: dict[str, PairedDrop] = {}
+        self.check_cache: dict[str, PairedDrop] = {}
+        self.offset, self.last = offset, rungs_count - 1
+        self.counts: dict[str, np.ndarray] = {}
+        self.reads: list[tuple[str, int]] = []
+
+    def draw(self, fit: np.ndarray, check: np.ndarray) -> None:
+        """The next repetition: fresh samples, empty caches."""
+        self.counts = {"fit": fit, "check": check}
+        self.fit_cache.clear()
+        self.check_cache.clear()
+        self.reads.clear()
+
+    def evaluate(self, _st: object, _cut: int, bits: dict[str, int], ds: str, _ref: object,
+                 _cache: object) -> PairedDrop:
+        k = bits["k"]
+        self.reads.append((ds, k))
+        row = self.counts[ds][min(max(k + self.offset, 0), self.last)]
+        return PairedDrop(N_FIT if ds == "fit" else N_CHECK, int(row[0]), int(row[1]))
+
+
+@contextmanager
+def synthetic(sim: SyntheticState) -> Iterator[None]:
+    """:mod:`offline.selection` on ``sim``'s rungs: the allocation gives grid step ``k`` at budget
+    ``2^(k / steps)``, a pattern's bits fall as ``k`` grows, evaluations read ``sim``'s counts."""
+    steps = sim.settings.ladder_steps
+    saved = selection.allocate, selection.evaluate, selection.pattern_bits
+    selection.allocate = lambda _items, budget, _units: {"k": grid_index(budget, steps), "w": 1}
+    selection.evaluate = sim.evaluate
+    selection.pattern_bits = lambda _items, bits: -bits["k"]
+    try:
+        yield
+    finally:
+        selection.allocate, selection.evaluate, selection.pattern_bits = saved
+
+
+def new_choice(sim: SyntheticState, level: float, start: int) -> int | None:
+    """``offline.selection.select`` itself, on ``sim``: the search on the fit samples, the ladder,
+    one fixed-sequence pass on the check samples. The chosen grid step, or None for lossless."""
+    chosen = selection.select(sim, 0, level, grid_budget(start, STEPS))  # type: ignore[arg-type]
+    return chosen.bits["k"] if chosen.check is not None else None
 
 
 def old_choice(check: Callable[[int], bool], start: int) -> int | None:
@@ -138,7 +185,6 @@ def simulate(setting: Setting, reps: int, nested: bool, seed: int, confidence: f
     rng = np.random.default_rng(seed)
     fit, check = (draw(setting, n, reps, nested, rng) for n in (N_FIT, N_CHECK))
     drops, offset = setting.drops(), -SPAN.start
-    fit_test = Test(setting.level, confidence, bound, scale_to=N_CHECK)  # type: ignore[arg-type]
     test = Test(setting.level, confidence, bound)  # type: ignore[arg-type]
 
     def judge(counts: np.ndarray, n: int, t: Test) -> Callable[[int], bool]:
@@ -150,14 +196,18 @@ def simulate(setting: Setting, reps: int, nested: bool, seed: int, confidence: f
     def true_drop(k: int | None) -> float:
         return 0.0 if k is None else float(drops[min(max(k + offset, 0), len(drops) - 1)])
 
+    settings = CalibrationSettings(confidence=confidence, bound=bound, ladder_steps=STEPS,  # type: ignore[arg-type]
+                                   search_octaves=OCTAVES, fit_samples=N_FIT, check_samples=N_CHECK)
+    sim = SyntheticState(settings, offset, len(drops))
     new = old = 0
     total = 0.0
-    for r in range(reps):
-        on_check = judge(check[r], N_CHECK, test)
-        chosen = true_drop(new_choice(judge(fit[r], N_FIT, fit_test), on_check, setting.start))
-        new += chosen > setting.level
-        total += chosen
-        old += true_drop(old_choice(on_check, setting.start)) > setting.level
+    with synthetic(sim):
+        for r in range(reps):
+            sim.draw(fit[r], check[r])
+            chosen = true_drop(new_choice(sim, setting.level, setting.start))
+            new += chosen > setting.level
+            total += chosen
+            old += true_drop(old_choice(judge(check[r], N_CHECK, test), setting.start)) > setting.level
     return Rates(new / reps, old / reps, reps, total / reps / setting.level)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
+from qpart.offline import selection
 from qpart.offline.ltt import fixed_sequence, grid_budget, grid_index, learn, make_promise, rungs
 from qpart.offline.settings import CalibrationSettings
-from tests.offline.ltt_sim import SETTINGS, table
+from tests.offline.ltt_sim import N_CHECK, N_FIT, SETTINGS, STEPS, SyntheticState, synthetic, table
 
 DELTA = 0.05
 REPS = 4000
@@ -83,3 +85,36 @@ def test_the_simulation_catches_the_search_it_replaced(rows):
     # keep a pattern over its level more often than δ; the ladder's single pass does not.
     plateau = [r for s, nested, r in rows if s.plateau and not nested]
     assert plateau and all(r.old > DELTA > r.new for r in plateau)
+
+
+def _reads_before_the_test(check_lost: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """``select`` on synthetic rungs whose check counts all have ``check_lost`` losses: the
+    evaluations read before fixed-sequence testing starts, and all of them."""
+    level, rungs_count = 0.01, 160
+    fit = np.array([[int(N_FIT * 0.01 * 2 ** ((i - 80) / 16)), 0] for i in range(rungs_count)])
+    check = np.full((rungs_count, 2), [check_lost, 0])
+    sim = SyntheticState(CalibrationSettings(ladder_steps=STEPS), offset=80, rungs_count=rungs_count)
+    sim.draw(fit, check)
+    before: list[tuple[str, int]] = []
+    original = selection.fixed_sequence
+
+    def spy(count, passes):
+        before.extend(sim.reads)
+        return original(count, passes)
+
+    selection.fixed_sequence = spy
+    try:
+        with synthetic(sim):
+            selection.select(sim, 0, level, 2.0 ** (4 / STEPS))
+    finally:
+        selection.fixed_sequence = original
+    return before, list(sim.reads)
+
+
+def test_the_ladder_is_placed_on_fit_samples_before_any_check_sample_is_read():
+    for lost in (0, N_CHECK):  # every rung passes on the check samples, or every rung fails
+        before, reads = _reads_before_the_test(lost)
+        assert before and {ds for ds, _ in before} == {"fit"}
+        assert {ds for ds, _ in reads[len(before):]} == {"check"}
+    # and what the fit samples decided does not depend on the check samples
+    assert _reads_before_the_test(0)[0] == _reads_before_the_test(N_CHECK)[0]

@@ -251,6 +251,11 @@ def calibrate(
     threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
     workers: Annotated[int | None, typer.Option(help=env_help(CALIB, "workers"))] = None,
     baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
+    data: Annotated[str | None, typer.Option(help=env_help(CALIB, "data"))] = None,
+    test_data: Annotated[str | None, typer.Option(help=env_help(CALIB, "test_data"))] = None,
+    test_fraction: Annotated[float | None, typer.Option(help=env_help(CALIB, "test_fraction"))] = None,
+    split_seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "split_seed"))] = None,
+    sample_order: Annotated[str | None, typer.Option(help=env_help(CALIB, "sample_order"))] = None,
 ) -> None:
     """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
     QPART_CALIB_*."""
@@ -258,7 +263,8 @@ def calibrate(
         "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
         "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
         "confidence": confidence, "seed": seed, "threads": threads, "workers": workers,
-        "baseline": baseline,
+        "baseline": baseline, "data": data, "test_data": test_data, "test_fraction": test_fraction,
+        "split_seed": split_seed, "sample_order": sample_order,
     })
     from dataclasses import replace
 

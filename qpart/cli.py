@@ -94,6 +94,8 @@ def models_list(
         rows.append({
             "name": spec.name,
             "test_accuracy": spec.card.get("test_accuracy"),
+            "trained": spec.weights.is_file(),
+            "input_shape": list(spec.input_shape),
             "cuts": len(legal_cuts(model, spec.input_shape)),
             "params": sum(int(p.numel()) for p in model.parameters()),
         })
@@ -101,8 +103,8 @@ def models_list(
         typer.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        typer.echo(f"{row['name']:<20} acc={row['test_accuracy']}  cuts={row['cuts']}  "
-                   f"params={row['params']}")
+        accuracy = row["test_accuracy"] if row["trained"] else "untrained"
+        typer.echo(f"{row['name']:<20} acc={accuracy}  cuts={row['cuts']}  params={row['params']}")
 
 
 @models_app.command("register")

@@ -156,3 +156,14 @@ def test_fashion_mnist_through_a_camera_style_card_matches_its_png_export(export
     b = read_samples(ImageFolderSource(cal, spec), 100, "digest", Split.CALIBRATION)
     assert a.images.shape == (100, 3, 64, 64)
     assert a.images.tobytes() == b.images.tobytes() and a.labels.tolist() == b.labels.tolist()
+
+
+@pytest.mark.slow
+def test_a_camera_style_model_reads_fashion_mnist_through_its_card():
+    mobilenet = get_model("fmnist-mobilenet")
+    sources = open_sources(mobilenet, settings())
+    assert sources.calibration.sample_shape == (3, 64, 64) == sources.test.sample_shape
+    assert sources.calibration.describe().preprocess == mobilenet.preprocess
+    check_model_fits(mobilenet, sources, 10)
+    with pytest.raises(SourceMismatchError, match=r"are \[3, 64, 64\] but 'fmnist-cnn' takes \[1, 28, 28\]"):
+        check_model_fits(CNN, sources, 10)

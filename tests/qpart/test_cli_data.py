@@ -104,6 +104,7 @@ def calibrate(root: Path, out: Path, *args: str):
     return qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), *args, cwd=root)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("data", "test", "status", "expected"), [
     pytest.param("cal", "cal", 1, "200 test samples are also in the calibration source", id="overlap"),
     pytest.param("cal", "test-without-9", 1, "different classes (only in calibration: '9'", id="class-sets"),
@@ -125,6 +126,7 @@ def test_calibrate_refuses_data_in_one_line_and_leaves_out_untouched(folders, tm
     assert (out / "artifact.json").read_text() == "kept"
 
 
+@pytest.mark.slow
 def test_calibrate_names_an_unknown_source(folders, tmp_path):
     line = one_line_error(calibrate(folders, tmp_path / "out", "--data", "imagenet"), 2)
     assert "'imagenet' is neither fashion-mnist" in line and not (tmp_path / "out").exists()

@@ -130,3 +130,22 @@ def test_calibrate_refuses_data_in_one_line_and_leaves_out_untouched(folders, tm
 def test_calibrate_names_an_unknown_source(folders, tmp_path):
     line = one_line_error(calibrate(folders, tmp_path / "out", "--data", "imagenet"), 2)
     assert "'imagenet' is neither fashion-mnist" in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
+    out = tmp_path / "out"
+    done = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), "--data", str(folders / "cal"),
+                 "--test-data", str(folders / "test"), "--levels", "0.05", "--fit-samples", "100",
+                 "--check-samples", "100", "--noise-samples", "50", "--mapping-points", "4", "--threads", "1",
+                 "--workers", "1", "--no-baseline", cwd=folders,
+                 env={"QPART_CALIB_CUTS": "[0, 8]", "QPART_CALIB_MEASURE_BOTH": "false",
+                      "QPART_CALIB_BATCH_SIZE": "100"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads((out / "artifact.json").read_text())
+    assert doc["schema_version"] == 4 and doc["settings"]["data"] == str(folders / "cal")
+    data = doc["data"]
+    assert (data["calibration"]["kind"], data["calibration"]["count"], data["test"]["count"]) == (
+        "image-folder", 200, 200)
+    assert data["sample_order"] == "digest" and data["calibration"]["preprocess"]["resize"] == [28, 28]
+    assert len(data["calibration"]["content_sha256"]) == 64 and data["test"]["split"] is None

@@ -145,7 +145,10 @@ def models_register(
     except (PreprocessError, LabelsError) as exc:  # a declaration the user gave that does not fit
         raise UsageError(str(exc)) from exc
     cuts = legal_cuts(registered.load(), shape)
-    typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts")
+    declared = (f"; input {list(shape)} from {spec.color} images" if spec is not None else
+                "; no preprocessing declared (calibrate it on fashion-mnist or arrays)")
+    declared += f", {len(names)} labels" if names is not None else ""
+    typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts{declared}")
 
 
 def _register_shape(text: str | None, spec: PreprocessSpec | None) -> tuple[int, ...]:

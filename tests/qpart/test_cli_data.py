@@ -44,7 +44,7 @@ def register(folder: Path, *args: str):
 def test_register_records_the_preprocessing_and_labels_given_as_flags(user):
     done = register(user, *FLAGS, "--labels", "a,b,c,d,e")
     assert done.returncode == 0, done.stderr
-    assert "registered mine" in done.stdout and "legal cuts" in done.stdout
+    assert "registered mine" in done.stdout and "input [3, 8, 8] from RGB images, 5 labels" in done.stdout
     (entry,) = json.loads((user / "registry.json").read_text())["models"]
     assert entry["input_shape"] == [3, 8, 8]  # from the preprocessing's output
     assert entry["card"]["labels"] == ["a", "b", "c", "d", "e"]

@@ -9,7 +9,8 @@
     │   ├── ArrayFileError      an .npz or safetensors file without x/y, or with bad dtypes or shapes
     │   ├── SourceMismatchError calibration and test sources whose class names differ
     │   └── SampleOverlapError  calibration and test sources sharing a sample (equal digests)
-    ├── PreprocessError         a preprocessing spec that is invalid or does not fit an image
+    ├── PreprocessError         a preprocessing spec that is invalid or does not fit an image or the model
+    ├── LabelsError             label names that are malformed, or not one per logit or per class
     ├── UnknownModelError       a model name that is not registered
     ├── ModelLoadError          weights file missing, unreadable or not matching the architecture
     └── PartitionError          a cut index outside the legal cuts, or a graph that cannot be traced
@@ -49,6 +50,11 @@ class SampleOverlapError(DatasetError):
 class PreprocessError(ModelsError):
     """A preprocessing spec that is invalid (e.g. mean/std of the wrong length) or that an image
     does not fit (e.g. smaller than the center crop)."""
+
+
+class LabelsError(ModelsError):
+    """Label names that are malformed (empty, repeated), or whose count is not the model's logits
+    or the data's classes."""
 
 
 class UnknownModelError(ModelsError, KeyError):

@@ -20,7 +20,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from qpart.models.errors import PartitionError
 
-_FREE_MODULES = (nn.ReLU, nn.Dropout, nn.Flatten, nn.Identity, nn.BatchNorm2d, nn.BatchNorm1d)
+_FREE_MODULES = (nn.ReLU, nn.ReLU6, nn.Dropout, nn.Flatten, nn.Identity, nn.BatchNorm2d, nn.BatchNorm1d)
 _FREE_FUNCTIONS = {torch.relu, torch.flatten, nn.functional.relu, nn.functional.dropout}
 _FREE_METHODS = {"relu", "flatten", "view", "reshape"}
 

@@ -1,4 +1,5 @@
-"""The model registry: a name maps to an importable factory, a safetensors file and an input shape.
+"""The model registry: a name maps to an importable factory, a safetensors file, an input shape
+and a card that declares, once, the model's preprocessing and label names.
 
 Built-in entries are the reference models whose trained weights live in ``models/zoo/``. More
 entries come from a JSON registry file (``$QPART_MODEL_REGISTRY``), written by
@@ -11,22 +12,27 @@ import importlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from qpart.models.errors import ModelLoadError, UnknownModelError
+from qpart.models.errors import LabelsError, ModelLoadError, PreprocessError, UnknownModelError
 from qpart.models.partition import legal_cuts
+from qpart.models.preprocess import PreprocessSpec, preprocess_image
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 REGISTRY_ENV = "QPART_MODEL_REGISTRY"
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+MAX_LABELS = 100_000
+MAX_LABEL_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,44 @@ class ModelSpec:
             raise ModelLoadError(f"cannot load '{self.name}' from {self.weights}: {exc}") from exc
         return model.eval()
 
+    @property
+    def preprocess(self) -> PreprocessSpec | None:
+        """The card's preprocessing spec (None: the card declares none).
+
+        Raises:
+            PreprocessError: the card's ``preprocess`` is not a valid spec.
+        """
+        raw = self.card.get("preprocess")
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise PreprocessError(f"the card of '{self.name}' has a preprocess that is not a JSON object")
+        return PreprocessSpec.from_mapping(raw)
+
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        """The card's class names in logit order (None: the card declares none).
+
+        Raises:
+            LabelsError: the card's ``labels`` is not a list of names.
+        """
+        raw = self.card.get("labels")
+        return None if raw is None else check_labels(raw, f"the card of '{self.name}'")
+
+
+def check_labels(raw: object, where: str) -> tuple[str, ...]:
+    """``raw`` as a tuple of class names if it is a non-empty list of distinct, non-empty strings."""
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw or len(raw) > MAX_LABELS:
+        raise LabelsError(f"{where}: labels must be a list of 1..{MAX_LABELS} class names")
+    names = tuple(raw)
+    if not all(isinstance(n, str) and 0 < len(n.strip()) <= MAX_LABEL_CHARS for n in names):
+        raise LabelsError(f"{where}: every label must be a non-empty name of at most {MAX_LABEL_CHARS} "
+                          f"characters")
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise LabelsError(f"{where}: labels {twice[:5]} appear more than once; give each class one name")
+    return names
+
 
 def import_factory(path: str) -> Callable[[], nn.Module]:
     """Resolve ``package.module:function`` to a callable returning an ``nn.Module``."""
@@ -74,7 +118,6 @@ def import_factory(path: str) -> Callable[[], nn.Module]:
     return func  # type: ignore[no-any-return]
 
 
-
 def _card(name: str) -> dict[str, object]:
     path = ZOO_DIR / f"{name}.card.json"
     if path.is_file():
@@ -85,12 +128,13 @@ def _card(name: str) -> dict[str, object]:
 
 def _builtin() -> dict[str, ModelSpec]:
     entries = {
-        "fmnist-cnn": "qpart.models.architectures:fmnist_cnn",
-        "fmnist-resnet": "qpart.models.architectures:fmnist_resnet",
+        "fmnist-cnn": ("qpart.models.architectures:fmnist_cnn", (1, 28, 28)),
+        "fmnist-resnet": ("qpart.models.architectures:fmnist_resnet", (1, 28, 28)),
+        "fmnist-mobilenet": ("qpart.models.mobilenet:fmnist_mobilenet", (3, 64, 64)),
     }
     return {
-        name: ModelSpec(name, factory, (1, 28, 28), ZOO_DIR / f"{name}.safetensors", _card(name))
-        for name, factory in entries.items()
+        name: ModelSpec(name, factory, shape, ZOO_DIR / f"{name}.safetensors", _card(name))
+        for name, (factory, shape) in entries.items()
     }
 
 
@@ -133,27 +177,77 @@ def get_model(name: str) -> ModelSpec:
     raise UnknownModelError(f"unknown model '{name}'; registered: {known}")
 
 
+def declaration_sample(spec: PreprocessSpec, input_shape: tuple[int, ...]) -> np.ndarray:
+    """A deterministic RGB noise image, at least as large as the input and the crop, preprocessed
+    by ``spec``: float32 ``[C, H, W]``."""
+    height, width = (input_shape[-2], input_shape[-1]) if len(input_shape) >= 2 else (1, 1)
+    if spec.center_crop is not None:
+        height, width = max(height, spec.center_crop[0]), max(width, spec.center_crop[1])
+    noise = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return preprocess_image(Image.fromarray(noise, "RGB"), spec)
+
+
+def check_declaration(model: nn.Module, name: str, input_shape: tuple[int, ...],
+                      preprocess: PreprocessSpec | None, labels: Sequence[str] | None) -> None:
+    """One forward pass on a preprocessed sample (zeros without a spec): the spec must make the
+    input shape, the model must take it, and give one logit per label.
+
+    Raises:
+        PreprocessError: the spec's samples are not ``input_shape``, or the model rejects them.
+        ModelLoadError: the model does not run on zeros of ``input_shape`` (no spec given).
+        LabelsError: the model's logits are not one per label.
+    """
+    if preprocess is not None:
+        sample = declaration_sample(preprocess, input_shape)
+        if tuple(sample.shape) != input_shape:
+            raise PreprocessError(
+                f"the preprocessing makes samples of shape {list(sample.shape)} but '{name}' takes "
+                f"{list(input_shape)}; change the color, resize or crop, or the input shape")
+        x = torch.from_numpy(sample)[None]
+    else:
+        x = torch.zeros((1, *input_shape))
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except RuntimeError as exc:
+        what = "a preprocessed sample" if preprocess is not None else "inputs"
+        error = PreprocessError if preprocess is not None else ModelLoadError
+        raise error(f"'{name}' does not run on {what} of shape {list(x.shape[1:])}: "
+                    f"{' '.join(str(exc).split())[:300]}") from exc
+    if labels is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, len(labels))):
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise LabelsError(f"'{name}' gives logits of shape {shape} for one sample but {len(labels)} labels "
+                          f"are declared; give one label per logit")
+
+
 def register_model(
-    name: str, factory: str, weights: Path, input_shape: tuple[int, ...], path: Path
+    name: str, factory: str, weights: Path, input_shape: tuple[int, ...], path: Path, *,
+    preprocess: PreprocessSpec | None = None, labels: Sequence[str] | None = None,
 ) -> ModelSpec:
-    """Add (or replace) a user model in the registry file ``path``, checking it loads."""
+    """Add (or replace) a user model in the registry file ``path``, checking it loads, takes the
+    preprocessed sample, gives one logit per label and traces; nothing is written on a failure."""
     if not _NAME_RE.match(name):
         raise ModelLoadError(f"model name '{name}' must match {_NAME_RE.pattern}")
     if name in _builtin():
         raise ModelLoadError(f"'{name}' is a built-in reference model; choose another name")
-    spec = ModelSpec(name, factory, input_shape, weights.resolve())
+    names = None if labels is None else check_labels(list(labels), f"labels of '{name}'")
+    card: dict[str, object] = {}
+    if preprocess is not None:
+        card["preprocess"] = preprocess.model_dump(mode="json")
+    if names is not None:
+        card["labels"] = list(names)
+    spec = ModelSpec(name, factory, input_shape, weights.resolve(), card)
     model = spec.load()
-    try:
-        with torch.no_grad():
-            model(torch.zeros((1, *input_shape)))
-    except RuntimeError as exc:
-        raise ModelLoadError(f"'{name}' does not run on inputs of shape {input_shape}: {exc}") from exc
+    check_declaration(model, name, input_shape, preprocess, names)
     # Checked before the registry is written: a model the partitioner cannot cut is never listed.
     legal_cuts(model, input_shape)
     entries = json.loads(path.read_text())["models"] if path.is_file() else []
     entries = [e for e in entries if e["name"] != name]
-    entries.append({"name": name, "factory": factory, "input_shape": list(input_shape),
-                    "weights": str(spec.weights)})
+    entry: dict[str, object] = {"name": name, "factory": factory, "input_shape": list(input_shape),
+                                "weights": str(spec.weights)}
+    if card:
+        entry["card"] = card
+    entries.append(entry)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"models": entries}, indent=2) + "\n")
     tmp.replace(path)

@@ -86,6 +86,13 @@ def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
     """Measure the ratios for the artifact in ``directory`` (its own weights, the first ``samples``
     calibration samples of its fit range) and rewrite its ``artifact.json``."""
     artifact = load_artifact(directory)
+    data = artifact.data
+    if data is not None and not (data.calibration.location.startswith("fashion-mnist:calibration@")
+                                 and data.sample_order == "source"
+                                 and data.calibration.sample_shape == [1, 28, 28]):
+        raise CalibrationConfigError(
+            f"{directory} was calibrated on {data.calibration.location} ({data.sample_order} order); "
+            f"measure-coding reads only Fashion-MNIST's calibration split: re-run qpart calibrate")
     use = artifact.splits.get("calibration_use")
     fit = use.get("fit") if isinstance(use, dict) else None
     if not (isinstance(fit, list) and len(fit) == 2 and all(isinstance(v, int) for v in fit)):

@@ -22,8 +22,10 @@ import torch
 
 from qpart.models.data import describe_splits
 from qpart.models.registry import ModelSpec
+from qpart.models.sources import DataSource, FashionMnistSource
 from qpart.offline.allocation import Item, allocate, pattern_noise
 from qpart.offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
+from qpart.offline.data import Sources, check_model_fits, open_sources
 from qpart.offline.ltt import make_promise
 from qpart.offline.memory import keep_freed_memory
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
@@ -35,6 +37,8 @@ from qpart.offline.validation import budget_for_level, paired_drop
 from qpart.profiles.artifacts import (
     AccuracyPoint,
     CalibrationArtifact,
+    CalibrationData,
+    DataRecord,
     WeightTensor,
 )
 
@@ -154,9 +158,32 @@ def _ratios(fast: list[float], direct: list[float]) -> list[float]:
     return [f / d if d > 0 else float("nan") for f, d in zip(fast, direct, strict=True)]
 
 
+def _data_record(sources: Sources, data: Data, s: CalibrationSettings) -> CalibrationData:
+    def record(source: DataSource) -> DataRecord:
+        return DataRecord.model_validate(source.describe().model_dump(mode="json"))
+
+    return CalibrationData(calibration=record(sources.calibration), test=record(sources.test),
+                           sample_order=sources.order, fit_samples=s.fit_samples,
+                           check_samples=s.check_samples, test_samples=len(data.test))
+
+
+def _splits(sources: Sources, s: CalibrationSettings) -> dict[str, object]:
+    """Which samples each step used; with the built-in sources, also their split record."""
+    use: dict[str, object] = {"calibration_use": {
+        "fit": [0, s.fit_samples], "check": [s.fit_samples, s.fit_samples + s.check_samples],
+        "noise_tables": [0, s.noise_samples]}}
+    builtin = all(isinstance(x, FashionMnistSource) for x in (sources.calibration, sources.test))
+    return {**describe_splits(), **use} if builtin else use
+
+
 def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
-              progress: ProgressSink | None = None) -> CalibrationArtifact:
-    """Run the whole job for one model and write ``artifact.json``, ``validation.json``, the report."""
+              progress: ProgressSink | None = None, sources: Sources | None = None) -> CalibrationArtifact:
+    """Run the whole job for one model and write ``artifact.json``, ``validation.json``, the report.
+
+    ``sources`` default to those the settings name (:func:`offline.data.open_sources`). Data that
+    cannot be used (overlapping or mismatched sources, classes that are not one per logit) is
+    refused before anything is written; ``out_dir`` is written only at the end.
+    """
     from qpart.offline.report import write_outputs  # noqa: PLC0415 (matplotlib only when writing)
 
     sink = progress or _Silent()
@@ -164,10 +191,12 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     keep_freed_memory()
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
+    sources = sources or open_sources(spec, settings)
     model = spec.load()
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
                          largest_group=settings.activation_group)
-    data = load_data(runner, settings)
+    check_model_fits(spec, sources, runner.cuts[-1].numel)
+    data = load_data(runner, settings, sources)
     st = State(runner, data, settings)
     tables, timing, agreement = _tables(runner, data, settings, sink)
     st.items = _items(runner, tables, settings)
@@ -185,10 +214,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         model=spec.name, version=_version(spec), factory=spec.factory,
         input_shape=list(spec.input_shape), weights_sha256=_sha256(spec.weights),
         fp32_test_accuracy=float(data.test_correct.mean()),
-        splits={**describe_splits(), "calibration_use": {
-            "fit": [0, settings.fit_samples], "check": [settings.fit_samples,
-                                                        settings.fit_samples + settings.check_samples],
-            "noise_tables": [0, settings.noise_samples]}},
+        splits=_splits(sources, settings), data=_data_record(sources, data, settings),
         settings={**json.loads(settings.model_dump_json()), "workers": workers},
         tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
                  for t in runner.tensors],

@@ -11,6 +11,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
 LADDER = (-4, -2, -1, 0, 1, 2, 3)
 
+SampleOrder = Literal["source", "digest"]
+"""The order the fit, check and test samples are taken in. ``source``: the source's own order.
+``digest``: by the sha256 of each preprocessed float32 sample, whatever the files' names and
+classes (``offline.data``)."""
+
 
 class Estimator(StrEnum):
     """Which noise tables drive the allocation."""
@@ -56,6 +61,17 @@ class CalibrationSettings(BaseSettings):
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
     baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")
     test_samples: int | None = Field(None, ge=100, description="Limit the test split (default: all).")
+    data: str = Field("fashion-mnist", min_length=1, description=(
+        "Calibration source: fashion-mnist (its calibration split), fashion-mnist:<split>, an ImageFolder "
+        "path (preprocessed by the model card's spec), or an .npz/.safetensors file of tensors."))
+    test_data: str | None = Field(None, min_length=1, description=(
+        "Test source, named as for data (default: fashion-mnist's test split when data is fashion-mnist)."))
+    test_fraction: float | None = Field(None, gt=0, lt=1, description=(
+        "Split the calibration source instead: this fraction of it, drawn with split_seed, is the test."))
+    split_seed: int = Field(0, description="Seed of the test_fraction split.")
+    sample_order: SampleOrder | None = Field(None, description=(
+        "Order fit/check/test samples are taken in: source, or digest (by each preprocessed sample's "
+        "sha256); default source for fashion-mnist, digest otherwise."))
 
     @field_validator("levels")
     @classmethod

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from qpart.models.data import Dataset, Split, load_split
+from qpart.models.data import Dataset, Split
 from qpart.offline.allocation import Item
+from qpart.offline.data import Sources, read_samples
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings
@@ -47,16 +48,22 @@ def _slice(ds: Dataset, start: int, stop: int) -> Dataset:
     return Dataset(ds.images[start:stop], ds.labels[start:stop], ds.split, ds.indices_sha256)
 
 
-def load_data(runner: ModelRunner, s: CalibrationSettings) -> Data:
-    """The calibration split cut into fit and check samples, and the test split."""
-    cal = load_split(Split.CALIBRATION)
-    if s.fit_samples + s.check_samples > len(cal):
+def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources) -> Data:
+    """The calibration source cut into fit and check samples (the first ``fit_samples`` and the
+    next ``check_samples`` in the sample order), and the test source's first ``test_samples``.
+
+    The tensors are decoded a batch at a time and held once: ``(fit + check + test) × C × H × W × 4``
+    bytes (``docs/data-sources.md``).
+    """
+    needed = s.fit_samples + s.check_samples
+    if needed > len(sources.calibration):
         raise CalibrationConfigError(
-            f"fit_samples + check_samples = {s.fit_samples + s.check_samples} exceeds the "
-            f"{len(cal)} calibration samples")
+            f"fit_samples + check_samples = {needed} exceeds the {len(sources.calibration)} calibration "
+            f"samples")
+    cal = read_samples(sources.calibration, needed, sources.order, Split.CALIBRATION)
     fit = _slice(cal, 0, s.fit_samples)
-    check = _slice(cal, s.fit_samples, s.fit_samples + s.check_samples)
-    test = load_split(Split.TEST, limit=s.test_samples)
+    check = _slice(cal, s.fit_samples, needed)
+    test = read_samples(sources.test, s.test_samples, sources.order, Split.TEST)
     full = len(runner.cuts) - 1
 
     def correct(ds: Dataset) -> np.ndarray:

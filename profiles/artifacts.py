@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from qpart.kernels.coding import Coding
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 3
-"""3: the promise a calibration makes (``promise``) and each pattern's ladder (``rungs``,
+ARTIFACT_SCHEMA_VERSION = 4
+"""4: the records of the calibration and test data (``data``: each source's kind, location,
+count, classes, content digest, preprocessing and split; None when calibrated before). 3: the
+promise a calibration makes (``promise``) and each pattern's ladder (``rungs``,
 ``passed``) in place of ``tightenings`` (ADR 0011). 2: a cut's upload-coding ratios in one map
 keyed by :class:`~kernels.coding.Coding`; schema 1 had a field per coding (ADR 0008). Older
 artifacts are upgraded as they load."""
@@ -104,6 +106,31 @@ class Promise(_Frozen):
     ladder: str = Field(description="How each (cut, level)'s candidates were fixed and tested.")
 
 
+class DataRecord(_Frozen):
+    """One data source as the calibration read it (``models.sources.SourceRecord`` as JSON)."""
+
+    kind: str = Field(description="image-folder, arrays or fashion-mnist.")
+    location: str = Field(description="Where it was read from (a path, or fashion-mnist:<split>@<folder>).")
+    count: int = Field(ge=1, description="Samples in the source.")
+    classes: list[str] = Field(description="Class names; a label is an index into them.")
+    sample_shape: list[int] = Field(description="(C, H, W) of every sample.")
+    content_sha256: str = Field(description="sha256 over the class names, sample digests and labels.")
+    preprocess: dict[str, Any] | None = Field(None, description="How images became tensors.")
+    split: dict[str, Any] | None = Field(None, description="Set when cut from a larger source by a split.")
+
+
+class CalibrationData(_Frozen):
+    """The data a calibration read and which of its samples each step used."""
+
+    calibration: DataRecord
+    test: DataRecord
+    sample_order: Literal["source", "digest"] = Field(
+        description="source: the sources' own order; digest: by each preprocessed sample's sha256.")
+    fit_samples: int = Field(ge=1, description="The first samples of the calibration source, in that order.")
+    check_samples: int = Field(ge=1, description="The next samples of the calibration source.")
+    test_samples: int = Field(ge=1, description="The first samples of the test source, in that order.")
+
+
 class AccuracyPoint(_Frozen):
     """One mixed pattern measured on the fit samples: total logit noise and top-1 drop."""
 
@@ -115,7 +142,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[3] = 3
+    schema_version: Literal[4] = 4
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -137,16 +164,22 @@ class CalibrationArtifact(_Frozen):
     timing_s: dict[str, float]
     promise: Promise | None = Field(
         None, description="None: calibrated before schema 3, by a search that backs no such statement.")
+    data: CalibrationData | None = Field(
+        None, description="None: calibrated before schema 4, on the Fashion-MNIST splits `splits` records.")
 
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        """An older document as schema 3. From 1: each cut's ``<coding>_ratio`` fields into its
+        """An older document as schema 4. From 1: each cut's ``<coding>_ratio`` fields into its
         ``coding_ratio`` map (an empty one: not measured, left out). From 1 or 2: patterns lose
-        ``tightenings`` (the search that counted them made no promise; ``promise`` stays None)."""
-        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2)):
+        ``tightenings`` (the search that counted them made no promise; ``promise`` stays None).
+        From 1 to 3: ``data`` stays None (the Fashion-MNIST splits, recorded in ``splits``)."""
+        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3)):
             return data
         out = dict(data)
+        if data["schema_version"] == 3:
+            out["schema_version"] = ARTIFACT_SCHEMA_VERSION
+            return out
         if data["schema_version"] == 1 and isinstance(data.get("cuts"), list):
             out["cuts"] = [_schema1_cut(c) if isinstance(c, dict) else c for c in data["cuts"]]
         for name in ("patterns", "baseline_qpart_paper"):

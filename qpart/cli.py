@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from qpart.errors import MODE, UsageError, run
 from qpart.flags import env_help, settings_from
 from qpart.offline.settings import CalibrationSettings, Estimator
 from qpart.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from qpart.models.preprocess import PreprocessSpec
 
 app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
@@ -42,15 +45,21 @@ def options(
 
 @app.command()
 def train(
-    model: Annotated[str, typer.Option(help="Reference model to train (fmnist-cnn, fmnist-resnet).")],
+    model: Annotated[str, typer.Option(
+        help="Reference model to train (fmnist-cnn, fmnist-resnet, fmnist-mobilenet).")],
     out: Annotated[Path | None, typer.Option(help="Output folder; default: the model zoo.")] = None,
     threads: Annotated[int, typer.Option(help="torch threads (fixed for reproducibility).")] = 2,
+    image_folder: Annotated[Path | None, typer.Option(help=(
+        "Where fmnist-mobilenet's splits are exported as PNGs and read back (default "
+        "~/.cache/qpart/fashion-mnist-png)."))] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N samples of each split.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="In place of the recipe's epochs (timing).")] = None,
 ) -> None:
     """Train a reference model from scratch with its fixed seed; writes safetensors + card."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from qpart.models.registry import ZOO_DIR
-    from qpart.models.training import train_model
+    from qpart.models.training import DEFAULT_IMAGE_FOLDER, train_model
 
     with Progress(
         TextColumn(f"training {model}"), BarColumn(), TextColumn("{task.fields[loss]}"),
@@ -61,7 +70,8 @@ def train(
         def report(step: int, total: int, loss: float) -> None:
             bar.update(task, completed=step, total=total, loss=f"loss {loss:.3f}")
 
-        card = train_model(model, out or ZOO_DIR, threads=threads, progress=report)
+        card = train_model(model, out or ZOO_DIR, threads=threads, progress=report,
+                           image_folder=image_folder or DEFAULT_IMAGE_FOLDER, limit=limit, epochs=epochs)
     typer.echo(f"{model}: test accuracy {card['test_accuracy']:.4f} "
                f"({card['train_seconds']} s); wrote {(out or ZOO_DIR)}")
 
@@ -84,6 +94,8 @@ def models_list(
         rows.append({
             "name": spec.name,
             "test_accuracy": spec.card.get("test_accuracy"),
+            "trained": spec.weights.is_file(),
+            "input_shape": list(spec.input_shape),
             "cuts": len(legal_cuts(model, spec.input_shape)),
             "params": sum(int(p.numel()) for p in model.parameters()),
         })
@@ -91,8 +103,8 @@ def models_list(
         typer.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        typer.echo(f"{row['name']:<20} acc={row['test_accuracy']}  cuts={row['cuts']}  "
-                   f"params={row['params']}")
+        accuracy = row["test_accuracy"] if row["trained"] else "untrained"
+        typer.echo(f"{row['name']:<20} acc={accuracy}  cuts={row['cuts']}  params={row['params']}")
 
 
 @models_app.command("register")
@@ -100,21 +112,98 @@ def models_register(
     name: Annotated[str, typer.Option(help="Name to serve the model under (a-z, 0-9, . _ -).")],
     factory: Annotated[str, typer.Option(help="Importable factory, package.module:function.")],
     weights: Annotated[Path, typer.Option(help="safetensors file of the model's state_dict.")],
-    input_shape: Annotated[str, typer.Option(help="Input shape without batch, C,H,W, e.g. 1,28,28.")],
+    input_shape: Annotated[str | None, typer.Option(help=(
+        "Input shape without batch, C,H,W, e.g. 1,28,28; default: the preprocessing's output."))] = None,
     registry: Annotated[Path | None, typer.Option(
         help="Registry file to write; default $QPART_MODEL_REGISTRY.")] = None,
+    preprocess_file: Annotated[Path | None, typer.Option(help=(
+        "JSON file (a model card) whose 'preprocess' object and 'labels' list declare the model's "
+        "input and class names; or give the flags below."))] = None,
+    color: Annotated[str | None, typer.Option(help="Preprocessing color mode: L or RGB.")] = None,
+    resize: Annotated[str | None, typer.Option(help="Resize: N (shorter side) or H,W (exactly).")] = None,
+    center_crop: Annotated[str | None, typer.Option(help="Center crop H,W after the resize.")] = None,
+    scale: Annotated[float | None, typer.Option(help="Factor on 0-255 pixels (default 1/255).")] = None,
+    mean: Annotated[str | None, typer.Option(help="Per-channel mean, comma-separated.")] = None,
+    std: Annotated[str | None, typer.Option(help="Per-channel std, comma-separated.")] = None,
+    labels: Annotated[str | None, typer.Option(help="Class names in logit order, comma-separated.")] = None,
 ) -> None:
-    """Register your own model; it must load from safetensors and trace with torch.fx."""
+    """Register your own model with its preprocessing and labels: it must load from safetensors,
+    run on one preprocessed sample, give one logit per label and trace with torch.fx."""
+    from qpart.models.errors import LabelsError, PreprocessError
     from qpart.models.partition import legal_cuts
     from qpart.models.registry import register_model, registry_path
 
-    shape = parse_shape(input_shape)
     target = registry or registry_path()
     if target is None:
         raise UsageError("give --registry FILE or set QPART_MODEL_REGISTRY")
-    spec = register_model(name, factory, weights, shape, target)
-    cuts = legal_cuts(spec.load(), shape)
-    typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts")
+    flags = {"color": color, "resize": resize, "center_crop": center_crop, "scale": scale, "mean": mean,
+             "std": std}
+    try:
+        spec, names = declared_input(preprocess_file, flags, labels)
+        shape = _register_shape(input_shape, spec)
+        registered = register_model(name, factory, weights, shape, target, preprocess=spec, labels=names)
+    except (PreprocessError, LabelsError) as exc:  # a declaration the user gave that does not fit
+        raise UsageError(str(exc)) from exc
+    cuts = legal_cuts(registered.load(), shape)
+    declared = (f"; input {list(shape)} from {spec.color} images" if spec is not None else
+                "; no preprocessing declared (calibrate it on fashion-mnist or arrays)")
+    declared += f", {len(names)} labels" if names is not None else ""
+    typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts{declared}")
+
+
+def _register_shape(text: str | None, spec: PreprocessSpec | None) -> tuple[int, ...]:
+    if text is not None:
+        return parse_shape(text)
+    if spec is None or spec.output_shape is None:
+        raise UsageError("give --input-shape C,H,W (or preprocessing with a center crop or an H,W resize)")
+    return tuple(int(d) for d in spec.output_shape)
+
+
+def declared_input(file: Path | None, flags: dict[str, Any],
+                   labels: str | None) -> tuple[PreprocessSpec | None, tuple[str, ...] | None]:
+    """The preprocessing spec (or None) and labels of ``qpart models register``: from a card file,
+    or from the flags; never both."""
+    from qpart.models.preprocess import PreprocessSpec
+    from qpart.models.registry import check_labels
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    if file is not None:
+        if given or labels is not None:
+            raise UsageError("give --preprocess-file or the preprocessing and label flags, not both")
+        try:
+            card = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--preprocess-file {file}: not a readable JSON file ({exc})") from exc
+        if not isinstance(card, dict) or not isinstance(card.get("preprocess"), dict):
+            raise UsageError(f"--preprocess-file {file}: needs a 'preprocess' object, e.g. "
+                             '{"preprocess": {"color": "RGB", "resize": [64, 64], "mean": [0.5, 0.5, 0.5], '
+                             '"std": [0.25, 0.25, 0.25]}, "labels": ["cat", "dog"]}')
+        raw_labels = card.get("labels")
+        return (PreprocessSpec.from_mapping(card["preprocess"]),
+                None if raw_labels is None else check_labels(raw_labels, f"labels in {file}"))
+    names = None if labels is None else check_labels([n.strip() for n in labels.split(",")], "--labels")
+    if not given:
+        return None, names
+    missing = [f"--{k.replace('_', '-')}" for k in ("color", "mean", "std") if k not in given]
+    if missing:
+        raise UsageError(f"preprocessing flags need {', '.join(missing)} too (or give --preprocess-file)")
+    raw: dict[str, Any] = {"color": given["color"], "mean": _numbers(given["mean"], "--mean"),
+                           "std": _numbers(given["std"], "--std")}
+    if "resize" in given:
+        sizes = _numbers(given["resize"], "--resize")
+        raw["resize"] = int(sizes[0]) if len(sizes) == 1 else [int(v) for v in sizes]
+    if "center_crop" in given:
+        raw["center_crop"] = [int(v) for v in _numbers(given["center_crop"], "--center-crop")]
+    if "scale" in given:
+        raw["scale"] = given["scale"]
+    return PreprocessSpec.from_mapping(raw), names
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give numbers separated by commas, e.g. 0.5,0.5,0.5") from None
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -167,6 +256,11 @@ def calibrate(
     threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
     workers: Annotated[int | None, typer.Option(help=env_help(CALIB, "workers"))] = None,
     baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
+    data: Annotated[str | None, typer.Option(help=env_help(CALIB, "data"))] = None,
+    test_data: Annotated[str | None, typer.Option(help=env_help(CALIB, "test_data"))] = None,
+    test_fraction: Annotated[float | None, typer.Option(help=env_help(CALIB, "test_fraction"))] = None,
+    split_seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "split_seed"))] = None,
+    sample_order: Annotated[str | None, typer.Option(help=env_help(CALIB, "sample_order"))] = None,
 ) -> None:
     """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
     QPART_CALIB_*."""
@@ -174,7 +268,8 @@ def calibrate(
         "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
         "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
         "confidence": confidence, "seed": seed, "threads": threads, "workers": workers,
-        "baseline": baseline,
+        "baseline": baseline, "data": data, "test_data": test_data, "test_fraction": test_fraction,
+        "split_seed": split_seed, "sample_order": sample_order,
     })
     from dataclasses import replace
 

@@ -11,11 +11,12 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from qpart.models.data import Split, data_dir, load_split_pixels
-from qpart.models.errors import DatasetError
-from qpart.models.preprocess import FASHION_MNIST_SPEC, PreprocessSpec, normalize_pixels
+from qpart.models.errors import DatasetError, PreprocessError
+from qpart.models.preprocess import FASHION_MNIST_SPEC, PreprocessSpec, normalize_pixels, to_pixels
 from qpart.models.sources.base import (
     Batch,
     DataSource,
@@ -49,20 +50,29 @@ def class_folder_names(count: int, label_names: Sequence[str] | None = None) -> 
 class FashionMnistSource(DataSource):
     """One split of the built-in Fashion-MNIST (:func:`models.data.load_split`), as a source.
 
-    Its batches are ``load_split(split, limit)``'s images and labels, bit for bit.
+    Its batches are ``load_split(split, limit)``'s images and labels, bit for bit. With another
+    ``spec`` (a model's camera-style preprocessing), each 28×28 grayscale image goes through it as
+    a Pillow image, as its PNG export read by :class:`ImageFolderSource` with that spec would.
 
     Args:
         split: which split.
         limit: only the first ``limit`` samples of the split.
         label_names: class names; default the folder names of :func:`class_folder_names`.
+        spec: the preprocessing (default :data:`FASHION_MNIST_SPEC`); it must fix the output shape.
     """
 
     kind = "fashion-mnist"
 
     def __init__(self, split: Split, *, limit: int | None = None,
-                 label_names: Sequence[str] | None = None) -> None:
+                 label_names: Sequence[str] | None = None, spec: PreprocessSpec | None = None) -> None:
         pixels, labels, indices = load_split_pixels(split, limit)
         super().__init__(class_folder_names(FASHION_CLASSES, label_names), labels, None)
+        self._spec = FASHION_MNIST_SPEC if spec is None else spec
+        shape = self._spec.output_shape
+        if shape is None:
+            raise PreprocessError("Fashion-MNIST through a preprocessing needs a fixed output shape; add a "
+                                  "center_crop or an [H, W] resize")
+        self._shape = shape
         self._split_name = split
         self._pixels = pixels
         self._indices = indices
@@ -75,14 +85,18 @@ class FashionMnistSource(DataSource):
 
     @property
     def sample_shape(self) -> tuple[int, int, int]:
-        return 1, int(self._pixels.shape[1]), int(self._pixels.shape[2])
+        return self._shape
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
         check_batch_size(batch_size)
         for start in range(0, len(self), batch_size):
             stop = min(start + batch_size, len(self))
-            images = normalize_pixels(self._pixels[start:stop, None], FASHION_MNIST_SPEC)
-            yield Batch(images, self._labels[start:stop].copy())
+            if self._spec == FASHION_MNIST_SPEC:
+                pixels = self._pixels[start:stop, None]
+            else:
+                pixels = np.stack([to_pixels(Image.fromarray(image), self._spec)
+                                   for image in self._pixels[start:stop]])
+            yield Batch(normalize_pixels(pixels, self._spec), self._labels[start:stop].copy())
 
     def sample_digests(self) -> tuple[str, ...]:
         """sha256 of each sample's float32 little-endian bytes, as :class:`ArraySource` digests them."""
@@ -94,6 +108,7 @@ class FashionMnistSource(DataSource):
         idx = check_selection(indices, len(self))
         out = FashionMnistSource.__new__(FashionMnistSource)
         DataSource.__init__(out, self._class_names, self._labels[idx], split)
+        out._spec, out._shape = self._spec, self._shape
         out._split_name = self._split_name
         out._pixels = self._pixels[idx]
         out._indices = self._indices[idx]
@@ -104,7 +119,7 @@ class FashionMnistSource(DataSource):
         return f"fashion-mnist:{self._split_name}@{data_dir()}"
 
     def _preprocess(self) -> PreprocessSpec:
-        return FASHION_MNIST_SPEC
+        return self._spec
 
 
 def export_image_folder(split: Split, out: Path, *, limit: int | None = None,

@@ -1,4 +1,5 @@
-"""Registering your own model: factory + safetensors + input shape; failures leave no trace."""
+"""Registering your own model: factory + safetensors + input shape, and the card's preprocessing and
+labels checked with one forward pass; failures leave no trace."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from qpart.models.errors import ModelLoadError, PartitionError, UnknownModelError
+from qpart.models.errors import (
+    LabelsError,
+    ModelLoadError,
+    PartitionError,
+    PreprocessError,
+    UnknownModelError,
+)
+from qpart.models.preprocess import FASHION_MNIST_SPEC, PreprocessSpec
 from qpart.models.registry import get_model, list_models, register_model
 
 
@@ -81,3 +89,68 @@ def test_bad_factory_paths_and_unknown_names_are_clear_errors():
         register_model("x", "not a path", Path("w"), (1,), Path("r.json"))
     with pytest.raises(UnknownModelError, match="registered: fmnist-cnn"):
         get_model("nope")
+
+
+FASHION_LABELS = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                  "Ankle boot")
+RGB8 = PreprocessSpec(color="RGB", resize=(8, 8), mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2))
+
+
+@pytest.mark.parametrize("name", ["fmnist-cnn", "fmnist-resnet"])
+def test_the_reference_cards_declare_fashion_mnist_preprocessing_and_labels(name):
+    spec = get_model(name)
+    assert spec.preprocess == FASHION_MNIST_SPEC and spec.labels == FASHION_LABELS
+    assert spec.load()(torch.zeros(1, 1, 28, 28)).shape == (1, len(FASHION_LABELS))
+
+
+def test_preprocessing_and_labels_are_kept_in_the_registry(user_package, tmp_path, monkeypatch):
+    from mynets import tiny
+
+    weights = tmp_path / "tiny.safetensors"
+    save_file(tiny().state_dict(), str(weights))
+    registry = tmp_path / "models.json"
+    monkeypatch.setenv("QPART_MODEL_REGISTRY", str(registry))
+    register_model("my-tiny", "mynets:tiny", weights, (3, 8, 8), registry, preprocess=RGB8,
+                   labels=["a", "b", "c", "d", "e"])
+    spec = get_model("my-tiny")
+    assert spec.preprocess == RGB8 and spec.labels == ("a", "b", "c", "d", "e")
+
+
+@pytest.mark.parametrize(("preprocess", "labels", "error", "message"), [
+    pytest.param(PreprocessSpec(color="L", resize=(8, 8), mean=(0.5,), std=(0.2,)), None, PreprocessError,
+                 r"makes samples of shape \[1, 8, 8\] but 'x' takes \[3, 8, 8\]", id="shape"),
+    pytest.param(None, ["a", "b"], LabelsError, r"logits of shape \[1, 5\] for one sample but 2 labels",
+                 id="labels-count"),
+    pytest.param(None, [], LabelsError, "list of 1", id="no-labels"),
+    pytest.param(None, ["a", " ", "c", "d", "e"], LabelsError, "non-empty name", id="blank-label"),
+])
+def test_a_declaration_that_does_not_fit_is_refused_and_nothing_is_written(user_package, tmp_path, preprocess,
+                                                                           labels, error, message):
+    from mynets import tiny
+
+    weights = tmp_path / "tiny.safetensors"
+    save_file(tiny().state_dict(), str(weights))
+    with pytest.raises(error, match=message):
+        register_model("x", "mynets:tiny", weights, (3, 8, 8), tmp_path / "models.json",
+                       preprocess=preprocess, labels=labels)
+    assert not (tmp_path / "models.json").exists()
+
+
+def test_a_model_that_rejects_the_preprocessed_sample_is_a_preprocess_error(user_package, tmp_path):
+    from mynets import tiny
+
+    weights = tmp_path / "tiny.safetensors"
+    save_file(tiny().state_dict(), str(weights))
+    ten = PreprocessSpec(color="RGB", resize=(10, 10), mean=(0, 0, 0), std=(1, 1, 1))
+    with pytest.raises(PreprocessError, match=r"does not run on a preprocessed sample of shape \[3, 10"):
+        register_model("x", "mynets:tiny", weights, (3, 10, 10), tmp_path / "models.json", preprocess=ten)
+
+
+def test_a_malformed_card_preprocess_is_one_error_line():
+    spec = get_model("fmnist-cnn")
+    broken = type(spec)(spec.name, spec.factory, spec.input_shape, spec.weights,
+                        {"preprocess": {"color": "CMYK", "mean": [0], "std": [1]}, "labels": "shirt"})
+    with pytest.raises(PreprocessError, match="color"):
+        _ = broken.preprocess
+    with pytest.raises(LabelsError, match="labels must be a list"):
+        _ = broken.labels

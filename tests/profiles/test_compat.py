@@ -1,4 +1,5 @@
-"""Files of an older schema still load (ADR 0008, 0011): a schema 2 artifact with ``tightenings``
+"""Files of an older schema still load (ADR 0008, 0011): a schema 3 artifact without data
+records, a schema 2 artifact with ``tightenings``
 and no promise, a schema 1 one with a ``<coding>_ratio`` field per coding, one from before zstd
 uploads (ADR 0007) without ``zstd_ratio``, and device profiles with ``deflate_s``/``zstd_s``; a
 coding no build knows is refused by name."""
@@ -26,11 +27,11 @@ _LADDER = ("rungs", "passed")  # schema 3's per-pattern fields
 
 
 def _schema2(doc: dict) -> dict:
-    """``doc`` (schema 3) as schema 2 wrote it: no promise, ``tightenings`` in place of the ladder."""
+    """``doc`` (schema 3 or 4) as schema 2 wrote it: no promise, ``tightenings`` in place of the ladder."""
     def pattern(p: dict) -> dict:
         return {**{k: v for k, v in p.items() if k not in _LADDER}, "tightenings": 1}
 
-    out = {k: v for k, v in doc.items() if k != "promise"}
+    out = {k: v for k, v in doc.items() if k not in ("promise", "data")}
     for name in ("patterns", "baseline_qpart_paper"):
         out[name] = [pattern(p) for p in doc[name]]
     return {**out, "schema_version": 2}
@@ -64,7 +65,7 @@ def cnn(artifacts_dir, tmp_path):
 @pytest.mark.parametrize("older", [_schema1, _schema2])
 def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, older):
     committed = load_artifact(cnn)
-    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 3
+    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 4
     doc = json.loads(committed.model_dump_json())
     old = older(doc)
     assert "promise" not in old and all("tightenings" in p for p in old["patterns"])
@@ -72,9 +73,18 @@ def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, old
     upgraded = load_artifact(cnn)
     assert upgraded == _without_promise(committed)
     assert upgraded.cuts[-1].coding_ratio == {}  # the last cut uploads nothing: no coding measured
-    save_artifact(upgraded, cnn)  # and it is written back as schema 3
+    save_artifact(upgraded, cnn)  # and it is written back as schema 4
     assert json.loads((cnn / "artifact.json").read_text()) == json.loads(upgraded.model_dump_json())
-    assert json.loads((cnn / "artifact.json").read_text())["schema_version"] == 3
+    assert json.loads((cnn / "artifact.json").read_text())["schema_version"] == 4
+
+
+def test_a_schema_3_artifact_loads_without_data_records(cnn):
+    committed = load_artifact(cnn)
+    doc = {k: v for k, v in json.loads(committed.model_dump_json()).items() if k != "data"}
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 3}))
+    artifact = load_artifact(cnn)
+    assert artifact == committed and artifact.schema_version == 4 and artifact.data is None
+    assert artifact.splits["calibration"]["count"] == 10_000  # the Fashion-MNIST splits it recorded
 
 
 def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
@@ -88,8 +98,8 @@ def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
 
 def test_a_newer_schema_is_refused_naming_the_ones_this_build_reads(cnn):
     doc = json.loads((cnn / "artifact.json").read_text())
-    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 4}))
-    with pytest.raises(SchemaVersionError, match="schema_version 1 to 3"):
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 5}))
+    with pytest.raises(SchemaVersionError, match="schema_version 1 to 4"):
         load_artifact(cnn)
 
 

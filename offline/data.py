@@ -1,0 +1,153 @@
+"""The calibration and test data: named sources opened with the model's card, checked against each
+other and the model, and decoded into the fit, check and test tensors the job holds.
+
+A SOURCE is ``fashion-mnist`` (``fashion-mnist:<split>`` names a split; plain, it is the
+``calibration`` split for calibration and ``test`` for testing), a folder (an ImageFolder,
+preprocessed by the card's spec) or an ``.npz`` / ``.safetensors`` file of preprocessed tensors.
+Fit and check are the first ``fit_samples`` and the next ``check_samples`` of the calibration
+source in *sample order*: ``source`` (the source's own order, Fashion-MNIST's default) or
+``digest`` (sorted by the sha256 of each preprocessed float32 sample, the default for other
+sources), which does not depend on how files are named or classes ordered, so an ImageFolder and
+the IDX file holding the same images give the same fit and check samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from qpart.models.data import Dataset, Split
+from qpart.models.errors import LabelsError, SourceMismatchError
+from qpart.models.registry import ModelSpec
+from qpart.models.sources import (
+    ArraySource,
+    DataSource,
+    FashionMnistSource,
+    ImageFolderSource,
+    check_sources,
+    split_source,
+)
+from qpart.models.sources.base import tensor_digests
+from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.settings import CalibrationSettings, SampleOrder
+
+FASHION = "fashion-mnist"
+ARRAY_SUFFIXES = (".npz", ".safetensors")
+_DECODE_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The calibration source and the test source of one job, checked to be usable together."""
+
+    calibration: DataSource
+    test: DataSource
+    order: SampleOrder
+
+
+def open_source(text: str, spec: ModelSpec, role: Literal["calibration", "test"]) -> DataSource:
+    """The source a ``--data`` / ``--test-data`` value names (module docstring).
+
+    Raises:
+        CalibrationConfigError: not a known name, an existing folder or an array file.
+        ModelsError: the source cannot be read (its own one-line errors).
+    """
+    if text == FASHION or text.startswith(f"{FASHION}:"):
+        name = text.partition(":")[2] or role
+        if name not in {s.value for s in Split}:
+            raise CalibrationConfigError(f"data source {text!r}: the Fashion-MNIST splits are "
+                                         f"{', '.join(s.value for s in Split)}")
+        return FashionMnistSource(Split(name), spec=spec.preprocess)
+    path = Path(text)
+    if path.is_dir():
+        preprocess = spec.preprocess
+        if preprocess is None:
+            raise CalibrationConfigError(
+                f"'{spec.name}' declares no preprocessing, so the images in {path} cannot become its "
+                f"inputs; register it with --preprocess-file or --color/--mean/--std")
+        return ImageFolderSource(path, preprocess)
+    if path.suffix.lower() in ARRAY_SUFFIXES and path.is_file():
+        return ArraySource(path)
+    raise CalibrationConfigError(
+        f"data source {text!r} is neither {FASHION}, an existing folder (an ImageFolder) nor an existing "
+        f"{'/'.join(ARRAY_SUFFIXES)} file")
+
+
+def open_sources(spec: ModelSpec, s: CalibrationSettings) -> Sources:
+    """The job's calibration and test sources, from ``data`` and ``test_data`` or a seeded split.
+
+    Raises:
+        CalibrationConfigError: no test source can be chosen, or both ways were given.
+        SourceMismatchError, SampleOverlapError: the two sources cannot be used together.
+    """
+    calibration = open_source(s.data, spec, "calibration")
+    if s.test_data is not None and s.test_fraction is not None:
+        raise CalibrationConfigError("give a test source (--test-data) or a test fraction, not both")
+    if s.test_fraction is not None:
+        count = round(len(calibration) * s.test_fraction)
+        parts = split_source(calibration, test_count=min(max(count, 1), len(calibration) - 1),
+                             seed=s.split_seed)
+        calibration, test = parts.calibration, parts.test
+    elif s.test_data is not None:
+        test = open_source(s.test_data, spec, "test")
+    elif isinstance(calibration, FashionMnistSource):
+        test = open_source(FASHION, spec, "test")
+    else:
+        raise CalibrationConfigError(f"{s.data} needs a test source: give --test-data SOURCE, or "
+                                     f"--test-fraction F (and --split-seed S) to split it")
+    check_sources(calibration, test)
+    order: SampleOrder = s.sample_order or ("source" if isinstance(calibration, FashionMnistSource)
+                                            else "digest")
+    return Sources(calibration, test, order)
+
+
+def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
+    """Refuse data whose samples the model does not take, or whose classes are not one per logit,
+    and a card whose labels are not one per logit.
+
+    Raises:
+        SourceMismatchError: the samples' shape is not the model's input shape.
+        LabelsError: classes or labels that are not one per logit.
+    """
+    shape = sources.calibration.sample_shape
+    if tuple(shape) != tuple(spec.input_shape):
+        raise SourceMismatchError(
+            f"the data's samples are {list(shape)} but '{spec.name}' takes {list(spec.input_shape)}; "
+            f"declare its preprocessing when registering it, or give data of that shape")
+    classes = len(sources.calibration.class_names)
+    if classes != logits:
+        raise LabelsError(f"the data has {classes} classes but '{spec.name}' gives {logits} logits; give "
+                          f"data with one class per logit")
+    labels = spec.labels
+    if labels is not None and len(labels) != logits:
+        raise LabelsError(f"the card of '{spec.name}' names {len(labels)} labels but the model gives "
+                          f"{logits} logits; register it with one label per logit")
+
+
+def read_samples(source: DataSource, count: int | None, order: SampleOrder,
+                 split: Split) -> Dataset:
+    """The first ``count`` samples (all: None) of ``source`` in ``order``, decoded a batch at a
+    time into one float32 ``[count, C, H, W]`` array (the only copy held)."""
+    total = len(source) if count is None else min(count, len(source))
+    if order == "source":
+        positions = np.arange(total, dtype=np.int64)
+    else:
+        digests = [d for batch in source.batches(_DECODE_BATCH) for d in tensor_digests(batch.images)]
+        positions = np.argsort(np.asarray(digests), kind="stable")[:total].astype(np.int64)
+    ascending = np.sort(positions)
+    images = np.empty((total, *source.sample_shape), dtype=np.float32)
+    labels = np.empty(total, dtype=np.int64)
+    # Decoded in the source's order: the j-th decoded sample is the one at ascending[j], whose row
+    # is where that position stands in ``positions``.
+    slot = np.argsort(positions, kind="stable")
+    done = 0
+    for batch in source.select(ascending).batches(_DECODE_BATCH):
+        rows = slot[done:done + len(batch.labels)]
+        images[rows], labels[rows] = batch.images, batch.labels
+        done += len(batch.labels)
+    digest = hashlib.sha256(positions.astype("<i8").tobytes()).hexdigest()
+    return Dataset(images=images, labels=labels, split=split, indices_sha256=digest)

@@ -1,0 +1,151 @@
+"""``qpart models register`` with preprocessing and labels, and ``qpart calibrate --data``: what a
+user gets when a declaration or the data does not fit: one line, a non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from qpart.models.data import Split
+from qpart.models.sources import export_image_folder
+from tests.qpart.test_cli_errors import one_line_error, qpart
+
+NETS = textwrap.dedent("""
+    from torch import nn
+
+    def rgb():
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+""")
+FLAGS = ("--color", "RGB", "--resize", "8,8", "--mean", "0.5,0.4,0.3", "--std", "0.2,0.2,0.2")
+
+
+@pytest.fixture
+def user(tmp_path) -> Path:
+    (tmp_path / "mynets.py").write_text(NETS)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 6 * 6, 5))
+    save_file(net.state_dict(), str(tmp_path / "w.safetensors"))
+    return tmp_path
+
+
+def register(folder: Path, *args: str):
+    return qpart("models", "register", "--name", "mine", "--factory", "mynets:rgb", "--weights",
+                 str(folder / "w.safetensors"), "--registry", str(folder / "registry.json"), *args,
+                 cwd=folder)
+
+
+def test_register_records_the_preprocessing_and_labels_given_as_flags(user):
+    done = register(user, *FLAGS, "--labels", "a,b,c,d,e")
+    assert done.returncode == 0, done.stderr
+    assert "registered mine" in done.stdout and "input [3, 8, 8] from RGB images, 5 labels" in done.stdout
+    (entry,) = json.loads((user / "registry.json").read_text())["models"]
+    assert entry["input_shape"] == [3, 8, 8]  # from the preprocessing's output
+    assert entry["card"]["labels"] == ["a", "b", "c", "d", "e"]
+    assert entry["card"]["preprocess"]["mean"] == [0.5, 0.4, 0.3]
+    assert entry["card"]["preprocess"]["resize"] == [8, 8]
+
+
+def test_register_reads_a_card_file(user):
+    card = {"preprocess": {"color": "RGB", "resize": 12, "center_crop": [8, 8], "mean": [0, 0, 0],
+                           "std": [1, 1, 1]}, "labels": ["v", "w", "x", "y", "z"]}
+    (user / "card.json").write_text(json.dumps(card))
+    done = register(user, "--preprocess-file", str(user / "card.json"), "--input-shape", "3,8,8")
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads((user / "registry.json").read_text())["models"]
+    assert entry["card"]["preprocess"]["center_crop"] == [8, 8] and entry["card"]["labels"][0] == "v"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    pytest.param(("--color", "RGB", "--resize", "8,8", "--mean", "0.5", "--std", "0.2,0.2,0.2"),
+                 "mean has 1 values but color mode RGB has 3 channels", id="mean-length"),
+    pytest.param(("--color", "L", "--resize", "8,8", "--mean", "0.5", "--std", "0.2",
+                  "--input-shape", "3,8,8"),
+                 "makes samples of shape [1, 8, 8] but 'mine' takes [3, 8, 8]", id="shape-not-the-input"),
+    pytest.param(("--color", "L", "--resize", "8,8", "--mean", "0.5", "--std", "0.2"),
+                 "'mine' does not run on a preprocessed sample of shape [1, 8, 8]", id="model-rejects-gray"),
+    pytest.param(("--color", "RGB", "--resize", "10,10", "--mean", "0,0,0", "--std", "1,1,1"),
+                 "'mine' does not run on a preprocessed sample of shape [3, 10, 10]",
+                 id="model-rejects-shape"),
+    pytest.param((*FLAGS, "--labels", "a,b,c"), "gives logits of shape [1, 5] for one sample but 3 labels",
+                 id="labels-not-one-per-logit"),
+    pytest.param((*FLAGS, "--labels", "a,a,b,c,d"), "appear more than once", id="repeated-label"),
+    pytest.param(("--color", "RGB", "--mean", "0,0,0"), "need --std too", id="missing-std"),
+    pytest.param(("--preprocess-file", "card.json", "--color", "RGB"), "not both", id="file-and-flags"),
+])
+def test_a_declaration_that_does_not_fit_is_one_line_exit_2_and_writes_nothing(user, args, expected):
+    (user / "card.json").write_text(json.dumps({"preprocess": {"color": "RGB"}}))
+    line = one_line_error(register(user, *args), 2)
+    assert expected in line
+    assert not (user / "registry.json").exists()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> Path:
+    """ImageFolder exports of 200 calibration and 200 test images, plus refused variants."""
+    root = tmp_path_factory.mktemp("data")
+    export_image_folder(Split.CALIBRATION, root / "cal", limit=200)
+    export_image_folder(Split.TEST, root / "test", limit=200)
+    shutil.copytree(root / "test", root / "test-without-9")
+    shutil.rmtree(root / "test-without-9" / "9")
+    for name in ("cal", "test"):
+        shutil.copytree(root / name, root / f"{name}-5",
+                        ignore=lambda d, names: [n for n in names if n in "56789"])
+    return root
+
+
+def calibrate(root: Path, out: Path, *args: str):
+    return qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), *args, cwd=root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("data", "test", "status", "expected"), [
+    pytest.param("cal", "cal", 1, "200 test samples are also in the calibration source", id="overlap"),
+    pytest.param("cal", "test-without-9", 1, "different classes (only in calibration: '9'", id="class-sets"),
+    pytest.param("cal-5", "test-5", 1, "the data has 5 classes but 'fmnist-cnn' gives 10 logits",
+                 id="class-count"),
+    pytest.param("cal", None, 2, "needs a test source", id="no-test-source"),
+])
+def test_calibrate_refuses_data_in_one_line_and_leaves_out_untouched(folders, tmp_path, data, test, status,
+                                                                     expected):
+    out = tmp_path / "out"
+    args = ["--data", str(folders / data)] + ([] if test is None else ["--test-data", str(folders / test)])
+    line = one_line_error(calibrate(folders, out, *args), status)
+    assert expected in line
+    assert not out.exists()
+    out.mkdir()
+    (out / "artifact.json").write_text("kept")
+    one_line_error(calibrate(folders, out, *args), status)
+    assert [p.name for p in out.iterdir()] == ["artifact.json"]
+    assert (out / "artifact.json").read_text() == "kept"
+
+
+@pytest.mark.slow
+def test_calibrate_names_an_unknown_source(folders, tmp_path):
+    line = one_line_error(calibrate(folders, tmp_path / "out", "--data", "imagenet"), 2)
+    assert "'imagenet' is neither fashion-mnist" in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
+    out = tmp_path / "out"
+    done = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), "--data", str(folders / "cal"),
+                 "--test-data", str(folders / "test"), "--levels", "0.05", "--fit-samples", "100",
+                 "--check-samples", "100", "--noise-samples", "50", "--mapping-points", "4", "--threads", "1",
+                 "--workers", "1", "--no-baseline", cwd=folders,
+                 env={"QPART_CALIB_CUTS": "[0, 8]", "QPART_CALIB_MEASURE_BOTH": "false",
+                      "QPART_CALIB_BATCH_SIZE": "100"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads((out / "artifact.json").read_text())
+    assert doc["schema_version"] == 4 and doc["settings"]["data"] == str(folders / "cal")
+    data = doc["data"]
+    assert (data["calibration"]["kind"], data["calibration"]["count"], data["test"]["count"]) == (
+        "image-folder", 200, 200)
+    assert data["sample_order"] == "digest" and data["calibration"]["preprocess"]["resize"] == [28, 28]
+    assert len(data["calibration"]["content_sha256"]) == 64 and data["test"]["split"] is None

@@ -10,13 +10,18 @@ version; ``metadata_props`` carry ``model``, ``version``, ``cut`` and ``pattern_
 The check, in order: the sha256 against the content id; the byte cap; then a bounded walk of the
 protobuf (:mod:`kernels.protobuf`) that refuses external data, operator domains other than
 ONNX's own, operators outside :data:`ALLOWED_OPS`, attributes that carry tensors or graphs, local
-functions, training info, and more nodes or initializers than the caps.
+functions, training info, and more nodes or initializers than the caps. The walk reads every
+message of the model down to the tensor shapes, each against an allow-list of its field numbers
+with their wire types, and refuses an unknown field, a wrong wire type or a singular field given
+twice: protobuf would skip, keep as unknown or overwrite such a record, so the check would read
+another model than ONNX Runtime does.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from qpart.kernels.errors import (
@@ -26,7 +31,7 @@ from qpart.kernels.errors import (
     UnsafeSegmentError,
     WireFormatError,
 )
-from qpart.kernels.protobuf import VARINT, fields, message, text
+from qpart.kernels.protobuf import FIXED32, FIXED64, LENGTH, VARINT, check_packed, fields, message, text
 
 
 class HeadRuntime(StrEnum):
@@ -74,15 +79,46 @@ files, draws random numbers, or runs a subgraph."""
 
 _DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 
-# Field numbers of onnx.proto (ONNX 1.17) that the check reads or refuses.
-_MODEL_PRODUCER, _MODEL_PRODUCER_VERSION = 2, 3
-_MODEL_OPSET, _MODEL_GRAPH, _MODEL_METADATA = 8, 7, 14
+# The fields of onnx.proto (ONNX 1.17) a segment may hold, per message: ``number: (name, wire type,
+# repeated)``. A repeated scalar may also come packed (wire type LENGTH). Anything else is refused:
+# a field the check does not know is one it cannot vouch for, a wire type protobuf would not read
+# as the declared field makes the check read another value than ONNX Runtime does, and a singular
+# field twice would be "the last one wins" in protobuf.
+_Schema = dict[int, tuple[str, int, bool]]
+_MODEL: _Schema = {1: ("ir_version", VARINT, False), 2: ("producer_name", LENGTH, False),
+                   3: ("producer_version", LENGTH, False), 4: ("domain", LENGTH, False),
+                   5: ("model_version", VARINT, False), 6: ("doc_string", LENGTH, False),
+                   7: ("graph", LENGTH, False), 8: ("opset_import", LENGTH, True),
+                   14: ("metadata_props", LENGTH, True)}
 _MODEL_REFUSED = {20: "training information", 25: "local functions (a custom operator domain)"}
-_GRAPH_NODE, _GRAPH_INIT, _GRAPH_INPUT, _GRAPH_OUTPUT, _GRAPH_SPARSE = 1, 5, 11, 12, 15
-_NODE_OP, _NODE_DOMAIN, _NODE_ATTR = 4, 7, 5
-_ATTR_CARRIES = {5: "a tensor", 6: "a graph", 10: "tensors", 11: "graphs", 22: "a sparse tensor",
-                 23: "sparse tensors"}
-_TENSOR_NAME, _TENSOR_EXTERNAL, _TENSOR_LOCATION = 8, 13, 14
+_OPSET: _Schema = {1: ("domain", LENGTH, False), 2: ("version", VARINT, False)}
+_ENTRY: _Schema = {1: ("key", LENGTH, False), 2: ("value", LENGTH, False)}
+_GRAPH: _Schema = {1: ("node", LENGTH, True), 2: ("name", LENGTH, False), 5: ("initializer", LENGTH, True),
+                   10: ("doc_string", LENGTH, False), 11: ("input", LENGTH, True),
+                   12: ("output", LENGTH, True), 13: ("value_info", LENGTH, True)}
+_GRAPH_REFUSED = {15: "sparse initializers"}
+_NODE: _Schema = {1: ("input", LENGTH, True), 2: ("output", LENGTH, True), 3: ("name", LENGTH, False),
+                  4: ("op_type", LENGTH, False), 5: ("attribute", LENGTH, True),
+                  6: ("doc_string", LENGTH, False), 7: ("domain", LENGTH, False)}
+_ATTR: _Schema = {1: ("name", LENGTH, False), 2: ("f", FIXED32, False), 3: ("i", VARINT, False),
+                  4: ("s", LENGTH, False), 7: ("floats", FIXED32, True), 8: ("ints", VARINT, True),
+                  9: ("strings", LENGTH, True), 13: ("doc_string", LENGTH, False),
+                  20: ("type", VARINT, False)}
+_ATTR_CARRIES = {5: "a tensor", 6: "a graph", 10: "tensors", 11: "graphs", 14: "a type", 15: "types",
+                 22: "a sparse tensor", 23: "sparse tensors"}
+_TENSOR: _Schema = {1: ("dims", VARINT, True), 2: ("data_type", VARINT, False),
+                    4: ("float_data", FIXED32, True), 5: ("int32_data", VARINT, True),
+                    7: ("int64_data", VARINT, True), 8: ("name", LENGTH, False),
+                    9: ("raw_data", LENGTH, False), 10: ("double_data", FIXED64, True),
+                    11: ("uint64_data", VARINT, True), 12: ("doc_string", LENGTH, False),
+                    13: ("external_data", LENGTH, True), 14: ("data_location", VARINT, False)}
+_VALUE_INFO: _Schema = {1: ("name", LENGTH, False), 2: ("type", LENGTH, False),
+                        3: ("doc_string", LENGTH, False)}
+_TYPE: _Schema = {1: ("tensor_type", LENGTH, False), 6: ("denotation", LENGTH, False)}
+_TENSOR_TYPE: _Schema = {1: ("elem_type", VARINT, False), 2: ("shape", LENGTH, False)}
+_SHAPE: _Schema = {1: ("dim", LENGTH, True)}
+_DIM: _Schema = {1: ("dim_value", VARINT, False), 2: ("dim_param", LENGTH, False),
+                 3: ("denotation", LENGTH, False)}
 
 
 @dataclass(frozen=True)
@@ -104,6 +140,10 @@ class OnnxSegmentInfo:
     initializers: int
     inputs: tuple[str, ...] = field(default=())
     outputs: tuple[str, ...] = field(default=())
+    node_ops: tuple[tuple[str, str], ...] = field(default=())
+    """``(op_type, domain)`` of each node, in order."""
+    opset_domains: tuple[str, ...] = field(default=())
+    """The domain of each ``opset_import``, in order."""
 
 
 def check_onnx_segment(data: bytes, segment_id: str, *, size_bytes: int | None = None,
@@ -138,30 +178,56 @@ def check_onnx_segment(data: bytes, segment_id: str, *, size_bytes: int | None =
         raise WireFormatError(f"ONNX segment does not parse: {exc}") from exc
 
 
+def _records(msg: memoryview, schema: _Schema, what: str,
+             refused: dict[int, str] | None = None) -> Iterator[tuple[int, int, int | memoryview]]:
+    """The records of one message, each checked against ``schema`` (see above)."""
+    seen: set[int] = set()
+    for number, wire, value in fields(msg):
+        if refused and number in refused:
+            raise UnsafeSegmentError(f"ONNX segment carries {refused[number]} ({what} field {number})")
+        spec = schema.get(number)
+        if spec is None:
+            raise UnsafeSegmentError(f"ONNX segment has field {number} of {what}, which the check does "
+                                     "not allow")
+        name, expected, repeated = spec
+        if wire != expected:
+            if not (repeated and expected != LENGTH and wire == LENGTH):
+                raise WireFormatError(f"{what}.{name} has wire type {wire}, not {expected}")
+            check_packed(message(wire, value, f"{what}.{name}"), expected, f"{what}.{name}")
+        if not repeated:
+            if number in seen:
+                raise WireFormatError(f"{what}.{name} appears more than once")
+            seen.add(number)
+        yield number, wire, value
+
+
 def _walk_model(data: memoryview, limits: OnnxSegmentLimits) -> OnnxSegmentInfo:
     graph: memoryview | None = None
     metadata: dict[str, str] = {}
-    producer = {_MODEL_PRODUCER: "", _MODEL_PRODUCER_VERSION: ""}
-    for number, _, value in fields(data):
+    domains: list[str] = []
+    producer = {2: "", 3: ""}
+    for number, wire, value in _records(data, _MODEL, "ModelProto", _MODEL_REFUSED):
         if number in producer:
-            producer[number] = text(value, "producer")
-        elif number == _MODEL_OPSET:
-            domain = _string_field(message(value, "opset_import"), 1)
+            producer[number] = text(wire, value, "producer")
+        elif number == 8:
+            opset = _strings(message(wire, value, "opset_import"), _OPSET, "OperatorSetIdProto")
+            domain = opset.get(1, "")
             if domain not in _DEFAULT_DOMAINS:
                 raise UnsafeSegmentError(f"ONNX segment imports the custom operator domain {_shown(domain)}")
-        elif number == _MODEL_GRAPH:
-            if graph is not None:  # protobuf would merge two: refuse rather than guess
-                raise WireFormatError("the model holds more than one graph")
-            graph = message(value, "graph")
-        elif number == _MODEL_METADATA:
-            entry = message(value, "metadata_props")
-            metadata[_string_field(entry, 1)] = _string_field(entry, 2)
-        elif number in _MODEL_REFUSED:
-            raise UnsafeSegmentError(f"ONNX segment carries {_MODEL_REFUSED[number]}")
+            domains.append(domain)
+        elif number == 7:
+            graph = message(wire, value, "graph")
+        elif number == 14:
+            entry = _strings(message(wire, value, "metadata_props"), _ENTRY, "StringStringEntryProto")
+            key = entry.get(1, "")
+            if key in metadata:
+                raise WireFormatError(f"metadata key {_shown(key)} appears more than once")
+            metadata[key] = entry.get(2, "")
     if graph is None:
         raise WireFormatError("the model has no graph")
-    _check_producer(producer[_MODEL_PRODUCER], producer[_MODEL_PRODUCER_VERSION])
-    return _walk_graph(graph, metadata, limits)
+    _check_producer(producer[2], producer[3])
+    info = _walk_graph(graph, metadata, limits)
+    return replace(info, opset_domains=tuple(domains))
 
 
 def _check_producer(name: str, version: str) -> None:
@@ -173,67 +239,88 @@ def _check_producer(name: str, version: str) -> None:
 
 
 def _walk_graph(graph: memoryview, metadata: dict[str, str], limits: OnnxSegmentLimits) -> OnnxSegmentInfo:
-    ops: set[str] = set()
-    nodes = initializers = 0
+    node_ops: list[tuple[str, str]] = []
+    initializers = 0
     inputs: list[str] = []
     outputs: list[str] = []
-    for number, _, value in fields(graph):
-        if number == _GRAPH_NODE:
-            nodes += 1
-            if nodes > limits.max_nodes:
+    for number, wire, value in _records(graph, _GRAPH, "GraphProto", _GRAPH_REFUSED):
+        if number == 1:
+            if len(node_ops) >= limits.max_nodes:
                 raise OversizeError(f"ONNX segment has more than {limits.max_nodes} nodes (the cap)")
-            ops.add(_check_node(message(value, "node")))
-        elif number == _GRAPH_INIT:
+            node_ops.append(_check_node(message(wire, value, "node")))
+        elif number == 5:
             initializers += 1
             if initializers > limits.max_initializers:
                 raise OversizeError(f"ONNX segment has more than {limits.max_initializers} initializers "
                                     "(the cap)")
-            _check_tensor(message(value, "initializer"))
-        elif number == _GRAPH_SPARSE:
-            raise UnsafeSegmentError("ONNX segment has sparse initializers (not allowed)")
-        elif number in (_GRAPH_INPUT, _GRAPH_OUTPUT):
-            (inputs if number == _GRAPH_INPUT else outputs).append(_string_field(message(value, "value"), 1))
-    return OnnxSegmentInfo(metadata, frozenset(ops), nodes, initializers, tuple(inputs), tuple(outputs))
+            _check_tensor(message(wire, value, "initializer"))
+        elif number in (11, 12, 13):
+            name = _check_value_info(message(wire, value, "value_info"))
+            if number != 13:
+                (inputs if number == 11 else outputs).append(name)
+    ops = frozenset(op for op, _ in node_ops)
+    return OnnxSegmentInfo(metadata, ops, len(node_ops), initializers, tuple(inputs), tuple(outputs),
+                           tuple(node_ops))
 
 
-def _check_node(node: memoryview) -> str:
+def _check_node(node: memoryview) -> tuple[str, str]:
     op, domain = "", ""
-    for number, _, value in fields(node):
-        if number == _NODE_OP:
-            op = text(value, "op_type")
-        elif number == _NODE_DOMAIN:
-            domain = text(value, "domain")
-        elif number == _NODE_ATTR:
-            for attr_number, _, _ in fields(message(value, "attribute")):
-                if attr_number in _ATTR_CARRIES:
-                    raise UnsafeSegmentError(f"an attribute carries {_ATTR_CARRIES[attr_number]} "
-                                             "(subgraphs and attribute tensors are not allowed)")
+    for number, wire, value in _records(node, _NODE, "NodeProto"):
+        if number == 4:
+            op = text(wire, value, "op_type")
+        elif number == 7:
+            domain = text(wire, value, "domain")
+        elif number == 5:
+            for _ in _records(message(wire, value, "attribute"), _ATTR, "AttributeProto", {
+                    n: f"an attribute that carries {what} (subgraphs and attribute tensors are not allowed)"
+                    for n, what in _ATTR_CARRIES.items()}):
+                pass
     if domain not in _DEFAULT_DOMAINS:
         raise UnsafeSegmentError(
             f"ONNX segment uses operator {_shown(op)} of the custom domain {_shown(domain)}")
     if op not in ALLOWED_OPS:
         raise UnsafeSegmentError(f"ONNX segment uses operator {_shown(op)}, which is not in the allow-list")
-    return op
+    return op, domain
 
 
 def _check_tensor(tensor: memoryview) -> None:
     name, external = "", False
-    for number, wire, value in fields(tensor):
-        if number == _TENSOR_NAME:
-            name = text(value, "initializer name")
-        elif number == _TENSOR_EXTERNAL or (number == _TENSOR_LOCATION and wire == VARINT and value == 1):
+    for number, wire, value in _records(tensor, _TENSOR, "TensorProto"):
+        if number == 8:
+            name = text(wire, value, "initializer name")
+        elif number == 13 or (number == 14 and value != 0):  # any location but DEFAULT
             external = True
     if external:
         raise UnsafeSegmentError(
             f"ONNX segment initializer {_shown(name)} refers to external data (a file path)")
 
 
-def _string_field(msg: memoryview, number: int) -> str:
-    """The last value of a string field (protobuf's rule for repeated singular fields)."""
-    found = ""
-    for n, _, value in fields(msg):
-        if n == number:
-            found = text(value, f"field {number}")
+def _check_value_info(value_info: memoryview) -> str:
+    name = ""
+    for number, wire, value in _records(value_info, _VALUE_INFO, "ValueInfoProto"):
+        if number == 1:
+            name = text(wire, value, "value name")
+        elif number == 2:
+            for t_number, t_wire, t_value in _records(message(wire, value, "type"), _TYPE, "TypeProto"):
+                if t_number == 1:
+                    _check_tensor_type(message(t_wire, t_value, "tensor_type"))
+    return name
+
+
+def _check_tensor_type(tensor_type: memoryview) -> None:
+    for number, wire, value in _records(tensor_type, _TENSOR_TYPE, "TypeProto.Tensor"):
+        if number == 2:
+            for _, d_wire, d_value in _records(message(wire, value, "shape"), _SHAPE, "TensorShapeProto"):
+                for _ in _records(message(d_wire, d_value, "dim"), _DIM, "TensorShapeProto.Dimension"):
+                    pass
+
+
+def _strings(msg: memoryview, schema: _Schema, what: str) -> dict[int, str]:
+    """The string fields of a message of strings and ints (each at most once), by number."""
+    found: dict[int, str] = {}
+    for number, wire, value in _records(msg, schema, what):
+        if wire == LENGTH:
+            found[number] = text(wire, value, f"{what} field {number}")
     return found
 
 

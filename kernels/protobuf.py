@@ -3,8 +3,11 @@
 Protobuf encodes a message as a sequence of ``(tag, value)`` records, ``tag = field << 3 | wire``
 (a varint), the value a varint (wire 0), 8 bytes (wire 1), a varint length and that many bytes
 (wire 2: strings, bytes, nested messages, packed arrays) or 4 bytes (wire 5). Groups (wire 3, 4)
-are deprecated and refused. Every length is checked against the bytes that remain, varints are at
-most 10 bytes, and the reader never copies: values are ``memoryview`` slices of the input.
+are deprecated and refused. Every length is checked against the bytes that remain; a tag is at most
+5 bytes and below 2**32 (protobuf parsers truncate a wider one to 32 bits: the check would read
+another field than ONNX Runtime does), its field number in 1..2**29-1; other varints are at most 10
+bytes and below 2**64. :func:`text` and :func:`message` take only wire type LENGTH. The reader
+never copies: values are ``memoryview`` slices of the input.
 """
 
 from __future__ import annotations
@@ -17,17 +20,33 @@ VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 _FIXED = {FIXED64: 8, FIXED32: 4}
 
 
-def read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it."""
+MAX_FIELD_NUMBER = (1 << 29) - 1
+
+
+def read_varint(data: memoryview, pos: int, *, max_bytes: int = 10, bits: int = 64) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it: at most ``max_bytes`` bytes and below
+    ``2**bits`` (protobuf parsers truncate wider values, so the check would read another number)."""
     value = 0
-    for i in range(10):
+    for i in range(max_bytes):
         if pos + i >= len(data):
             raise TruncatedError("protobuf ends inside a varint")
         byte = data[pos + i]
         value |= (byte & 0x7F) << (7 * i)
         if not byte & 0x80:
+            if value >> bits:
+                raise WireFormatError(f"protobuf varint does not fit in {bits} bits")
             return value, pos + i + 1
-    raise WireFormatError("protobuf varint longer than 10 bytes")
+    raise WireFormatError(f"protobuf varint longer than {max_bytes} bytes")
+
+
+def read_tag(data: memoryview, pos: int) -> tuple[int, int, int]:
+    """``(field number, wire type, position after)`` of the tag at ``pos``: at most 5 bytes, below
+    ``2**32``, a field number in 1..2**29-1."""
+    tag, pos = read_varint(data, pos, max_bytes=5, bits=32)
+    number, wire = tag >> 3, tag & 7
+    if not 1 <= number <= MAX_FIELD_NUMBER:
+        raise WireFormatError(f"protobuf field number {number}")
+    return number, wire, pos
 
 
 def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
@@ -35,10 +54,7 @@ def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
     an int for varints and a view of the bytes otherwise."""
     pos = 0
     while pos < len(data):
-        tag, pos = read_varint(data, pos)
-        number, wire = tag >> 3, tag & 7
-        if number == 0:
-            raise WireFormatError("protobuf field number 0")
+        number, wire, pos = read_tag(data, pos)
         if wire == VARINT:
             value, pos = read_varint(data, pos)
             yield number, wire, value
@@ -58,18 +74,31 @@ def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
             raise WireFormatError(f"protobuf wire type {wire} (field {number}) is not supported")
 
 
-def text(value: int | memoryview, what: str) -> str:
-    """A length-delimited field as UTF-8 text."""
-    if isinstance(value, int):
-        raise WireFormatError(f"{what} is a number where text was expected")
+def check_packed(value: memoryview, wire: int, what: str) -> None:
+    """Refuse a packed repeated field (``value``, wire type LENGTH) whose elements of wire type
+    ``wire`` do not fill it exactly."""
+    if wire in _FIXED:
+        if len(value) % _FIXED[wire]:
+            raise WireFormatError(f"{what} is a packed array of {len(value)} bytes, not a multiple of "
+                                  f"{_FIXED[wire]}")
+        return
+    pos = 0
+    while pos < len(value):
+        _, pos = read_varint(value, pos)
+
+
+def text(wire: int, value: int | memoryview, what: str) -> str:
+    """A length-delimited field (wire type LENGTH only) as UTF-8 text."""
+    if wire != LENGTH or isinstance(value, int):
+        raise WireFormatError(f"{what} has wire type {wire} where text was expected")
     try:
         return bytes(value).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WireFormatError(f"{what} is not UTF-8") from exc
 
 
-def message(value: int | memoryview, what: str) -> memoryview:
-    """A length-delimited field as a nested message's bytes."""
-    if isinstance(value, int):
-        raise WireFormatError(f"{what} is a number where a message was expected")
+def message(wire: int, value: int | memoryview, what: str) -> memoryview:
+    """A length-delimited field (wire type LENGTH only) as a nested message's bytes."""
+    if wire != LENGTH or isinstance(value, int):
+        raise WireFormatError(f"{what} has wire type {wire} where a message was expected")
     return value

@@ -1,15 +1,18 @@
 """The device's ONNX segment checker on mutated segments: it returns or refuses with a kernels
-error, never anything else (it reads bytes from the network before ONNX Runtime does)."""
+error, never anything else (it reads bytes from the network before ONNX Runtime does); and what it
+passes, protobuf reads as the same model (the same operators and domains, no functions, no external
+data): no parser differential."""
 
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qpart.kernels.errors import KernelError
+from qpart.kernels.errors import KernelError, WireFormatError
 from qpart.kernels.onnx_segment import (
     INPUT_NAME,
     ONNX_OPSET,
@@ -82,3 +85,72 @@ def test_mutated_segments_pass_or_are_refused_with_a_kernels_error(seed):
         else:
             outcomes["passed"] += 1
     assert outcomes["refused"] > CASES // 2  # the mutations do reach the checks
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if not n:
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+# Records a differential would hide behind: a tag over 32 bits, a fixed32 op_type, a second op_type
+# or domain, a custom domain, an external-data location, a local function.
+_SPOOFS = [_varint(1 << 32 | 4 << 3 | 2) + b"\x03Sin", _varint(4 << 3 | 5) + b"Relu",
+           b"\x22\x04Relu", b"\x3a\x0dcom.microsoft", b"\x3a\x00\x3a\x00", _varint(14 << 3) + b"\x01",
+           b"\x6a\x00", b"\xca\x01\x00", _varint(1 << 35 | 7 << 3 | 2) + b"\x00"]
+
+
+def _mutate_records(data: bytes, rng: np.random.Generator) -> bytes:
+    """The structural mutations of :func:`_mutate` plus spoofed records spliced in anywhere."""
+    buf = bytearray(_mutate(data, rng) if rng.integers(0, 2) else data)
+    for _ in range(int(rng.integers(1, 3))):
+        at = int(rng.integers(0, len(buf) + 1))
+        buf[at:at] = _SPOOFS[int(rng.integers(0, len(_SPOOFS)))]
+    return bytes(buf)
+
+
+def _protobuf_view(data: bytes) -> tuple[list[tuple[str, str]], list[str], int, list[str]]:
+    model = onnx.load_from_string(data)
+    locations = [e.value for t in model.graph.initializer for e in t.external_data]
+    locations += [t.name for t in model.graph.initializer if t.data_location != TensorProto.DEFAULT]
+    return ([(n.op_type, n.domain) for n in model.graph.node], [o.domain for o in model.opset_import],
+            len(model.functions), locations)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_what_the_check_passes_protobuf_reads_as_the_same_model(seed):
+    rng = np.random.default_rng(100 + seed)
+    original = _segment()
+    passed = 0
+    for case in range(CASES):
+        data = _mutate(original, rng) if case % 2 else _mutate_records(original, rng)
+        try:
+            info = check_onnx_segment(data, hashlib.sha256(data).hexdigest())
+        except KernelError:
+            continue
+        passed += 1
+        node_ops, domains, functions, locations = _protobuf_view(data)
+        assert node_ops == list(info.node_ops) and domains == list(info.opset_domains), data.hex()
+        assert functions == 0 and locations == [], data.hex()
+        assert all(op in info.ops for op, _ in node_ops)
+    assert passed  # some mutations land in places the check allows (names, raw data)
+
+
+@pytest.mark.parametrize("spoof", _SPOOFS)
+def test_a_spoofed_record_in_a_node_is_refused(spoof):
+    original = _segment()
+    model = onnx.load_from_string(original)
+    node = model.graph.node[1].SerializeToString()  # Relu
+    record = b"\x0a" + _varint(len(node)) + node
+    graph = model.graph.SerializeToString()
+    new_node = node + spoof
+    new_graph = graph.replace(record, b"\x0a" + _varint(len(new_node)) + new_node)
+    g_record = b"\x3a" + _varint(len(graph)) + graph
+    data = original.replace(g_record, b"\x3a" + _varint(len(new_graph)) + new_graph)
+    assert data != original
+    with pytest.raises(WireFormatError):
+        check_onnx_segment(data, hashlib.sha256(data).hexdigest())

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,3 +66,28 @@ def write_json(path: Path, doc: dict[str, Any], indent: int = 1) -> None:
     """Write a benchmark's JSON document (creating its folder), with its :func:`provenance`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**doc, "provenance": provenance()}, indent=indent) + "\n")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(port: int, artifacts: Path = REPO / "artifacts",
+                 ready_s: float = 180) -> subprocess.Popen[bytes]:
+    """``qpart serve`` of ``artifacts`` on 127.0.0.1:``port``, once ``/v2/health/ready`` answers 200
+    (killed, and RuntimeError, if it does not within ``ready_s``)."""
+    env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + ready_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("qpart serve did not become ready")

@@ -13,12 +13,8 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +22,12 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from bench import REPO, provenance
+from bench import REPO, free_port, provenance, start_server
 from qpart.client.inputs import read_idx_images
 
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 PER_IMAGE = ("preprocess", "head", "encode", "upload", "server")
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "qpart", "serve", "--artifacts", str(REPO / "artifacts")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("qpart serve did not become ready")
 
 
 def profile_for_cut(model: str, version: str, cut: int, cuts: int) -> dict[str, Any]:
@@ -125,10 +101,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "browser_device.json")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    port = _port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         files = _pngs(args.images, Path(tmp))
-        server = _serve(port)
+        server = start_server(port)
         try:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=[

@@ -10,17 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench import REPO, provenance
+from bench import REPO, free_port, provenance, start_server
 
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 LABELS = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
@@ -29,26 +25,6 @@ NOTORCH = REPO / "tests" / "client" / "notorch"
 FAST = {"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11, "power_compute_w": 2.0,
         "power_tx_w": 1.0, "rtt_s": 0.02}
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "qpart", "serve", "--artifacts", str(REPO / "artifacts")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("qpart serve did not become ready")
 
 
 def _infer(url: str, model: str, runtime: str, limit: int, demand: float, device: str, rate_mbps: float,
@@ -82,8 +58,8 @@ def main() -> None:
                         "device) or a shipped profile's name")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "onnx_accuracy.json")
     args = parser.parse_args()
-    port = _port()
-    server = _serve(port)
+    port = free_port()
+    server = start_server(port)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,7 @@
 """ONNX heads against torch heads, one thread: per cut of each model (its 1% pattern), the head's
-latency at batch 1 in ONNX Runtime and in PyTorch, the session creation time of the ONNX segment
-(in-graph dequantization folded in), and its bytes against the safetensors segment's.
+latency at batch 1 in ONNX Runtime and in PyTorch (timed in interleaved rounds), the session
+creation time of the ONNX segment (in-graph dequantization folded in), and its bytes against the
+safetensors segment's.
 
     python -m bench.onnx_head --repeats 200 --out bench/results/onnx_head.json
 """
@@ -22,19 +23,9 @@ from bench import REPO, provenance
 from qpart.client.plans import HeadSpec
 from qpart.client.runtime import load_head
 from qpart.models.data import Split, load_split
+from qpart.models.timing import interleaved_medians
 from qpart.server.catalog import Catalog, LoadedModel
 from qpart.server.segments import build_onnx_segment, build_segment
-
-
-def _median_s(run: Any, repeats: int) -> float:
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _torch_runner(head: torch.nn.Module, x: torch.Tensor) -> Any:
@@ -69,14 +60,18 @@ def measure_model(model: LoadedModel, x: np.ndarray, repeats: int, level: float)
         spec = HeadSpec(model=model.name, version=model.version, cut=p.cut, cut_node=model.cuts[p.cut].node,
                         cuts=len(model.cuts))
         run_torch = _torch_runner(load_head(spec, st), torch.from_numpy(x))
+        # Side by side: rounds that run both heads in a random order, so both see the same moments.
+        def run_onnx(s: ort.InferenceSession = session) -> None:
+            s.run(None, {"input": x})
+
+        onnx_s, torch_s = interleaved_medians([run_onnx, run_torch], warmup=3, repeats=repeats)
 
         rows.append({
             "model": model.name, "cut": p.cut, "pattern_id": p.pattern_id, "weight_bits": p.weight_bits,
             "safetensors_bytes": len(st), "onnx_bytes": len(onnx_bytes),
             "bytes_ratio": round(len(onnx_bytes) / len(st), 4),
             "session_create_s": statistics.median(created),
-            "onnx_head_s": _median_s(lambda s=session: s.run(None, {"input": x}), repeats),
-            "torch_head_s": _median_s(run_torch, repeats),
+            "onnx_head_s": onnx_s, "torch_head_s": torch_s,
         })
     return rows
 

@@ -26,6 +26,7 @@ from qpart.kernels.onnx_segment import (
     OnnxSegmentLimits,
     check_onnx_segment,
 )
+from tests.kernels.protobuf_records import record, varint
 
 
 def _model(nodes=None, initializers=None, opsets=(("", ONNX_OPSET),),
@@ -150,18 +151,6 @@ def test_every_refusal_is_one_line():
 
 # Parser differentials (issue 25): records the check would read otherwise than protobuf does.
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        if not n:
-            out.append(byte)
-            return bytes(out)
-        out.append(byte | 0x80)
-
-
-def _record(number: int, payload: bytes, tag: int | None = None) -> bytes:
-    return _varint(number << 3 | 2 if tag is None else tag) + _varint(len(payload)) + payload
 
 
 def _with_node_suffix(model: onnx.ModelProto, suffix: bytes, *, parses: bool = True) -> tuple[bytes, str]:
@@ -170,8 +159,8 @@ def _with_node_suffix(model: onnx.ModelProto, suffix: bytes, *, parses: bool = T
     node = model.graph.node[0].SerializeToString()
     graph = model.graph.SerializeToString()
     whole = model.SerializeToString()
-    new_graph = graph.replace(_record(1, node), _record(1, node + suffix))
-    data = whole.replace(_record(7, graph), _record(7, new_graph))
+    new_graph = graph.replace(record(1, node), record(1, node + suffix))
+    data = whole.replace(record(7, graph), record(7, new_graph))
     assert data != whole
     if parses:
         assert onnx.load_from_string(data)
@@ -184,7 +173,7 @@ def _one(op: str) -> onnx.ModelProto:
 
 def test_a_tag_wider_than_32_bits_is_refused():
     # ONNX Runtime's protobuf drops the bits above 32: to it this record is op_type "Sin"
-    data, digest = _with_node_suffix(_one("Relu"), _record(4, b"Sin", tag=1 << 32 | 4 << 3 | 2),
+    data, digest = _with_node_suffix(_one("Relu"), record(4, b"Sin", tag=1 << 32 | 4 << 3 | 2),
                                      parses=False)
     with pytest.raises(WireFormatError, match="32 bits"):
         check_onnx_segment(data, digest)
@@ -192,14 +181,14 @@ def test_a_tag_wider_than_32_bits_is_refused():
 
 def test_a_tag_longer_than_5_bytes_is_refused():
     long_tag = bytes([0x80 | (4 << 3 | 2), 0x80, 0x80, 0x80, 0x80, 0x00])  # 34 padded to 6 bytes
-    data, digest = _with_node_suffix(_one("Relu"), long_tag + _varint(3) + b"Sin", parses=False)
+    data, digest = _with_node_suffix(_one("Relu"), long_tag + varint(3) + b"Sin", parses=False)
     with pytest.raises(WireFormatError, match="longer than 5 bytes"):
         check_onnx_segment(data, digest)
 
 
 def test_an_op_type_of_the_wrong_wire_type_is_refused():
     # a fixed32 field 4 is an unknown field to protobuf, which keeps the real op_type (Sin)
-    data, digest = _with_node_suffix(_one("Sin"), _varint(4 << 3 | 5) + b"Relu")
+    data, digest = _with_node_suffix(_one("Sin"), varint(4 << 3 | 5) + b"Relu")
     assert onnx.load_from_string(data).graph.node[0].op_type == "Sin"
     with pytest.raises(WireFormatError, match="wire type 5"):
         check_onnx_segment(data, digest)
@@ -209,21 +198,21 @@ def test_an_op_type_of_the_wrong_wire_type_is_refused():
 def test_a_singular_field_given_twice_is_refused(number, payload):
     # protobuf keeps the last: the check must not have to guess which one ONNX Runtime reads
     node = helper.make_node("Relu", [INPUT_NAME], [OUTPUT_NAME], domain="")
-    data, digest = _with_node_suffix(_model(nodes=[node], initializers=[]), _record(number, payload))
+    data, digest = _with_node_suffix(_model(nodes=[node], initializers=[]), record(number, payload))
     with pytest.raises(WireFormatError, match="more than once"):
         check_onnx_segment(data, digest)
 
 
 @pytest.mark.parametrize("number", [8, 9, 10, 99])
 def test_an_unknown_node_field_is_refused(number):
-    data, digest = _with_node_suffix(_one("Relu"), _record(number, b""))
+    data, digest = _with_node_suffix(_one("Relu"), record(number, b""))
     with pytest.raises(UnsafeSegmentError, match=f"field {number} of NodeProto"):
         check_onnx_segment(data, digest)
 
 
 @pytest.mark.parametrize(("number", "what"), [(20, "training"), (25, "local functions"), (26, "field 26")])
 def test_model_level_fields_outside_the_allow_list_are_refused(number, what):
-    data = _model().SerializeToString() + _record(number, b"")
+    data = _model().SerializeToString() + record(number, b"")
     with pytest.raises(UnsafeSegmentError, match=what):
         check_onnx_segment(data, hashlib.sha256(data).hexdigest())
 
@@ -231,13 +220,13 @@ def test_model_level_fields_outside_the_allow_list_are_refused(number, what):
 @pytest.mark.parametrize("location", [1, 2, 1 << 32 | 1])
 def test_a_data_location_other_than_default_is_refused(location):
     # 2**32 + 1 is EXTERNAL to a parser that truncates the enum to 32 bits
-    tensor = numpy_helper.from_array(np.ones(4, np.float32), "w").SerializeToString() + _varint(
-        14 << 3) + _varint(location)
+    tensor = numpy_helper.from_array(np.ones(4, np.float32), "w").SerializeToString() + varint(
+        14 << 3) + varint(location)
     model = _model()
     graph = model.graph.SerializeToString()
     init = model.graph.initializer[0].SerializeToString()
     whole = model.SerializeToString()
-    data = whole.replace(_record(7, graph), _record(7, graph.replace(_record(5, init), _record(5, tensor))))
+    data = whole.replace(record(7, graph), record(7, graph.replace(record(5, init), record(5, tensor))))
     with pytest.raises(UnsafeSegmentError, match="external data"):
         check_onnx_segment(data, hashlib.sha256(data).hexdigest())
 

@@ -21,6 +21,7 @@ from qpart.kernels.onnx_segment import (
     OUTPUT_NAME,
     check_onnx_segment,
 )
+from tests.kernels.protobuf_records import varint
 
 CASES = 3000
 
@@ -87,21 +88,12 @@ def test_mutated_segments_pass_or_are_refused_with_a_kernels_error(seed):
     assert outcomes["refused"] > CASES // 2  # the mutations do reach the checks
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        if not n:
-            out.append(byte)
-            return bytes(out)
-        out.append(byte | 0x80)
-
 
 # Records a differential would hide behind: a tag over 32 bits, a fixed32 op_type, a second op_type
 # or domain, a custom domain, an external-data location, a local function.
-_SPOOFS = [_varint(1 << 32 | 4 << 3 | 2) + b"\x03Sin", _varint(4 << 3 | 5) + b"Relu",
-           b"\x22\x04Relu", b"\x3a\x0dcom.microsoft", b"\x3a\x00\x3a\x00", _varint(14 << 3) + b"\x01",
-           b"\x6a\x00", b"\xca\x01\x00", _varint(1 << 35 | 7 << 3 | 2) + b"\x00"]
+_SPOOFS = [varint(1 << 32 | 4 << 3 | 2) + b"\x03Sin", varint(4 << 3 | 5) + b"Relu",
+           b"\x22\x04Relu", b"\x3a\x0dcom.microsoft", b"\x3a\x00\x3a\x00", varint(14 << 3) + b"\x01",
+           b"\x6a\x00", b"\xca\x01\x00", varint(1 << 35 | 7 << 3 | 2) + b"\x00"]
 
 
 def _mutate_records(data: bytes, rng: np.random.Generator) -> bytes:
@@ -145,12 +137,12 @@ def test_a_spoofed_record_in_a_node_is_refused(spoof):
     original = _segment()
     model = onnx.load_from_string(original)
     node = model.graph.node[1].SerializeToString()  # Relu
-    record = b"\x0a" + _varint(len(node)) + node
+    record = b"\x0a" + varint(len(node)) + node
     graph = model.graph.SerializeToString()
     new_node = node + spoof
-    new_graph = graph.replace(record, b"\x0a" + _varint(len(new_node)) + new_node)
-    g_record = b"\x3a" + _varint(len(graph)) + graph
-    data = original.replace(g_record, b"\x3a" + _varint(len(new_graph)) + new_graph)
+    new_graph = graph.replace(record, b"\x0a" + varint(len(new_node)) + new_node)
+    g_record = b"\x3a" + varint(len(graph)) + graph
+    data = original.replace(g_record, b"\x3a" + varint(len(new_graph)) + new_graph)
     assert data != original
     with pytest.raises(WireFormatError):
         check_onnx_segment(data, hashlib.sha256(data).hexdigest())

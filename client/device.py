@@ -132,15 +132,25 @@ class DeviceClient:
     def fetch_segment(
         self, plan: Plan, progress: Callable[[int, int], None] | None = None
     ) -> tuple[bytes | None, int]:
-        """The plan's segment (cache or download) and the bytes downloaded for it."""
+        """The plan's segment (cache or download) and the bytes downloaded for it.
+
+        The download is held to the size the plan announces and to :meth:`segment_max_bytes`: a
+        segment announced over the cap is refused before a byte is downloaded, and one that grows
+        past either while it streams is stopped and refused (:class:`SegmentRefusedError`); neither
+        leaves a file in the cache."""
         seg = plan.segment
         if seg is None:
             return None, 0
-        fetched = self.cache.get(seg.id, seg.url, progress=progress, check=self.segment_check(plan))
+        fetched = self.cache.get(seg.id, seg.url, progress=progress, check=self.segment_check(plan),
+                                 size_bytes=seg.size_bytes, max_bytes=self.segment_max_bytes())
         return fetched.data, fetched.downloaded_bytes
 
     def segment_check(self, plan: Plan) -> Callable[[bytes], None] | None:
         """What a downloaded segment must pass before the cache keeps it (None: the hash alone)."""
+        return None
+
+    def segment_max_bytes(self) -> int | None:
+        """The most bytes this device downloads for one segment (None: no cap but the plan's size)."""
         return None
 
     def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:

@@ -90,6 +90,10 @@ class OnnxDeviceRuntime(DeviceClient):
 
         return check
 
+    def segment_max_bytes(self) -> int:
+        """The byte cap of :attr:`limits`, so an oversize segment is refused before it downloads."""
+        return self.limits.max_bytes
+
     def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:
         """A session for the plan's segment, checked once more (the cache may be shared)."""
         if segment is None:

@@ -5,6 +5,12 @@
 that looks usable. An interrupted download resumes with ``Range``; a cached file is revalidated
 with ``If-None-Match`` and re-hashed before use, and a corrupt one is deleted and fetched again.
 Pruning removes the least recently used files beyond the size limit.
+
+A segment is held to the size its plan announced and to the device's cap, if it has one: one
+announced over the cap is refused before a byte is downloaded, and a download whose
+Content-Length or received bytes go past either is stopped and refused (:class:`SegmentRefusedError`),
+its ``.part`` file deleted. A download that ends short of the announced size is truncated
+(:class:`SegmentError`), and its ``.part`` file is deleted too.
 """
 
 from __future__ import annotations
@@ -45,6 +51,30 @@ class Fetched:
     from_cache: bool
 
 
+@dataclass(frozen=True)
+class _Bound:
+    """The most bytes a segment may have: the size its plan announced and the device's cap."""
+
+    segment_id: str
+    announced: int | None
+    cap: int | None
+
+    @property
+    def most(self) -> int | None:
+        known = [n for n in (self.announced, self.cap) if n is not None]
+        return min(known) if known else None
+
+    def refusal(self, how: str, size: int, kept: str = "nothing of it was kept") -> SegmentRefusedError:
+        """The one-line refusal of ``size`` bytes (``how``: who says so), which exceed the bound."""
+        if self.cap is not None and size > self.cap:
+            over = (f"over this device's cap of {self.cap} bytes (raise it with "
+                    "OnnxSegmentLimits(max_bytes=...))")
+        else:
+            over = f"more than the {self.announced} bytes the plan announced"
+        return SegmentRefusedError(f"segment {self.segment_id[:12]} refused: {how} {size} bytes, {over}; "
+                                   f"{kept}")
+
+
 class _Retry(ServerUnavailableError):
     """A retryable answer (503/429/…) with the server's Retry-After."""
 
@@ -81,22 +111,32 @@ class SegmentCache:
         return None
 
     def get(self, segment_id: str, url: str, *, revalidate: bool = True,
-            progress: Progress | None = None, check: Check | None = None) -> Fetched:
+            progress: Progress | None = None, check: Check | None = None,
+            size_bytes: int | None = None, max_bytes: int | None = None) -> Fetched:
         """The verified bytes of a segment, from disk or the server; with ``check``, bytes that
-        fail it are deleted and :class:`SegmentRefusedError` raised, so they are never cached."""
+        fail it are deleted and :class:`SegmentRefusedError` raised, so they are never cached.
+
+        ``size_bytes`` is the size the plan announced and ``max_bytes`` the device's cap (None:
+        none): a segment announced over the cap is refused before anything is downloaded, and a
+        download that goes past either is stopped and refused; neither leaves a file behind."""
         path = self._file(segment_id)
+        bound = _Bound(segment_id, size_bytes, max_bytes)
+        if size_bytes is not None and max_bytes is not None and size_bytes > max_bytes:
+            path.unlink(missing_ok=True)  # the cap may have tightened since it was cached
+            (self.root / f"{segment_id}.part").unlink(missing_ok=True)
+            raise bound.refusal("the plan announces", size_bytes, "nothing was downloaded")
         if path.is_file():
             data = self._verified(path, segment_id, check)
             if data is not None and (not revalidate or self._still_valid(segment_id, url)):
                 os.utime(path)
                 return Fetched(data, 0, True)
         try:
-            downloaded = self._download(segment_id, url, progress, check)
+            downloaded = self._download(segment_id, url, progress, check, bound)
         except SegmentRefusedError:
             raise
         except SegmentError:
             # A resumed file that fails its hash (the old part was stale): once more from zero.
-            downloaded = self._download(segment_id, url, progress, check)
+            downloaded = self._download(segment_id, url, progress, check, bound)
         data = self._verified(path, segment_id)
         if data is None:
             raise SegmentError(f"segment {segment_id[:12]} failed verification after download")
@@ -107,25 +147,19 @@ class SegmentCache:
         response = self.transport.request("GET", url, headers={"If-None-Match": f'"{segment_id}"'})
         return response.status_code == 304
 
-    def _download(self, segment_id: str, url: str, progress: Progress | None, check: Check | None) -> int:
+    def _download(self, segment_id: str, url: str, progress: Progress | None, check: Check | None,
+                  bound: _Bound) -> int:
         part = self.root / f"{segment_id}.part"
-        settings = self.transport.settings
-        total_read = 0
-        last_error = ""
-        for attempt in range(settings.retries + 1):
-            try:
-                total_read += self._stream_once(part, url, progress)
-                break
-            except _Retry as exc:
-                last_error = str(exc)
-                if attempt < settings.retries:
-                    time.sleep(self.transport.backoff(attempt, exc.retry_after))
-            except (httpx.TransportError, ServerUnavailableError) as exc:
-                last_error = str(exc)
-                if attempt < settings.retries:
-                    time.sleep(self.transport.backoff(attempt))
-        else:
-            raise ServerUnavailableError(f"download of segment {segment_id[:12]} failed: {last_error}")
+        try:
+            total_read = self._download_part(part, url, progress, bound)
+        except SegmentRefusedError:
+            part.unlink(missing_ok=True)  # refused: nothing of it stays, not even to resume
+            raise
+        size = part.stat().st_size
+        if bound.announced is not None and size < bound.announced:
+            part.unlink(missing_ok=True)
+            raise SegmentError(f"downloaded segment {segment_id[:12]} is truncated: {size} of "
+                               f"{bound.announced} bytes; the partial file was deleted, retry")
         if hashlib.sha256(part.read_bytes()).hexdigest() != segment_id:
             part.unlink(missing_ok=True)
             raise SegmentError(f"downloaded segment {segment_id[:12]} does not match its sha256; "
@@ -139,8 +173,31 @@ class SegmentCache:
         os.replace(part, self._file(segment_id))
         return total_read
 
-    def _stream_once(self, part: Path, url: str, progress: Progress | None) -> int:
+    def _download_part(self, part: Path, url: str, progress: Progress | None, bound: _Bound) -> int:
+        """Stream the segment into ``part`` (resuming it), with retries; the bytes read."""
+        settings = self.transport.settings
+        total_read = 0
+        last_error = ""
+        for attempt in range(settings.retries + 1):
+            try:
+                total_read += self._stream_once(part, url, progress, bound)
+                return total_read
+            except _Retry as exc:
+                last_error = str(exc)
+                if attempt < settings.retries:
+                    time.sleep(self.transport.backoff(attempt, exc.retry_after))
+            except (httpx.TransportError, ServerUnavailableError) as exc:
+                last_error = str(exc)
+                if attempt < settings.retries:
+                    time.sleep(self.transport.backoff(attempt))
+        raise ServerUnavailableError(f"download of segment {bound.segment_id[:12]} failed: {last_error}")
+
+    def _stream_once(self, part: Path, url: str, progress: Progress | None, bound: _Bound) -> int:
+        most = bound.most
         offset = part.stat().st_size if part.is_file() else 0
+        if most is not None and offset > most:
+            part.unlink(missing_ok=True)  # a stale part longer than the segment can be: from zero
+            offset = 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         started = time.perf_counter()
         read = 0
@@ -159,12 +216,16 @@ class SegmentCache:
                 raise ServerRejectedError(response.status_code, response.text[:300])
             mode = "ab" if response.status_code == 206 else "wb"
             done = offset if mode == "ab" else 0
-            total = done + int(response.headers.get("content-length", 0))
+            total = done + _content_length(response)
+            if most is not None and total > most:  # refused before a byte of the body is read
+                raise bound.refusal("the server's Content-Length makes it", total)
             with part.open(mode) as handle:
                 for chunk in response.iter_bytes():
                     handle.write(chunk)
                     read += len(chunk)
                     done += len(chunk)
+                    if most is not None and done > most:
+                        raise bound.refusal("the server sent at least", done)
                     if progress:
                         progress(done, total)
                 handle.flush()
@@ -196,3 +257,11 @@ class SegmentCache:
             total -= e.size_bytes
             removed.append(e.segment_id)
         return removed
+
+
+def _content_length(response: httpx.Response) -> int:
+    """The answer's Content-Length (0 when it has none or one that is not a number)."""
+    try:
+        return max(0, int(response.headers.get("content-length", 0)))
+    except ValueError:
+        return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -71,9 +72,12 @@ class LiveServer:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError("server did not become ready")
+        out = self.stop(signal.SIGKILL)  # never leave it running behind a failed fixture
+        raise TimeoutError(f"server did not become ready in {timeout:.0f} s: {out[-2000:]}")
 
     def stop(self, sig: int | None = None, timeout: float = 30) -> str:
+        if self.log.closed:  # stopped already (a failed wait_ready stops it)
+            return ""
         if self.proc.poll() is None:
             if sig is None:
                 self.proc.terminate()

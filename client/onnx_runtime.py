@@ -60,6 +60,9 @@ def create_session(data: bytes, threads: int = 0) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Bytes 4..7 b"ORTM" would make ONNX Runtime load them as an ORT-format (flatbuffer) model, not
+    # the protobuf the check read; the check refuses them, and ONNX Runtime is told the format too.
+    options.add_session_config_entry("session.load_model_format", "ONNX")
     try:
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except (RuntimeError, ValueError) as exc:  # ORT raises its own subclasses of these

@@ -78,6 +78,7 @@ ALLOWED_OPS: dict[str, str] = {
 files, draws random numbers, or runs a subgraph."""
 
 _DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+_ORT_FORMAT_MARK = b"ORTM"  # ONNX Runtime's file identifier of its flatbuffer format
 
 # The fields of onnx.proto (ONNX 1.17) a segment may hold, per message: ``number: (name, wire type,
 # repeated)``. A repeated scalar may also come packed (wire type LENGTH). Anything else is refused:
@@ -170,6 +171,14 @@ def check_onnx_segment(data: bytes, segment_id: str, *, size_bytes: int | None =
                                   "segment that was asked for")
     if len(data) > limits.max_bytes:
         raise OversizeError(f"ONNX segment is {len(data)} bytes, over the cap of {limits.max_bytes}")
+    # ONNX Runtime, given bytes whose 4..7 are b"ORTM", loads them as its own flatbuffer format
+    # (an ORT-format model) and never parses the protobuf this check reads: a file can be a
+    # well-formed segment here and an unrelated model, with any operator, to ONNX Runtime. Such a
+    # file is refused (a segment ONNX writes starts with ir_version then producer_name, never so);
+    # the device also tells ONNX Runtime the format (client.onnx_runtime.create_session).
+    if bytes(data[4:8]) == _ORT_FORMAT_MARK:
+        raise UnsafeSegmentError("ONNX segment carries the ORT-format marker (bytes 4..7 'ORTM'): ONNX "
+                                 "Runtime would load it as another model than the one checked")
     try:
         return _walk_model(memoryview(data), limits)
     except (TruncatedError, OversizeError, UnsafeSegmentError):

@@ -65,8 +65,11 @@ def create_session(data: bytes, threads: int = 0) -> ort.InferenceSession:
     options.add_session_config_entry("session.load_model_format", "ONNX")
     try:
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    except (RuntimeError, ValueError) as exc:  # ORT raises its own subclasses of these
-        raise SegmentError(f"ONNX Runtime cannot load the segment: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # Fail, InvalidGraph, InvalidProtobuf, NotImplemented, ...
+        # ONNX Runtime's errors (onnxruntime_pybind11_state) derive from Exception itself, not from
+        # RuntimeError or ValueError; only this call is inside the try.
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise SegmentError(f"ONNX Runtime cannot load the segment: {lines[0][:300]}") from exc
 
 
 def _identity(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

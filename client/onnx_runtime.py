@@ -45,7 +45,10 @@ def check_segment(plan: Plan, data: bytes, limits: OnnxSegmentLimits | None = No
         info = check_onnx_segment(data, seg.id, size_bytes=seg.size_bytes, limits=limits)
     except KernelError as exc:
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc}") from exc
-    want = {"model": plan.model, "version": plan.version, "cut": str(plan.cut)}
+    # The plan id is "model@version/pattern id" (server.responses); the exporter writes the
+    # pattern id into the metadata (server.segments.build_onnx_segment).
+    want = {"model": plan.model, "version": plan.version, "cut": str(plan.cut),
+            "pattern_id": plan.plan_id.rsplit("/", 1)[-1]}
     got = {k: info.metadata.get(k, "") for k in want}
     if got != want:
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: it is for {got}, the plan for {want}")

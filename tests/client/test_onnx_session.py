@@ -67,7 +67,7 @@ def _segment(nodes, initializers) -> bytes:
 
 
 def _plan(data: bytes, **overrides) -> Plan:
-    fields = {"model": "m", "version": "v", "cut": 1, "plan_id": "m/v/c1-x"} | overrides
+    fields = {"model": "m", "version": "v", "cut": 1, "plan_id": "m@v/c1-x"} | overrides
     return SimpleNamespace(segment=SimpleNamespace(id=hashlib.sha256(data).hexdigest(),  # type: ignore[return-value]
                                                    size_bytes=len(data)), **fields)
 
@@ -88,3 +88,13 @@ def test_a_segment_the_check_passes_but_ort_refuses_is_a_one_line_segment_error(
     with pytest.raises(SegmentError, match=r"^ONNX Runtime cannot load the segment: ") as caught:
         create_session(data, threads=1)
     assert "\n" not in str(caught.value) and not isinstance(caught.value, SegmentRefusedError)
+
+
+@pytest.mark.parametrize(("field", "value"), [("plan_id", "m@v/c1-y"), ("cut", 2), ("model", "n"),
+                                              ("version", "w")])
+def test_a_segment_for_another_pattern_cut_model_or_version_is_refused(field, value):
+    data = _segment([helper.make_node("Add", ["input", "w"], ["activation"])],
+                    [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    assert check_segment(_plan(data), data).metadata == METADATA
+    with pytest.raises(SegmentRefusedError, match="it is for"):
+        check_segment(_plan(data, **{field: value}), data)

@@ -12,6 +12,7 @@ never copies: values are ``memoryview`` slices of the input.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from qpart.kernels.errors import TruncatedError, WireFormatError
@@ -74,17 +75,27 @@ def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
             raise WireFormatError(f"protobuf wire type {wire} (field {number}) is not supported")
 
 
-def check_packed(value: memoryview, wire: int, what: str) -> None:
+# Inside a packed varint array: a varint of more than 10 bytes (ten continuation bytes in a row), or
+# a 10-byte one whose last byte carries bits above 2**64 (nine continuation bytes, then 2..127).
+_BAD_VARINTS = re.compile(rb"[\x80-\xff]{10}|[\x80-\xff]{9}[\x02-\x7f]")
+_LOW_BYTES = bytes(range(0x80))
+
+
+def check_packed(value: memoryview, wire: int, what: str) -> int:
     """Refuse a packed repeated field (``value``, wire type LENGTH) whose elements of wire type
-    ``wire`` do not fill it exactly."""
+    ``wire`` do not fill it exactly (the rules of :func:`read_varint` for each varint); return how
+    many elements it holds. Checked with bytes operations (no Python loop per element)."""
     if wire in _FIXED:
         if len(value) % _FIXED[wire]:
             raise WireFormatError(f"{what} is a packed array of {len(value)} bytes, not a multiple of "
                                   f"{_FIXED[wire]}")
-        return
-    pos = 0
-    while pos < len(value):
-        _, pos = read_varint(value, pos)
+        return len(value) // _FIXED[wire]
+    data = bytes(value)
+    if data and data[-1] & 0x80:
+        raise TruncatedError(f"{what}: protobuf ends inside a varint")
+    if _BAD_VARINTS.search(data):
+        raise WireFormatError(f"{what}: protobuf varint longer than 10 bytes or above 2**64")
+    return len(data) - len(data.translate(None, _LOW_BYTES))  # the bytes that end a varint
 
 
 def text(wire: int, value: int | memoryview, what: str) -> str:

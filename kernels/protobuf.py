@@ -12,7 +12,6 @@ never copies: values are ``memoryview`` slices of the input.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from qpart.kernels.errors import TruncatedError, WireFormatError
@@ -75,10 +74,11 @@ def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
             raise WireFormatError(f"protobuf wire type {wire} (field {number}) is not supported")
 
 
-# Inside a packed varint array: a varint of more than 10 bytes (ten continuation bytes in a row), or
-# a 10-byte one whose last byte carries bits above 2**64 (nine continuation bytes, then 2..127).
-_BAD_VARINTS = re.compile(rb"[\x80-\xff]{10}|[\x80-\xff]{9}[\x02-\x7f]")
-_LOW_BYTES = bytes(range(0x80))
+# A packed varint array as one byte per byte: 1 for a continuation byte (0x80 and up), 2 for a last
+# byte with bits above bit 0 (0x02..0x7f), 0 for 0x00 and 0x01. Inside it, b"\1" * 10 is a varint of
+# more than 10 bytes and b"\1" * 9 + b"\2" a 10-byte one above 2**64 (bytes.find: no Python loop).
+_VARINT_CLASSES = bytes(0 if b < 2 else 2 if b < 0x80 else 1 for b in range(256))
+_TOO_LONG, _TOO_WIDE = b"\1" * 10, b"\1" * 9 + b"\2"
 
 
 def check_packed(value: memoryview, wire: int, what: str) -> int:
@@ -90,12 +90,12 @@ def check_packed(value: memoryview, wire: int, what: str) -> int:
             raise WireFormatError(f"{what} is a packed array of {len(value)} bytes, not a multiple of "
                                   f"{_FIXED[wire]}")
         return len(value) // _FIXED[wire]
-    data = bytes(value)
-    if data and data[-1] & 0x80:
+    classes = bytes(value).translate(_VARINT_CLASSES)
+    if classes and classes[-1] == 1:
         raise TruncatedError(f"{what}: protobuf ends inside a varint")
-    if _BAD_VARINTS.search(data):
+    if _TOO_LONG in classes or _TOO_WIDE in classes:
         raise WireFormatError(f"{what}: protobuf varint longer than 10 bytes or above 2**64")
-    return len(data) - len(data.translate(None, _LOW_BYTES))  # the bytes that end a varint
+    return len(classes) - classes.count(1)  # the bytes that end a varint
 
 
 def text(wire: int, value: int | memoryview, what: str) -> str:

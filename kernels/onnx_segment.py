@@ -7,14 +7,16 @@ holding the packed codes, scales and mins of the safetensors form, rebuilt in th
 (:mod:`models.onnx_dequant`). ``producer_name`` and ``producer_version`` say the format and its
 version; ``metadata_props`` carry ``model``, ``version``, ``cut`` and ``pattern_id``.
 
-The check, in order: the sha256 against the content id; the byte cap; then a bounded walk of the
-protobuf (:mod:`kernels.protobuf`) that refuses external data, operator domains other than
-ONNX's own, operators outside :data:`ALLOWED_OPS`, attributes that carry tensors or graphs, local
-functions, training info, and more nodes or initializers than the caps. The walk reads every
-message of the model down to the tensor shapes, each against an allow-list of its field numbers
-with their wire types, and refuses an unknown field, a wrong wire type or a singular field given
-twice: protobuf would skip, keep as unknown or overwrite such a record, so the check would read
-another model than ONNX Runtime does.
+The check, in order: the sha256 against the content id; the byte cap; the ORT-format marker; then
+a bounded walk of the protobuf (:mod:`kernels.protobuf`) that refuses external data, operator
+domains other than ONNX's own, an opset other than 18, operators outside :data:`ALLOWED_OPS`,
+attributes that carry tensors or graphs or that the operator lacks, local functions, training info,
+and more records, nodes, initializers or entries of any repeated field than the caps; last, the
+static shapes of :mod:`kernels.onnx_shapes` (no tensor over the cap, none it cannot determine).
+The walk reads every message of the model down to the tensor shapes, each against an allow-list of
+its field numbers with their wire types, and refuses an unknown field, a wrong wire type or a
+singular field given twice: protobuf would skip, keep as unknown or overwrite such a record, so the
+check would read another model than ONNX Runtime does.
 """
 
 from __future__ import annotations

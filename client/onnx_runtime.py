@@ -45,7 +45,10 @@ def check_segment(plan: Plan, data: bytes, limits: OnnxSegmentLimits | None = No
         info = check_onnx_segment(data, seg.id, size_bytes=seg.size_bytes, limits=limits)
     except KernelError as exc:
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc}") from exc
-    want = {"model": plan.model, "version": plan.version, "cut": str(plan.cut)}
+    # The plan id is "model@version/pattern id" (server.responses); the exporter writes the
+    # pattern id into the metadata (server.segments.build_onnx_segment).
+    want = {"model": plan.model, "version": plan.version, "cut": str(plan.cut),
+            "pattern_id": plan.plan_id.rsplit("/", 1)[-1]}
     got = {k: info.metadata.get(k, "") for k in want}
     if got != want:
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: it is for {got}, the plan for {want}")
@@ -60,10 +63,16 @@ def create_session(data: bytes, threads: int = 0) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Bytes 4..7 b"ORTM" would make ONNX Runtime load them as an ORT-format (flatbuffer) model, not
+    # the protobuf the check read; the check refuses them, and ONNX Runtime is told the format too.
+    options.add_session_config_entry("session.load_model_format", "ONNX")
     try:
         return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    except (RuntimeError, ValueError) as exc:  # ORT raises its own subclasses of these
-        raise SegmentError(f"ONNX Runtime cannot load the segment: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # Fail, InvalidGraph, InvalidProtobuf, NotImplemented, ...
+        # ONNX Runtime's errors (onnxruntime_pybind11_state) derive from Exception itself, not from
+        # RuntimeError or ValueError; only this call is inside the try.
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise SegmentError(f"ONNX Runtime cannot load the segment: {lines[0][:300]}") from exc
 
 
 def _identity(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:

@@ -74,17 +74,28 @@ def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
             raise WireFormatError(f"protobuf wire type {wire} (field {number}) is not supported")
 
 
-def check_packed(value: memoryview, wire: int, what: str) -> None:
+# A packed varint array as one byte per byte: 1 for a continuation byte (0x80 and up), 2 for a last
+# byte with bits above bit 0 (0x02..0x7f), 0 for 0x00 and 0x01. Inside it, b"\1" * 10 is a varint of
+# more than 10 bytes and b"\1" * 9 + b"\2" a 10-byte one above 2**64 (bytes.find: no Python loop).
+_VARINT_CLASSES = bytes(0 if b < 2 else 2 if b < 0x80 else 1 for b in range(256))
+_TOO_LONG, _TOO_WIDE = b"\1" * 10, b"\1" * 9 + b"\2"
+
+
+def check_packed(value: memoryview, wire: int, what: str) -> int:
     """Refuse a packed repeated field (``value``, wire type LENGTH) whose elements of wire type
-    ``wire`` do not fill it exactly."""
+    ``wire`` do not fill it exactly (the rules of :func:`read_varint` for each varint); return how
+    many elements it holds. Checked with bytes operations (no Python loop per element)."""
     if wire in _FIXED:
         if len(value) % _FIXED[wire]:
             raise WireFormatError(f"{what} is a packed array of {len(value)} bytes, not a multiple of "
                                   f"{_FIXED[wire]}")
-        return
-    pos = 0
-    while pos < len(value):
-        _, pos = read_varint(value, pos)
+        return len(value) // _FIXED[wire]
+    classes = bytes(value).translate(_VARINT_CLASSES)
+    if classes and classes[-1] == 1:
+        raise TruncatedError(f"{what}: protobuf ends inside a varint")
+    if _TOO_LONG in classes or _TOO_WIDE in classes:
+        raise WireFormatError(f"{what}: protobuf varint longer than 10 bytes or above 2**64")
+    return len(classes) - classes.count(1)  # the bytes that end a varint
 
 
 def text(wire: int, value: int | memoryview, what: str) -> str:

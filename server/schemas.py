@@ -294,13 +294,16 @@ class TensorMetadata(BaseModel):
 
 
 class ModelMetadata(BaseModel):
-    """``GET /v2/models/{m}``."""
+    """``GET /v2/models/{m}``; ``parameters`` holds what the model card declares, each a JSON
+    string (protocol parameters are strings, numbers or booleans): ``preprocess`` (the
+    :class:`models.preprocess.PreprocessSpec` object) and ``labels`` (class names in logit order)."""
 
     name: str
     versions: list[str]
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
+    parameters: dict[str, Parameter] | None = None
 
 
 class ServerMetadata(BaseModel):

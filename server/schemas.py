@@ -204,8 +204,10 @@ class ModelInfo(_Strict):
 class TopK(_Strict):
     """One class and its softmax probability."""
 
-    label: int
+    label: int = Field(description="The class index (its logit's position).")
     probability: float
+    name: str | None = Field(None, description="The class name from the model card; absent when the "
+                                               "card names no labels.")
 
 
 class TailResult(_Strict):

@@ -75,10 +75,26 @@ def _load_inputs(images: list[Path], idx: Path | None, labels: Path | None,
     return read_image_files(images[:limit] if limit else images), None
 
 
-def _document(run: InferenceRun, accuracy: float | None) -> dict[str, Any]:
-    """``infer --json``: the plan and results as the server sent them, and what the run measured."""
+def _named(predictions: list[int], names: tuple[str, ...] | None) -> list[dict[str, Any]]:
+    """Each predicted class index as ``{"label": index}``, with its card ``name`` when known."""
+    if names is None:
+        return [{"label": i} for i in predictions]
+    return [{"label": i, "name": names[i]} if 0 <= i < len(names) else {"label": i} for i in predictions]
+
+
+def _shown(predictions: list[dict[str, Any]]) -> str:
+    """The first 20 predictions as ``index (name)``."""
+    shown = [f"{p['label']} ({p['name']})" if "name" in p else str(p["label"]) for p in predictions[:20]]
+    return ", ".join(shown) + (" …" if len(predictions) > 20 else "")
+
+
+def _document(run: InferenceRun, accuracy: float | None,
+              names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """``infer --json``: the plan and results as the server sent them, what the run measured, and
+    the predicted classes with their card names."""
     return {"plan": run.plan.model_dump(mode="json", exclude_unset=True),
             "results": [r.model_dump(mode="json", exclude_unset=True) for r in run.results],
+            "predictions": _named(run.predictions, names),
             "accuracy": accuracy, "timings_s": run.timings_s,
             "predicted_s": run.plan.predicted.time_s.model_dump(mode="json"),
             "downloaded_bytes": run.downloaded_bytes, "uploaded_bytes": run.uploaded_bytes}
@@ -136,6 +152,7 @@ def infer(
             run = runtime.infer(x, model, demand, rate_bps=rate_mbps * 1e6 if rate_mbps else None,
                                 preset=preset, deadline_s=deadline_s,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+        names = runtime.class_names(model)  # after the run: not part of its measured time
     except DeviceError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -144,7 +161,7 @@ def infer(
     accuracy = float(np.mean(np.array(run.predictions) == y)) if y is not None else None
     predicted = run.plan.predicted.time_s
     if as_json:
-        typer.echo(json.dumps(_document(run, accuracy)))
+        typer.echo(json.dumps(_document(run, accuracy, names)))
         return
     p = run.plan
     typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
@@ -154,7 +171,7 @@ def infer(
     if accuracy is not None:
         typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")
     else:
-        typer.echo(f"predictions: {run.predictions[:20]}{' …' if len(run.predictions) > 20 else ''}")
+        typer.echo(f"predictions: {_shown(_named(run.predictions, names))}")
 
 
 @device_app.command()

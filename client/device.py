@@ -6,6 +6,7 @@ runs heads with PyTorch (ADR 0003), :mod:`client.onnx_runtime` with ONNX Runtime
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -14,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qpart.client.errors import ServerRejectedError
-from qpart.client.plans import PacketFormat, Plan, Prediction, TailAnswer, parse_answer
+from qpart.client.plans import ModelMetadata, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
@@ -128,6 +129,12 @@ class DeviceClient:
         if measured is None:
             return []
         return [c for c in self.settings.upload_codings if measured.coding_s.get(c)]
+
+    def class_names(self, model: str) -> tuple[str, ...] | None:
+        """The model card's class names in logit order, from the server's ``/v2`` metadata
+        (None: the card names none)."""
+        url = f"/v2/models/{urllib.parse.quote(model, safe='')}"
+        return parse_answer(ModelMetadata, self.transport.request("GET", url).content).labels
 
     def fetch_segment(
         self, plan: Plan, progress: Callable[[int, int], None] | None = None

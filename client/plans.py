@@ -1,10 +1,12 @@
-"""The device's typed view of the server's answers: a plan (``POST /v1/plan``) and a tail answer.
+"""The device's typed view of the server's answers: a plan (``POST /v1/plan``), a tail answer and
+the model card's labels of ``GET /v2/models/{m}``.
 
 Fields the server adds later are ignored; the ones the device reads are validated on arrival.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -98,6 +100,33 @@ class TopK(_Wire):
 
     label: int
     probability: float
+    name: str | None = Field(None, description="The class name from the model card (servers before it, "
+                                               "or a card without labels: absent).")
+
+
+class ModelMetadata(_Wire):
+    """What the device reads of ``GET /v2/models/{m}``: the parameters holding the card's declarations."""
+
+    parameters: dict[str, bool | int | float | str] = Field(default_factory=dict)
+
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        """The card's class names in logit order (None: the card names none, or the server predates them).
+
+        Raises:
+            ServerAnswerError: ``labels`` is not a JSON list of strings.
+        """
+        raw = self.parameters.get("labels")
+        if raw is None:
+            return None
+        try:
+            names = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            names = None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ServerAnswerError("the server's model metadata has labels that are not a JSON list of "
+                                    "names; update the client or the server")
+        return tuple(names)
 
 
 class Prediction(_Wire):

@@ -5,11 +5,13 @@ The batch function of a tail (:meth:`server.tail_pool.TailPool.runner`) turns it
 per-request softmax or pydantic serialization; each request takes its slice
 (:class:`server.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes the
 :class:`server.schemas.TailResponse` document byte for byte as ``model_dump_json`` would (a test
-compares them). ``bench/README.md`` has the measured saving (``python -m bench.answers``).
+compares them), except that a class's ``name`` is left out, not null, when the card names no
+labels. ``bench/README.md`` has the measured saving (``python -m bench.answers``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,15 +53,22 @@ def tail_rows(logits: np.ndarray) -> TailRows:
 
 
 def tail_json(*, plan_id: str, model: str, version: str, rows: TailRows, top_k: int, queue_s: float,
-              compute_s: float) -> bytes:
+              compute_s: float, names: Sequence[str] | None = None) -> bytes:
     """The :class:`server.schemas.TailResponse` document of ``rows`` (all finite), top ``top_k``
-    classes per sample (clamped to 1..C)."""
+    classes per sample (clamped to 1..C); with ``names`` (the card's labels, in logit order)
+    each class also carries its ``name``."""
     k = max(1, min(top_k, int(rows.logits.shape[1])))
     labels: list[list[int]] = rows.order[:, :k].tolist()
     chances: list[list[float]] = rows.probability[:, :k].tolist()
-    results = [{"logits": values,
-                "top_k": [{"label": i, "probability": p} for i, p in zip(ids, ps, strict=True)]}
-               for values, ids, ps in zip(rows.logits.tolist(), labels, chances, strict=True)]
+    top: list[list[dict[str, int | float | str]]]
+    if names is None:
+        top = [[{"label": i, "probability": p} for i, p in zip(ids, ps, strict=True)]
+               for ids, ps in zip(labels, chances, strict=True)]
+    else:
+        top = [[{"label": i, "probability": p, "name": names[i]} for i, p in zip(ids, ps, strict=True)]
+               for ids, ps in zip(labels, chances, strict=True)]
+    results = [{"logits": values, "top_k": classes}
+               for values, classes in zip(rows.logits.tolist(), top, strict=True)]
     document = {"plan_id": plan_id, "model": model, "version": version, "results": results,
                 "queue_s": queue_s, "compute_s": compute_s}
     # pydantic_core's serializer (the one behind model_dump_json) takes plain lists and dicts: 3 us
@@ -78,8 +87,10 @@ class TailAnswer:
     top_k: int
     queue_s: float
     compute_s: float
+    names: tuple[str, ...] | None = None  # the card's labels: each top class's name
 
     def json(self) -> bytes:
         """The :class:`server.schemas.TailResponse` document."""
         return tail_json(plan_id=self.plan_id, model=self.model, version=self.version, rows=self.rows,
-                         top_k=self.top_k, queue_s=self.queue_s, compute_s=self.compute_s)
+                         top_k=self.top_k, queue_s=self.queue_s, compute_s=self.compute_s,
+                         names=self.names)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch import fx
 
 from qpart.models.errors import ModelsError
 from qpart.models.partition import Cut, cuts_of, prepare, split
+from qpart.models.preprocess import PreprocessSpec
 from qpart.models.registry import get_model
 from qpart.profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
 from qpart.profiles.errors import ProfileError
@@ -29,13 +31,16 @@ WEIGHTS_FILE = "weights.safetensors"
 
 @dataclass
 class LoadedModel:
-    """A ready model version: its artifact, traced graph, heads and tails."""
+    """A ready model version: its artifact, traced graph, heads and tails, and what its card
+    declares (preprocessing, class names in logit order)."""
 
     artifact: CalibrationArtifact
     gm: fx.GraphModule
     cuts: list[Cut]
     parts: list[tuple[fx.GraphModule, fx.GraphModule]]
     patterns: dict[str, Pattern] = field(default_factory=dict)
+    preprocess: PreprocessSpec | None = None
+    labels: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -95,13 +100,24 @@ def _load_one(folder: Path) -> ModelEntry:
     if [c.node for c in cuts] != [c.node for c in artifact.cuts]:
         entry.reason = "the model's legal cuts differ from the artifact's; re-run qpart calibrate"
         return entry
+    try:
+        preprocess, labels = spec.preprocess, spec.labels
+    except ModelsError as exc:
+        entry.reason = f"its model card is invalid: {public_reason(exc)}"
+        return entry
+    classes = math.prod(cuts[-1].shape)
+    if labels is not None and len(labels) != classes:
+        entry.reason = (f"its model card names {len(labels)} labels but the model gives {classes} logits; "
+                        f"re-register it with one label per logit")
+        return entry
     parts = [split(gm, c) for c in cuts]
     for head, tail in parts:
         head.eval()
         tail.eval()
         for p in [*head.parameters(), *tail.parameters()]:
             p.requires_grad_(False)
-    entry.model = LoadedModel(artifact, gm, cuts, parts, {p.pattern_id: p for p in artifact.patterns})
+    entry.model = LoadedModel(artifact, gm, cuts, parts, {p.pattern_id: p for p in artifact.patterns},
+                              preprocess, labels)
     return entry
 
 

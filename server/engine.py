@@ -192,7 +192,8 @@ class Engine:
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
-                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s)
+                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s,
+                          names=model.labels)
 
     async def infer_full(
         self, name: str, version: str | None, x: np.ndarray

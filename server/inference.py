@@ -3,7 +3,9 @@ infer (full and tail models) and the QPART tail route, each from a parsed reques
 
 Each served model ``m`` appears twice under /v2: ``m`` (the float model, input ``input`` FP32
 ``[-1, *input_shape]``, output ``logits``) and ``m-tail`` (input ``activation_packet`` UINT8, the
-packet of kernels/wire.py; request parameter ``pattern_id`` names the plan's pattern).
+packet of kernels/wire.py; request parameter ``pattern_id`` names the plan's pattern). An input
+of another name is refused; ``logits`` requested with ``classification: N`` is answered as the
+top N ``score:index:label`` strings (:mod:`server.classification`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from starlette.responses import Response
 
+from qpart.server.catalog import LoadedModel
+from qpart.server.classification import class_count, classify
 from qpart.server.content import content_coding, decode_content, identity_only
 from qpart.server.engine import Engine
 from qpart.server.errors import BadRequestError, NotFoundError
 from qpart.server.oip_codec import decode_request, encode_response
-from qpart.server.schemas import InferOutputTensor, InferRequest, InferResponse
+from qpart.server.schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
 
 TAIL_SUFFIX = "-tail"
+FULL_INPUT = "input"
+TAIL_INPUT = "activation_packet"
+OUTPUT = "logits"
 
 
 def resolve_model(engine: Engine, name: str) -> tuple[str, bool]:
@@ -39,35 +46,55 @@ async def infer_response(engine: Engine, model: str, version: str | None,
     identity_only(content_encoding or [])
     body = await read()
     decoded = decode_request(body, header_length, max_elements=engine.settings.max_body_bytes)
+    _check_inputs(model, TAIL_INPUT if tail else FULL_INPUT, decoded.request)
+    count = _classification(decoded.request)  # a wrong output is refused before inference runs
     if tail:
-        logits, used = await _infer_tail(engine, base, version, decoded.request, decoded.arrays)
+        logits, loaded = await _infer_tail(engine, base, version, decoded.request, decoded.arrays)
     else:
-        x = decoded.arrays.get("input", next(iter(decoded.arrays.values())))
+        x = decoded.arrays[FULL_INPUT]
         if x.dtype != np.float32:
             raise BadRequestError(f"input must be FP32, got {x.dtype}")
         logits, loaded = await engine.infer_full(base, version, x)
-        used = loaded.version
-    requested = [o.name for o in decoded.request.outputs or []]
-    if any(name != "logits" for name in requested):
-        raise BadRequestError(f"unknown output(s) {requested}; this model has 'logits'")
-    output = InferOutputTensor(name="logits", shape=list(logits.shape), datatype="FP32")
-    response = InferResponse(model_name=model, model_version=used, id=decoded.request.id, outputs=[output])
-    content, headers = encode_response(response, {"logits": logits}, decoded.binary_output)
+    values: np.ndarray = logits if count is None else classify(logits, count, loaded.labels)
+    output = InferOutputTensor(name=OUTPUT, shape=list(values.shape),
+                               datatype="FP32" if count is None else "BYTES")
+    response = InferResponse(model_name=model, model_version=loaded.version, id=decoded.request.id,
+                             outputs=[output])
+    content, headers = encode_response(response, {OUTPUT: values}, decoded.binary_output)
     return Response(content, headers=headers)
 
 
+def _check_inputs(model: str, expected: str, request: InferRequest) -> None:
+    """Every input must be the model's one input (decode_request refused duplicate names)."""
+    for tensor in request.inputs:
+        if tensor.name != expected:
+            raise BadRequestError(f"model '{model}' has no input '{tensor.name[:64]}'; it takes one input "
+                                  f"'{expected}' (see GET /v2/models/{model})")
+
+
+def _classification(request: InferRequest) -> int | None:
+    """The classification count of the requested output (None, or no output named: the tensor)."""
+    requested = request.outputs or [InferRequestedOutput(name=OUTPUT)]
+    names = [o.name for o in requested]
+    if any(name != OUTPUT for name in names):
+        raise BadRequestError(f"unknown output(s) {names}; this model has '{OUTPUT}'")
+    if len(names) > 1:
+        raise BadRequestError(f"output '{OUTPUT}' is requested {len(names)} times; request it once")
+    return class_count(requested[0])
+
+
 async def _infer_tail(engine: Engine, base: str, version: str | None, request: InferRequest,
-                      arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
+                      arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, LoadedModel]:
     pattern_id = (request.parameters or {}).get("pattern_id")
-    packet = arrays.get("activation_packet")
+    packet = arrays.get(TAIL_INPUT)
     if not isinstance(pattern_id, str) or packet is None or packet.dtype != np.uint8:
         raise BadRequestError("a tail infer needs the request parameter 'pattern_id' and a UINT8 input "
-                              "'activation_packet'")
+                              f"'{TAIL_INPUT}'")
     model = engine.catalog.get(base, version)
     if pattern_id not in model.patterns:
         raise NotFoundError(f"model '{base}' has no pattern '{pattern_id}'")
     answer = await engine.infer_tail(base, model.version, pattern_id, packet.tobytes(), top_k=1)
-    return np.asarray(answer.rows.logits, dtype=np.float32), model.version  # the answer declares FP32
+    return np.asarray(answer.rows.logits, dtype=np.float32), model  # the answer declares FP32
 
 
 async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,

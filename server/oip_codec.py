@@ -36,10 +36,12 @@ class DecodedRequest:
 def _numel(tensor: InferInputTensor, max_elements: int) -> int:
     n = 1
     for d in tensor.shape:
-        n *= d
+        # A zero empties the tensor, but the other dimensions must still fit: numpy refuses to
+        # shape even an empty array as [0, 14417, 689960, 231809337] (a ValueError, a 500 before).
+        n *= max(d, 1)
         if n > max_elements:
             raise BadRequestError(f"input '{tensor.name}' shape {tensor.shape} is too large")
-    return n
+    return 0 if 0 in tensor.shape else n
 
 
 def _from_json(tensor: InferInputTensor, max_elements: int) -> np.ndarray:
@@ -116,21 +118,31 @@ def _wants_binary(request: InferRequest) -> bool:
     return any((o.parameters or {}).get("binary_data") is True for o in request.outputs or [])
 
 
+def _bytes_blob(arr: np.ndarray) -> bytes:
+    """A BYTES tensor (an object array of ``bytes``) in the binary extension's layout: each
+    element, in row-major order, as a 4-byte little-endian length and its bytes."""
+    return b"".join(len(b).to_bytes(4, "little") + b for b in arr.reshape(-1).tolist())
+
+
 def encode_response(response: InferResponse, arrays: dict[str, np.ndarray],
                     binary: bool) -> tuple[bytes, dict[str, str]]:
-    """Serialize a v2 response; with ``binary`` the tensors follow the JSON header as raw bytes."""
+    """Serialize a v2 response; with ``binary`` the tensors follow the JSON header as raw bytes.
+    A BYTES output's array holds ``bytes`` (UTF-8 text in the JSON form)."""
     blobs = []
     outputs = []
     for out in response.outputs:
         arr = arrays[out.name]
         if binary:
-            raw = np.ascontiguousarray(arr, dtype=_DTYPES[out.datatype]).tobytes()
+            raw = _bytes_blob(arr) if out.datatype == "BYTES" else \
+                np.ascontiguousarray(arr, dtype=_DTYPES[out.datatype]).tobytes()
             blobs.append(raw)
             outputs.append(InferOutputTensor(name=out.name, shape=out.shape, datatype=out.datatype,
                                              parameters={"binary_data_size": len(raw)}))
         else:
+            flat = arr.reshape(-1).tolist()
+            data = [b.decode() for b in flat] if out.datatype == "BYTES" else flat
             outputs.append(InferOutputTensor(name=out.name, shape=out.shape, datatype=out.datatype,
-                                             data=arr.reshape(-1).tolist()))
+                                             data=data))
     doc = response.model_copy(update={"outputs": outputs}).model_dump(exclude_none=True)
     head = json.dumps(doc).encode()
     if not binary:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any
 
@@ -10,11 +11,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from qpart.server import paths
+from qpart.server.catalog import LoadedModel
 from qpart.server.deps import EngineDep, read_body, require_model_token, require_token
 from qpart.server.engine import Engine
 from qpart.server.inference import infer_response, resolve_model
 from qpart.server.oip_codec import HEADER
-from qpart.server.schemas import ErrorBody, ModelMetadata, ServerMetadata, TensorMetadata
+from qpart.server.schemas import ErrorBody, ModelMetadata, Parameter, ServerMetadata, TensorMetadata
 
 router = APIRouter()
 SERVER_VERSION = "0.1.0"
@@ -39,7 +41,8 @@ async def ready(engine: EngineDep) -> Response:
 @router.get(paths.V2_SERVER.template, response_model=ServerMetadata, summary="Server metadata")
 async def server_metadata() -> ServerMetadata:
     """Name, version and supported protocol extensions."""
-    return ServerMetadata(name="qpart", version=SERVER_VERSION, extensions=["binary_tensor_data"])
+    return ServerMetadata(name="qpart", version=SERVER_VERSION,
+                          extensions=["binary_tensor_data", "classification"])
 
 
 def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
@@ -55,13 +58,27 @@ def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
         inputs = [TensorMetadata(name="input", datatype="FP32", shape=[-1, *model.artifact.input_shape])]
     return ModelMetadata(name=name, versions=[e.version for e in entries], platform="pytorch_qpart",
                          inputs=inputs, outputs=[TensorMetadata(name="logits", datatype="FP32",
-                                                                shape=[-1, *classes])])
+                                                                shape=[-1, *classes])],
+                         parameters=card_parameters(model) or None)
+
+
+def card_parameters(model: LoadedModel) -> dict[str, Parameter]:
+    """What the model card declares, as metadata parameters: ``preprocess`` (the spec's JSON
+    object) and ``labels`` (the JSON list of class names in logit order), each a JSON string,
+    since a protocol parameter is a string, number or boolean; absent when the card has none."""
+    parameters: dict[str, Parameter] = {}
+    if model.preprocess is not None:
+        parameters["preprocess"] = model.preprocess.model_dump_json()
+    if model.labels is not None:
+        parameters["labels"] = json.dumps(list(model.labels), separators=(",", ":"))
+    return parameters
 
 
 @router.get(paths.V2_MODEL.template, response_model=ModelMetadata, responses=_ERRORS,
             dependencies=[Depends(require_model_token)], summary="Model metadata")
 async def model_metadata(model: str, engine: EngineDep) -> ModelMetadata:
-    """Inputs, outputs and versions of a model (``m`` or ``m-tail``)."""
+    """Inputs, outputs and versions of a model (``m`` or ``m-tail``); ``parameters`` carries the
+    card's ``preprocess`` and ``labels`` as JSON strings."""
     return _metadata(engine, model, None)
 
 

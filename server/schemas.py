@@ -204,8 +204,10 @@ class ModelInfo(_Strict):
 class TopK(_Strict):
     """One class and its softmax probability."""
 
-    label: int
+    label: int = Field(description="The class index (its logit's position).")
     probability: float
+    name: str | None = Field(None, description="The class name from the model card; absent when the "
+                                               "card names no labels.")
 
 
 class TailResult(_Strict):
@@ -294,13 +296,16 @@ class TensorMetadata(BaseModel):
 
 
 class ModelMetadata(BaseModel):
-    """``GET /v2/models/{m}``."""
+    """``GET /v2/models/{m}``; ``parameters`` holds what the model card declares, each a JSON
+    string (protocol parameters are strings, numbers or booleans): ``preprocess`` (the
+    :class:`models.preprocess.PreprocessSpec` object) and ``labels`` (class names in logit order)."""
 
     name: str
     versions: list[str]
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
+    parameters: dict[str, Parameter] | None = None
 
 
 class ServerMetadata(BaseModel):

@@ -139,7 +139,7 @@ class TailPool:
         pattern_id = next(iter(model.patterns))
         return len(tail_json(plan_id=f"{model.name}@{model.version}/{pattern_id}", model=model.name,
                              version=model.version, rows=rows, top_k=5, queue_s=0.000123456789,
-                             compute_s=0.000123456789))
+                             compute_s=0.000123456789, names=model.labels))
 
     def _measure_tails(self, model: LoadedModel, warmup: int = 2, repeats: int = 7) -> list[float]:
         # ElasticTrainer's profiler recipe: a few warm-up runs, then the median of timed ones,

@@ -3,6 +3,7 @@ the default; the runtime and the profiler are seams that keep what the command b
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -105,3 +106,64 @@ def test_help_shows_the_default_and_the_variable():
     out = CliRunner().invoke(device_app, ["infer", "--help"], env={"COLUMNS": "300"}).output
     assert "default: http://127.0.0.1:8000, env QPART_DEVICE_SERVER" in out
     assert "env QPART_DEVICE_CACHE_DIR" in out and "env QPART_DEVICE_TOKEN" in out
+
+
+@pytest.mark.parametrize("names", [("T-shirt/top", "Trouser", "Pullover"), None])
+def test_infer_prints_each_predicted_class_index_with_its_card_name(monkeypatch, tmp_path, names):
+    from qpart.client.device import InferenceRun
+    from qpart.client.plans import Plan, TailAnswer
+    from tests.client.samples import ANSWER, PLAN
+
+    class Runtime:  # answers in the server's place: two samples, classes 1 and 2
+        def __init__(self, settings, **_):
+            pass
+
+        def infer(self, *_, **__):
+            run = InferenceRun(Plan.model_validate(PLAN), predictions=[1, 2],
+                               timings_s={"total": 0.01})
+            run.results.extend(TailAnswer.model_validate(ANSWER).results * 2)
+            return run
+
+        def class_names(self, model):
+            assert model == "fmnist-cnn"
+            return names
+
+        def close(self):
+            pass
+
+    runtime = ModuleType("qpart.client.runtime")
+    runtime.DeviceRuntime = Runtime  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "qpart.client.runtime", runtime)
+    image = tmp_path / "x.png"
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(image)
+    env = {"QPART_DEVICE_CACHE_DIR": str(tmp_path / "cache")}
+    text = invoke(["infer", str(image), str(image)], env)
+    doc = json.loads(invoke(["infer", str(image), str(image), "--json"], env))
+    assert doc["results"][0]["top_k"] == [{"label": 1, "probability": 0.8}]  # as the server sent it
+    if names is None:
+        assert "predictions: 1, 2" in text
+        assert doc["predictions"] == [{"label": 1}, {"label": 2}]
+    else:
+        assert "predictions: 1 (Trouser), 2 (Pullover)" in text
+        assert doc["predictions"] == [{"label": 1, "name": "Trouser"}, {"label": 2, "name": "Pullover"}]
+
+
+def test_class_names_come_from_the_models_v2_metadata(tmp_path):
+    from qpart.client.device import DeviceClient
+    from qpart.client.errors import ServerAnswerError
+    from qpart.client.transport import Transport
+
+    answers = {"fmnist-cnn": {"parameters": {"labels": '["a","b"]'}}, "bare": {"name": "bare"},
+               "broken": {"parameters": {"labels": "[1, 2]"}}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=answers[request.url.path.removeprefix("/v2/models/")])
+
+    settings = DeviceSettings(server="http://server.test", cache_dir=tmp_path)
+    mock = httpx.Client(base_url=settings.server, transport=httpx.MockTransport(handler))
+    transport = Transport(settings, mock)
+    with DeviceClient(settings, transport=transport) as device:
+        assert device.class_names("fmnist-cnn") == ("a", "b")
+        assert device.class_names("bare") is None
+        with pytest.raises(ServerAnswerError, match="labels"):
+            device.class_names("broken")

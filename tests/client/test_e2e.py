@@ -51,6 +51,9 @@ def _compare(runner, doc, demand):
     offline_pred = offline.argmax(1).numpy()
     device_pred = np.array([int(np.argmax(r["logits"])) for r in doc["results"]])
     assert np.mean(device_pred == offline_pred) >= 0.999
+    labels = get_model("fmnist-cnn").labels  # the CLI names each class as the card does (/v2 metadata)
+    assert labels is not None and [p["label"] for p in doc["predictions"]] == device_pred.tolist()
+    assert [p["name"] for p in doc["predictions"]] == [labels[i] for i in device_pred]
     assert abs(doc["accuracy"] - float(np.mean(offline_pred == test.labels))) <= 0.002
     for phase in ("plan", "download", "head", "upload_and_tail", "total"):
         assert doc["timings_s"][phase] >= 0

@@ -70,3 +70,12 @@ def test_slicing_takes_the_same_rows_of_every_field():
     assert isinstance(part, TailRows) and len(part) == 2
     assert part.logits.tolist() == [[5, 4, 3], [8, 7, 6]]
     assert part.order.tolist() == [[0, 1, 2], [0, 1, 2]] and part.finite.tolist() == [True, True]
+
+
+def test_with_the_cards_labels_each_top_class_carries_its_name_beside_its_index():
+    rows = tail_rows(np.array([[0.0, 3.0, 1.0]], dtype=np.float32))
+    text = tail_json(plan_id="p", model="m", version="1", rows=rows, top_k=2, queue_s=0, compute_s=0,
+                     names=("cat", "dog", "emu"))
+    top = TailResponse.model_validate_json(text).results[0].top_k
+    assert [(t.label, t.name) for t in top] == [(1, "dog"), (2, "emu")]
+    assert list(json.loads(text)["results"][0]["top_k"][0]) == ["label", "probability", "name"]

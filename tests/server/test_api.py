@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from qpart.client.plans import HeadSpec, PacketFormat, Plan
 from qpart.client.runtime import encode_for_plan, load_head
 from qpart.models.data import Split, load_split
+from qpart.models.registry import get_model
 from qpart.server.app import create_app
 from qpart.server.settings import ServerSettings
 from tests.server.conftest import make_client
@@ -194,6 +195,10 @@ def test_tail_inference_matches_the_split_model(client, cut):
     assert response.status_code == 200, response.text
     preds = [r["top_k"][0]["label"] for r in response.json()["results"]]
     assert np.mean(np.array(preds) == test.labels) > 0.85
+    labels = get_model("fmnist-cnn").labels
+    assert labels is not None and labels[0] == "T-shirt/top"
+    for result in response.json()["results"]:  # each class's card name beside its index
+        assert all(t["name"] == labels[t["label"]] for t in result["top_k"])
 
 
 @pytest.mark.parametrize("body", [b"", b"garbage", b"QPA\x01" + bytes(40), b"\x00" * 1000])

@@ -75,3 +75,14 @@ def test_v2_raw_garbage_never_5xx(client, body, length):
     except UnicodeEncodeError:  # not a valid HTTP header value: nothing reaches the server
         return
     assert 400 <= response.status_code < 500, response.text
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_an_empty_shape_whose_other_dimensions_overflow_is_a_400(client, binary):
+    tensor = {"name": "input", "shape": [0, 14417, 689960, 231809337], "datatype": "FP32"}
+    if binary:  # the case hypothesis found: a 500 from numpy's reshape
+        body, headers = _binary_request({"inputs": [{**tensor, "parameters": {"binary_data_size": 0}}]}, b"")
+        response = client.post("/v2/models/fmnist-cnn/infer", content=body, headers=headers)
+    else:
+        response = client.post("/v2/models/fmnist-cnn/infer", json={"inputs": [{**tensor, "data": []}]})
+    assert response.status_code == 400 and "too large" in response.json()["error"]

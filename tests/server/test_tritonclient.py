@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -78,3 +80,57 @@ def test_tail_model_infer_with_uint8_packet_and_flat_parameters(client, server):
     result = client.infer("fmnist-cnn-tail", [inp], parameters={"pattern_id": pattern["pattern_id"]})
     logits = result.as_numpy("logits")
     assert logits.shape == (8, 10) and np.mean(logits.argmax(1) == test.labels) >= 0.75
+
+
+def _card() -> dict[str, object]:
+    from qpart.models.registry import get_model
+
+    spec = get_model("fmnist-cnn")
+    assert spec.preprocess is not None and spec.labels is not None
+    return {"preprocess": spec.preprocess.model_dump(mode="json"), "labels": list(spec.labels)}
+
+
+@pytest.mark.parametrize("name", ["fmnist-cnn", "fmnist-cnn-tail"])
+def test_metadata_parameters_carry_the_cards_preprocessing_and_labels(client, name):
+    parameters = client.get_model_metadata(name)["parameters"]
+    assert {k: json.loads(v) for k, v in parameters.items()} == _card()
+    assert json.loads(parameters["labels"])[9] == "Ankle boot"
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification_extension_gives_top_scores_with_index_and_label(client, binary):
+    assert "classification" in client.get_server_metadata()["extensions"]
+    test = load_split(Split.TEST, limit=16)
+    inp = triton.InferInput("input", list(test.images.shape), "FP32")
+    inp.set_data_from_numpy(test.images, binary_data=binary)
+    plain = client.infer("fmnist-cnn", [inp], outputs=[triton.InferRequestedOutput("logits")])
+    logits = plain.as_numpy("logits")
+    top = client.infer("fmnist-cnn", [inp], outputs=[
+        triton.InferRequestedOutput("logits", binary_data=binary, class_count=3)]).as_numpy("logits")
+    assert top.shape == (16, 3)
+    labels = _card()["labels"]
+    for row, entries in zip(logits, top, strict=True):
+        parts = [(e.decode() if isinstance(e, bytes) else e).split(":", 2) for e in entries]
+        assert [int(index) for _, index, _ in parts] == np.argsort(-row, kind="stable")[:3].tolist()
+        assert [label for _, _, label in parts] == [labels[int(index)] for _, index, _ in parts]
+        assert [score for score, _, _ in parts] == [f"{row[int(index)]:f}" for _, index, _ in parts]
+
+
+def test_classification_asks_at_most_every_class(client):
+    inp = triton.InferInput("input", [1, 1, 28, 28], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.float32))
+    top = client.infer("fmnist-cnn", [inp], outputs=[triton.InferRequestedOutput("logits", class_count=50)])
+    assert top.as_numpy("logits").shape == (1, 10)
+
+
+def test_unknown_input_name_is_a_400_naming_the_expected_input(client, server):
+    inp = triton.InferInput("images", [1, 1, 28, 28], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("fmnist-cnn", [inp])
+    assert str(info.value.status()) == "400"
+    assert "no input 'images'" in info.value.message() and "'input'" in info.value.message()
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8", "data": [0]}],
+            "parameters": {"pattern_id": "p"}}
+    answer = httpx.post(f"{server.url}/v2/models/fmnist-cnn-tail/infer", json=body)
+    assert answer.status_code == 400 and "'activation_packet'" in answer.json()["error"]

@@ -80,6 +80,11 @@ class OnnxSegmentLimits:
     dimension counted as 1), computed by :mod:`kernels.onnx_shapes`. The largest of the real
     segments of both reference models, over every cut and pattern, is 401,408 (a weight rebuilt
     from its codes, [98, 8, 512] in fmnist-cnn); 2**24 (64 MB as float32) is 41 times that."""
+    max_total_elements: int = 1 << 26
+    """Elements of all the node outputs together, per sample: the per-tensor cap alone lets a graph
+    of many tensors, each under it, ask for as much memory as it has nodes. The largest total of the
+    real segments of both reference models, over every cut and pattern, is 3,983,882 (fmnist-cnn,
+    cut 8); 2**26 (256 MB as float32) is 16 times that."""
     max_records: int = 1 << 18
     """Protobuf records the walk reads in all (a packed array is one)."""
     max_metadata: int = 64

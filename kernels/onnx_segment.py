@@ -8,7 +8,8 @@ refuses external data, operator domains other than ONNX's own, an opset other th
 outside :data:`ALLOWED_OPS`, attributes that carry tensors or graphs or that the operator lacks,
 local functions, training info, and more records, nodes, initializers or entries of any repeated
 field than the caps, each message against an allow-list of its field numbers and wire types; last,
-the static shapes of :mod:`kernels.onnx_shapes` (no tensor over the cap, none it cannot determine).
+the static shapes of :mod:`kernels.onnx_shapes` (no tensor over the cap, no more elements in all
+than the total cap, none it cannot determine).
 """
 
 from __future__ import annotations

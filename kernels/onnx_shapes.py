@@ -4,8 +4,9 @@ The allow-listed operators cannot read files or run subgraphs, but they can stil
 chain of ``k`` ``Concat(x, x)`` nodes over a 4-byte initializer is a 1 KB segment that makes ONNX
 Runtime allocate ``4 * 2**k`` bytes while it folds constants. So the check propagates every
 tensor's shape through the graph, node by node, with each operator's ONNX (opset 18) semantics and
-attributes (the rules of :mod:`kernels.onnx_shape_rules`), and refuses a tensor over the cap, a
-node out of topological order, and any shape it cannot determine: it refuses rather than guesses.
+attributes (the rules of :mod:`kernels.onnx_shape_rules`), and refuses a tensor over the cap,
+node outputs whose sizes add up to more than the total cap (many tensors each under the first cap),
+a node out of topological order, and any shape it cannot determine: it refuses rather than guesses.
 The batch dimension of ``input`` is symbolic (:data:`~kernels.onnx_graph.BATCH`): sizes are
 counted per sample.
 
@@ -22,12 +23,14 @@ from qpart.kernels.onnx_shape_rules import RULES, Refused
 
 
 def check_shapes(input_name: str, input_dims: Shape, initializers: Sequence[Initializer],
-                 nodes: Sequence[Node], output_name: str, *, max_elements: int) -> int:
+                 nodes: Sequence[Node], output_name: str, *, max_elements: int, max_total: int) -> int:
     """Propagate shapes from ``input`` (``input_dims``, :data:`BATCH` for the symbolic batch) and
     the initializers through ``nodes`` in order; return the largest tensor's size (per sample).
 
     Raises:
-        OversizeError: a tensor of more than ``max_elements`` elements, naming the node.
+        OversizeError: a tensor of more than ``max_elements`` elements, naming the node; or node
+            outputs of more than ``max_total`` elements per sample in all, naming the node that
+            brings them over and their total.
         UnsafeSegmentError: a node out of topological order, a value defined twice, a shape the
             check cannot determine, or shapes the operator does not accept.
     """
@@ -45,17 +48,27 @@ def check_shapes(input_name: str, input_dims: Shape, initializers: Sequence[Init
                                 f"the cap of {max_elements}")
         shapes[init.name], consts[init.name] = init.dims, init
         largest = max(largest, n)
+    total = 0
     for index, node in enumerate(nodes):
-        largest = max(largest, _propagate(index, node, shapes, consts, max_elements))
+        n = _propagate(index, node, shapes, consts, max_elements)
+        largest = max(largest, n)
+        total += n * sum(1 for name in node.outputs if name)  # each output is a tensor of its own
+        if total > max_total:
+            raise OversizeError(f"ONNX segment {_where(index, node)} brings its node outputs to {total} "
+                                f"elements per sample in all, over the total cap of {max_total}")
     if output_name not in shapes:
         raise UnsafeSegmentError(f"ONNX segment never makes its output {output_name!r}")
     return largest
 
 
+def _where(index: int, node: Node) -> str:
+    return f"node {index} ({node.op} -> {node.outputs[0][:40] if node.outputs else '?'!a})"
+
+
 def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[str, Initializer],
                max_elements: int) -> int:
     """One node's output shape into ``shapes``; its size."""
-    where = f"node {index} ({node.op} -> {node.outputs[0][:40] if node.outputs else '?'!a})"
+    where = _where(index, node)
     missing = next((name for name in node.inputs if name and name not in shapes), None)
     if missing is not None:
         raise UnsafeSegmentError(f"ONNX segment {where} reads {missing[:40]!a} before any node makes it "

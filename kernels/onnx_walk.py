@@ -202,7 +202,7 @@ class _Walk:
                 values[number].append(self.value_info(message(wire, value, "value_info")))
         inputs, outputs = tuple(v[0] for v in values[11]), tuple(v[0] for v in values[12])
         check_shapes(INPUT_NAME, _input_dims(values[11]), initializers, nodes, OUTPUT_NAME,
-                     max_elements=limits.max_tensor_elements)
+                     max_elements=limits.max_tensor_elements, max_total=limits.max_total_elements)
         ops = frozenset(op for op, _ in node_ops)
         return OnnxSegmentInfo(metadata, ops, len(nodes), len(initializers), inputs, outputs, tuple(node_ops))
 

@@ -44,6 +44,41 @@ def test_a_bomb_through_the_batch_is_counted_per_sample():
         check(segment(nodes, []), OnnxSegmentLimits(max_tensor_elements=(1 << 24) - 1))
 
 
+def _many_tensors(copies: int) -> bytes:
+    """A Concat chain to one tensor of 2**23 floats, ``copies`` Identity copies of it, sliced back."""
+    nodes = [helper.make_node("Concat", [f"c{i}", f"c{i}"], [f"c{i + 1}"], axis=0) for i in range(23)]
+    nodes += [helper.make_node("Identity", [f"d{j}" if j else "c23"], [f"d{j + 1}"]) for j in range(copies)]
+    nodes += [helper.make_node("Slice", [f"d{copies}", "st", "en"], ["s"]),
+              helper.make_node("Add", [INPUT_NAME, "s"], [OUTPUT_NAME])]
+    inits = [numpy_helper.from_array(np.ones(1, np.float32), "c0"),
+             numpy_helper.from_array(np.array([0], np.int64), "st"),
+             numpy_helper.from_array(np.array([4], np.int64), "en")]
+    return segment(nodes, inits)
+
+
+def test_many_tensors_each_under_the_cap_are_refused_by_their_total():
+    limits = OnnxSegmentLimits()
+    assert limits.max_tensor_elements > 1 << 23 and limits.max_total_elements == 1 << 26
+    check(_many_tensors(5))  # 2**24 - 2 in the chain, 5 * 2**23 in the copies, 8 after: 7 * 2**23 + 6
+    data = _many_tensors(8)
+    assert len(data) < 4096
+    with pytest.raises(OversizeError, match=r"^ONNX segment node 29 \(Identity -> 'd7'\) brings its node "
+                                            r"outputs to 75497470 elements per sample in all, over the "
+                                            r"total cap of 67108864$"):
+        check(data)
+    check(data, OnnxSegmentLimits(max_total_elements=1 << 27))
+
+
+def test_the_total_cap_counts_every_node_output_per_sample():
+    relus = [helper.make_node("Relu", [f"r{i}" if i else INPUT_NAME], [f"r{i + 1}"]) for i in range(9)]
+    relus.append(helper.make_node("Relu", ["r9"], [OUTPUT_NAME]))
+    data = segment(relus, [])  # ten tensors of [N, 4]
+    check(data, OnnxSegmentLimits(max_total_elements=40))
+    with pytest.raises(OversizeError, match=r"node 9 \(Relu -> 'activation'\) .* 40 elements per sample "
+                                            r"in all, over the total cap of 39"):
+        check(data, OnnxSegmentLimits(max_total_elements=39))
+
+
 REFUSED = {
     "out of topological order": ([helper.make_node("Relu", ["r"], [OUTPUT_NAME]),
                                   helper.make_node("Relu", [INPUT_NAME], ["r"])], [], "topological order"),

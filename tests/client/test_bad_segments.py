@@ -119,7 +119,8 @@ def _external() -> bytes:
 def _plan(segment_id: str, size_bytes: int) -> Plan:
     segment = {"id": segment_id, "url": f"/v1/segments/{segment_id}", "size_bytes": size_bytes,
                "sha256": segment_id, "held": False, "runtime": "onnx"}
-    return Plan.model_validate({**PLAN, "cut": 1, "segment": segment})
+    plan_id = f"{PLAN['model']}@{PLAN['version']}/c1-x"  # the pattern the segment's metadata names
+    return Plan.model_validate({**PLAN, "plan_id": plan_id, "cut": 1, "segment": segment})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,116 @@
+"""The ONNX form of a head segment (ADR 0012): its format, its operator allow-list, the caps a
+device puts on it and what the check (:mod:`kernels.onnx_segment`) reports. Needs neither onnx nor
+torch.
+
+A segment is an ONNX model (opset 18) whose graph maps ``input`` (``[N, *input_shape]`` float32)
+to ``activation`` (the head's output at the cut, float32); its quantized weights are initializers
+holding the packed codes, scales and mins of the safetensors form, rebuilt in the graph
+(:mod:`models.onnx_dequant`). ``producer_name`` and ``producer_version`` say the format and its
+version; ``metadata_props`` carry ``model``, ``version``, ``cut`` and ``pattern_id``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class HeadRuntime(StrEnum):
+    """What runs a device's head, and so which form of its segment the device downloads."""
+
+    TORCH = "torch"
+    """PyTorch: the device builds the head from shared model code and loads the safetensors
+    segment's tensors into it (ADR 0003)."""
+    ONNX = "onnx"
+    """ONNX Runtime: the segment is the head's whole graph, checked before it runs (ADR 0012)."""
+
+
+ONNX_SEGMENT_FORMAT = "qpart-segment-onnx"
+ONNX_SEGMENT_FORMAT_VERSION = "1"
+ONNX_OPSET = 18
+ONNX_IR_VERSION = 8
+INPUT_NAME = "input"
+OUTPUT_NAME = "activation"
+
+ALLOWED_OPS: dict[str, str] = {
+    "Add": "residual sums; adds the mins when dequantizing",
+    "AveragePool": "average pooling",
+    "BatchNormalization": "a batch norm that was not folded into a convolution",
+    "BitShift": "moving each code row's bits to the bottom of its byte (1, 2 and 4 bits)",
+    "BitwiseAnd": "masking one code out of its byte (1, 2 and 4 bits)",
+    "Cast": "packed bytes or codes to float32",
+    "Concat": "joining the full blocks and the last block of a tensor's codes",
+    "Conv": "2-D convolutions",
+    "Flatten": "flatten from axis 1",
+    "Gather": "picking the byte rows that hold each code row",
+    "Gemm": "linear layers",
+    "GlobalAveragePool": "adaptive average pooling to 1x1",
+    "Identity": "dropout and identity modules",
+    "Floor": "dropping the bits below a straddling code (3, 5, 6 and 7 bits)",
+    "MatMul": "joining the two bytes that hold a straddling code (3, 5, 6 and 7 bits)",
+    "MaxPool": "max pooling",
+    "Mod": "dropping the bits above a straddling code",
+    "Mul": "multiplying codes by their group's scale",
+    "Relu": "ReLU",
+    "Reshape": "codes to the tensor's shape",
+    "Slice": "dropping the padding codes of a tensor",
+}
+"""Every operator an ONNX segment may use, with what the builder uses it for. Nothing here reads
+files, draws random numbers, or runs a subgraph."""
+
+
+@dataclass(frozen=True)
+class OnnxSegmentLimits:
+    """Caps a device puts on an ONNX segment before it creates a session for it.
+
+    Besides the bytes, every count the walk reads is capped, so that the check's work and memory
+    are bounded by the caps, not by the bytes (a refused segment is refused quickly): protobuf
+    records in all, nodes, initializers, entries of each repeated field. Packed arrays are checked
+    with bytes operations. The real segments of both reference models (every cut and pattern) use at
+    most 181 nodes, 95 initializers, 4 metadata entries, no value_info, 4 dimensions, 3 node inputs,
+    2 attributes of a node, 4 values of an attribute and about 2,000 records.
+    """
+
+    max_bytes: int = 256 << 20
+    max_nodes: int = 4096
+    """Nodes of the graph; also the cap on its value_info entries."""
+    max_initializers: int = 4096
+    max_tensor_elements: int = 1 << 24
+    """Elements of any one tensor: an initializer, or a node's output per sample (the batch
+    dimension counted as 1), computed by :mod:`kernels.onnx_shapes`. The largest of the real
+    segments of both reference models, over every cut and pattern, is 401,408 (a weight rebuilt
+    from its codes, [98, 8, 512] in fmnist-cnn); 2**24 (64 MB as float32) is 41 times that."""
+    max_total_elements: int = 1 << 26
+    """Elements of all the node outputs together, per sample: the per-tensor cap alone lets a graph
+    of many tensors, each under it, ask for as much memory as it has nodes. The largest total of the
+    real segments of both reference models, over every cut and pattern, is 3,983,882 (fmnist-cnn,
+    cut 8); 2**26 (256 MB as float32) is 16 times that."""
+    max_records: int = 1 << 18
+    """Protobuf records the walk reads in all (a packed array is one)."""
+    max_metadata: int = 64
+    max_graph_values: int = 16
+    """Inputs, outputs and opset imports of the model, each."""
+    max_node_values: int = 64
+    """Inputs and outputs of a node, each."""
+    max_attributes: int = 32
+    """Attributes of a node."""
+    max_attribute_values: int = 64
+    """Values of an ``ints``, ``floats`` or ``strings`` attribute."""
+    max_dims: int = 8
+    """Dimensions of a tensor's shape (an initializer's dims, a value's shape)."""
+
+
+@dataclass(frozen=True)
+class OnnxSegmentInfo:
+    """What the check read from a segment that passed it."""
+
+    metadata: dict[str, str]
+    ops: frozenset[str]
+    nodes: int
+    initializers: int
+    inputs: tuple[str, ...] = field(default=())
+    outputs: tuple[str, ...] = field(default=())
+    node_ops: tuple[tuple[str, str], ...] = field(default=())
+    """``(op_type, domain)`` of each node, in order."""
+    opset_domains: tuple[str, ...] = field(default=())
+    """The domain of each ``opset_import``, in order."""

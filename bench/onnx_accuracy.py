@@ -3,6 +3,11 @@ process where ``import torch`` fails) against the torch device, on the same test
 reference models at the 1% demand, over a live ``qpart serve``: top-1 of each, and the plans.
 
     python -m bench.onnx_accuracy --limit 1000 --out bench/results/onnx_accuracy.json
+
+``--onnx-venv DIR``: the ONNX device runs from that virtualenv's own ``qpart`` (e.g. a fresh one
+holding only the wheel with its ``device-onnx`` extra: ``python3 -m venv DIR && DIR/bin/pip install
+'qpart_serving-*.whl[device-onnx]'``), with no ``PYTHONPATH``; the JSON lists what it holds, torch
+or not. Without it, the checkout's interpreter runs it behind a shim on which ``import torch`` fails.
 """
 
 from __future__ import annotations
@@ -28,19 +33,24 @@ FAST = {"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11, "power_c
 
 
 def _infer(url: str, model: str, runtime: str, limit: int, demand: float, device: str, rate_mbps: float,
-           folder: Path) -> dict[str, Any]:
+           folder: Path, onnx_venv: Path | None = None) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     profile = folder / "fast.json"
     profile.write_text(json.dumps(FAST))
     device_args = ["--device-profile", str(profile)] if device == FAST["name"] else ["--device", device]
     env = dict(os.environ)
-    if runtime == "onnx":  # the device has no torch at all
+    python = sys.executable
+    if runtime == "onnx" and onnx_venv is not None:  # only what that virtualenv installed
+        env.pop("PYTHONPATH", None)
+        python = str(onnx_venv / "bin" / "python")
+    elif runtime == "onnx":  # the device has no torch at all
         env["PYTHONPATH"] = os.pathsep.join([str(NOTORCH), str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "qpart", "device", "infer", "--runtime", runtime, "--model", model,
+    cmd = [python, "-m", "qpart", "device", "infer", "--runtime", runtime, "--model", model,
            "--idx", IMAGES, "--labels", LABELS, "--limit", str(limit), "--demand", str(demand),
            *device_args, "--rate-mbps", str(rate_mbps), "--server", url,
            "--cache-dir", str(folder / runtime), "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=1800)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=1800,
+                          cwd=folder)  # not the checkout: its folders would be importable from there
     doc = json.loads(done.stdout)
     plan = doc["plan"]
     return {"accuracy": doc["accuracy"], "cut": plan["cut"], "level": plan["level"],
@@ -56,8 +66,11 @@ def main() -> None:
     parser.add_argument("--scenarios", default="fast-board@10000,jetson-nano@20",
                         help="device@Mbit/s, comma-separated: fast-board (inline, plans all on the "
                         "device) or a shipped profile's name")
+    parser.add_argument("--onnx-venv", type=Path, default=None,
+                        help="a virtualenv whose own qpart runs the ONNX device (see above)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "onnx_accuracy.json")
     args = parser.parse_args()
+    venv = _venv_packages(args.onnx_venv) if args.onnx_venv else None
     port = free_port()
     server = start_server(port)
     rows = []
@@ -67,7 +80,7 @@ def main() -> None:
                                     for s in args.scenarios.split(",")]:
                 device, rate = scenario.split("@")
                 runs = {rt: _infer(f"http://127.0.0.1:{port}", model, rt, args.limit, args.demand, device,
-                                   float(rate), Path(tmp) / f"{model}-{scenario}")
+                                   float(rate), Path(tmp) / f"{model}-{scenario}", args.onnx_venv)
                         for rt in ("torch", "onnx")}
                 gap = 100 * (runs["onnx"]["accuracy"] - runs["torch"]["accuracy"])
                 rows.append({"model": model, "images": args.limit, "demand": args.demand, "device": device,
@@ -78,7 +91,18 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
-    args.out.write_text(json.dumps({"provenance": provenance(), "rows": rows}, indent=1) + "\n")
+    doc: dict[str, Any] = {"provenance": provenance(), "rows": rows}
+    if venv is not None:
+        doc["onnx_venv"] = {"path": str(args.onnx_venv), "packages": venv,
+                            "torch_installed": any(n.lower().startswith("torch") for n in venv)}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _venv_packages(venv: Path) -> dict[str, str]:
+    """Name → version of every distribution installed in ``venv`` (``pip list``)."""
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json"],
+                          capture_output=True, text=True, check=True, timeout=120)
+    return {d["name"]: d["version"] for d in json.loads(done.stdout)}
 
 
 if __name__ == "__main__":

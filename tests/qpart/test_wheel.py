@@ -93,3 +93,19 @@ def test_the_wheel_ships_the_browser_device_page(installed):
     assert len(list((web / "samples").glob("*.png"))) == 10
     built = [name for name in VENDOR_FILES if (REPO / "server" / "web" / "vendor" / name).is_file()]
     assert [name for name in built if (web / "vendor" / name).is_file()] == built  # after `make web`
+
+
+def test_the_device_onnx_extra_resolves_to_no_torch(installed, tmp_path):
+    """Issue 25, acceptance 1: what pip would install for ``qpart-serving[device-onnx]`` into a fresh
+    virtualenv, resolved against the package index (``--dry-run --ignore-installed``), holds
+    onnxruntime and no torch (bench.onnx_accuracy --onnx-venv runs the device from such an install)."""
+    python = installed / "bin" / "python"
+    wheel = next((installed.parent / "dist").glob("qpart_serving-*.whl"))
+    report = tmp_path / "report.json"
+    done = _run(python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", report,
+                f"{wheel}[device-onnx]", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert {"onnxruntime", "numpy", "httpx"} <= names, sorted(names)
+    heavy = {n for n in names if n.startswith("torch") or n in {"safetensors", "scipy", "onnx"}}
+    assert not heavy, sorted(names)

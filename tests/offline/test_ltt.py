@@ -118,3 +118,47 @@ def test_the_ladder_is_placed_on_fit_samples_before_any_check_sample_is_read():
         assert {ds for ds, _ in reads[len(before):]} == {"check"}
     # and what the fit samples decided does not depend on the check samples
     assert _reads_before_the_test(0)[0] == _reads_before_the_test(N_CHECK)[0]
+
+
+def _select_with_one_failing_rung(fail_at: int | None,
+                                  floor_offset: int | None = None) -> tuple[int, int | None]:
+    """``select`` on rungs that all pass on the check samples but the one ``fail_at`` grid steps
+    from the anchor (None: none fails), with a lower level's anchor ``floor_offset`` steps below
+    it (None: no floor): the anchor, and the chosen grid step (None: lossless)."""
+    level, rungs_count, offset = 0.01, 160, 80
+    fit = np.array([[int(N_FIT * 0.01 * 2 ** ((i - offset) / 16)), 0] for i in range(rungs_count)])
+    sim = SyntheticState(CalibrationSettings(ladder_steps=STEPS), offset=offset, rungs_count=rungs_count)
+    sim.draw(fit, np.zeros((rungs_count, 2)))
+    budget = 2.0 ** (4 / STEPS)
+    with synthetic(sim):
+        at = selection.anchor(sim, 0, level, budget)  # type: ignore[arg-type]
+        floor = None if floor_offset is None else at - floor_offset
+        check = np.zeros((rungs_count, 2))
+        if fail_at is not None:
+            check[at + fail_at + offset] = [N_CHECK, 0]  # every check sample lost: fails for sure
+        sim.draw(fit, check)
+        chosen = selection.select(sim, 0, level, budget, floor)  # type: ignore[arg-type]
+    return at, chosen.bits["k"] if chosen.check is not None else None
+
+
+@pytest.mark.parametrize("fail_at", [-2, -1, 0, 1, 2, 3])
+def test_select_never_keeps_a_rung_past_the_first_failure(fail_at):
+    # Rungs past the failing one pass and have fewer bits: choosing among them would be the
+    # search-after-failure that breaks the guarantee (the simulation's exact bound hides it).
+    ladder = sorted(CalibrationSettings().ladder)
+    at, chosen = _select_with_one_failing_rung(fail_at)
+    before = [o for o in ladder if o < fail_at]
+    assert chosen == at + max(before)  # the last rung before the failure: fewest bits among those
+    at, chosen = _select_with_one_failing_rung(None)
+    assert chosen == at + max(ladder)  # nothing fails: the whole ladder passed, its top is kept
+
+
+def test_a_failing_first_rung_is_lossless_and_a_lower_levels_anchor_comes_first():
+    ladder = sorted(CalibrationSettings().ladder)
+    _, chosen = _select_with_one_failing_rung(ladder[0])
+    assert chosen is None  # the first rung failed: the pattern is lossless
+    # A lower level's anchor below the ladder is tested first; if it fails, nothing else is tried.
+    _, chosen = _select_with_one_failing_rung(-10, floor_offset=10)
+    assert chosen is None
+    at, chosen = _select_with_one_failing_rung(ladder[0], floor_offset=10)
+    assert chosen == at - 10  # the floor passed, the ladder's first rung failed: the floor is kept

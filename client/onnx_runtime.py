@@ -63,6 +63,7 @@ def create_session(data: bytes, threads: int = 0) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.log_severity_level = 4  # fatal only: a refusal is the one-line SegmentError, not a log
     # Bytes 4..7 b"ORTM" would make ONNX Runtime load them as an ORT-format (flatbuffer) model, not
     # the protobuf the check read; the check refuses them, and ONNX Runtime is told the format too.
     options.add_session_config_entry("session.load_model_format", "ONNX")
@@ -110,10 +111,21 @@ class OnnxDeviceRuntime(DeviceClient):
                 raise SegmentError(f"the plan for cut {plan.cut} has no segment")
             return _identity
         check_segment(plan, segment, self.limits)
-        session = create_session(segment, self.threads)
+        seg_id = plan.segment.id if plan.segment else ""
+        try:
+            session = create_session(segment, self.threads)
+        except SegmentError as exc:  # passed the check, refused by ONNX Runtime: never from the cache again
+            self.cache.discard(seg_id)
+            raise SegmentError(f"{exc}; the cached copy was deleted") from exc
 
         def run(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-            out = session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+            try:
+                out = session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+            except Exception as exc:  # ORT's own errors derive from Exception only
+                self.cache.discard(seg_id)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise SegmentError(f"ONNX Runtime could not run segment {seg_id[:12]} on an input of shape "
+                                   f"{list(x.shape)}: {first[:300]}; the cached copy was deleted") from exc
             return np.asarray(out, dtype=np.float32)
 
         return run

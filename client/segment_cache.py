@@ -233,6 +233,12 @@ class SegmentCache:
         self.transport.rate.add(read, time.perf_counter() - started)
         return read
 
+    def discard(self, segment_id: str) -> None:
+        """Delete a segment's file and any partial download of it (one that passed the checks but
+        that its runtime then refused: it must not be served from the cache again)."""
+        self._file(segment_id).unlink(missing_ok=True)
+        (self.root / f"{segment_id}.part").unlink(missing_ok=True)
+
     def entries(self) -> list[CachedSegment]:
         """Complete segment files, least recently used first."""
         found = [CachedSegment(p.stem, p.stat().st_size, p.stat().st_mtime) for p in self.root.glob("*.seg")]

@@ -230,3 +230,40 @@ def test_a_content_length_over_the_announced_size_is_refused_before_the_body_is_
         state.gate.set()
         runtime.close()
     assert _left_in(tmp_path / "cache") == []
+
+
+def _fetch_then_load(url: str, cache: Path, segment: bytes) -> tuple[OnnxDeviceRuntime, Plan, bytes]:
+    runtime = _runtime(url, cache)
+    plan = _plan(hashlib.sha256(segment).hexdigest(), len(segment))
+    data, _ = runtime.fetch_segment(plan)
+    assert data is not None and _left_in(cache) == [f"{plan.segment.id}.seg"]  # passed the check
+    return runtime, plan, data
+
+
+def test_a_segment_onnx_runtime_will_not_load_is_refused_in_one_line_and_uncached(served, tmp_path):
+    # It passes the check (which tracks shapes, not element types): int64 added to float32.
+    state, url = served
+    state.body = _segment(initializers=[numpy_helper.from_array(np.ones(4, np.int64), "w")])
+    runtime, plan, data = _fetch_then_load(url, tmp_path / "cache", state.body)
+    try:
+        with pytest.raises(SegmentError, match=r"cannot load the segment.*cached copy was deleted") as info:
+            runtime.load_head(plan, data)
+    finally:
+        runtime.close()
+    assert "\n" not in str(info.value)
+    assert _left_in(tmp_path / "cache") == []
+
+
+def test_a_segment_that_fails_on_the_models_input_is_refused_in_one_line_and_uncached(served, tmp_path):
+    # Its graph takes [N, 4]; the plan's model sends [N, 1, 28, 28]: ONNX Runtime fails at run time.
+    state, url = served
+    state.body = GOOD
+    runtime, plan, data = _fetch_then_load(url, tmp_path / "cache", GOOD)
+    try:
+        head = runtime.load_head(plan, data)
+        with pytest.raises(SegmentError, match=r"could not run segment .* shape \[1, 1, 28, 28\]") as info:
+            head(np.zeros((1, 1, 28, 28), np.float32))
+    finally:
+        runtime.close()
+    assert "\n" not in str(info.value)
+    assert _left_in(tmp_path / "cache") == []

@@ -21,7 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench import REPO, free_port, provenance, start_server
+from bench.browser_device import profile_for_cut
 
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
 LABELS = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz"
@@ -35,9 +38,14 @@ FAST = {"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11, "power_c
 def _infer(url: str, model: str, runtime: str, limit: int, demand: float, device: str, rate_mbps: float,
            folder: Path, onnx_venv: Path | None = None) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
-    profile = folder / "fast.json"
-    profile.write_text(json.dumps(FAST))
-    device_args = ["--device-profile", str(profile)] if device == FAST["name"] else ["--device", device]
+    profile = folder / "device.json"
+    if device.startswith("cut"):  # a measured profile that makes that cut the cheapest plan
+        info = httpx.get(f"{url}/v1/models/{model}", timeout=30).json()
+        profile.write_text(json.dumps(profile_for_cut(model, info["version"], int(device[3:]), info["cuts"])))
+    else:
+        profile.write_text(json.dumps(FAST))
+    inline = device == FAST["name"] or device.startswith("cut")
+    device_args = ["--device-profile", str(profile)] if inline else ["--device", device]
     env = dict(os.environ)
     python = sys.executable
     if runtime == "onnx" and onnx_venv is not None:  # only what that virtualenv installed
@@ -65,7 +73,8 @@ def main() -> None:
     parser.add_argument("--demand", type=float, default=0.01)
     parser.add_argument("--scenarios", default="fast-board@10000,jetson-nano@20",
                         help="device@Mbit/s, comma-separated: fast-board (inline, plans all on the "
-                        "device) or a shipped profile's name")
+                        "device), cutK (a measured profile that makes cut K the cheapest plan) or a "
+                        "shipped profile's name")
     parser.add_argument("--onnx-venv", type=Path, default=None,
                         help="a virtualenv whose own qpart runs the ONNX device (see above)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "onnx_accuracy.json")

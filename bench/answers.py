@@ -45,7 +45,8 @@ def legacy_answer_json(*, plan_id: str, model: str, version: str, logits: np.nda
         entries = [TopK.model_construct(label=i, probability=shifted[i] / total) for i in order]
         results.append(TailResult.model_construct(logits=values, top_k=entries))
     return TailResponse.model_construct(plan_id=plan_id, model=model, version=version, results=results,
-                                        queue_s=queue_s, compute_s=compute_s).model_dump_json().encode()
+                                        queue_s=queue_s, compute_s=compute_s).model_dump_json(
+        exclude_none=True).encode()  # no class names then: TopK.name (issue 24) is left out
 
 
 def _per_request(logits: np.ndarray, ids: dict[str, Any]) -> tuple[Callable[[], None], Callable[[], None]]:

@@ -56,16 +56,17 @@ def train(
     epochs: Annotated[int | None, typer.Option(help="In place of the recipe's epochs (timing).")] = None,
 ) -> None:
     """Train a reference model from scratch with its fixed seed; writes safetensors + card."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 
     from qpart.models.registry import ZOO_DIR
     from qpart.models.training import DEFAULT_IMAGE_FOLDER, train_model
+    from qpart.progress import progress_bars
 
-    with Progress(
-        TextColumn(f"training {model}"), BarColumn(), TextColumn("{task.fields[loss]}"),
+    with progress_bars(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[loss]}"),
         TimeRemainingColumn(),
     ) as bar:
-        task = bar.add_task("train", total=None, loss="")
+        task = bar.add_task(f"training {model}", total=None, loss="")
 
         def report(step: int, total: int, loss: float) -> None:
             bar.update(task, completed=step, total=total, loss=f"loss {loss:.3f}")
@@ -276,7 +277,6 @@ def calibrate(
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -284,12 +284,13 @@ def calibrate(
 
     from qpart.models.registry import get_model
     from qpart.offline.job import calibrate as run_job
+    from qpart.progress import progress_bars
 
     spec = get_model(model)
     if weights is not None:
         spec = replace(spec, weights=weights)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
+    with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
         artifact = run_job(spec, settings, out, _RichSink(bar))
     graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
     bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
@@ -305,12 +306,13 @@ def measure_coding(
     """Measure how far each cut's activation packets shrink under the deflate and zstd upload
     codings, into an existing artifact (calibrate does this for new ones); the planner prices
     compressed uploads with it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from qpart.offline.coding import measure_artifact
+    from qpart.progress import progress_bars
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn()) as bar:
+    with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn()) as bar:
         advance = _RichSink(bar).start("upload coding", _cut_count(artifact))
         measured = measure_artifact(artifact, samples, advance)
     for cut in measured.cuts:

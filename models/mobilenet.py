@@ -116,5 +116,10 @@ class MobileNetV2(nn.Module):
 
 
 def fmnist_mobilenet() -> nn.Module:
-    """MobileNetV2 at width 1.0 for 3×64×64 camera-style inputs and the ten Fashion-MNIST classes."""
-    return MobileNetV2(num_classes=10, width_mult=1.0)
+    """MobileNetV2 at width 0.5 for 3×64×64 camera-style inputs and the ten Fashion-MNIST classes.
+
+    Width 0.5, not 1.0: on this project's 2-core CPU machines a width-1.0 training step (batch 128,
+    64×64) measured 0.7-7 s against 0.4-1.8 s at 0.5, and an evaluation pass over 1,000 images
+    2.5-7.5 s against 2.3-3.9 s; calibration evaluates every cut's patterns on thousands of images.
+    """
+    return MobileNetV2(num_classes=10, width_mult=0.5)

@@ -43,13 +43,16 @@ class TrainingRecipe:
     data: Literal["idx", "image-folder"] = "idx"
     """``idx``: the IDX tensors in memory. ``image-folder``: the split's PNG export, decoded and
     preprocessed by the card's spec a batch at a time."""
+    channels_last: bool = False
+    """Train in torch's channels-last memory format (the same values, another summation order):
+    depthwise convolutions on CPU ran about 3× faster in it, measured on fmnist-mobilenet."""
 
 
 RECIPES: dict[str, TrainingRecipe] = {
     "fmnist-cnn": TrainingRecipe(epochs=10),
     "fmnist-resnet": TrainingRecipe(epochs=15),
     "fmnist-mobilenet": TrainingRecipe(epochs=12, batch_size=128, lr=4e-3, weight_decay=4e-5,
-                                       data="image-folder"),
+                                       data="image-folder", channels_last=True),
 }
 
 
@@ -173,6 +176,8 @@ def train_model(
     torch.manual_seed(recipe.seed)
     gen = torch.Generator().manual_seed(recipe.seed)
     model = spec.build()
+    memory_format = torch.channels_last if recipe.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)  # type: ignore[call-overload]  # torch's stubs omit it
     train = _Samples(spec, recipe, Split.TRAIN, image_folder, limit)
     steps_per_epoch = (train.count + recipe.batch_size - 1) // recipe.batch_size
     total = steps_per_epoch * epoch_count
@@ -186,7 +191,7 @@ def train_model(
         order = torch.randperm(train.count, generator=gen)
         for start in range(0, train.count, recipe.batch_size):
             xb, yb = train.batch(order[start : start + recipe.batch_size])
-            loss = loss_fn(model(_augment(xb, gen)), yb)
+            loss = loss_fn(model(_augment(xb, gen).contiguous(memory_format=memory_format)), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

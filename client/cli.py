@@ -62,17 +62,16 @@ def _settings(**flags: object) -> DeviceSettings:
     return DeviceSettings(**given)
 
 
-def _load_inputs(images: list[Path], idx: Path | None, labels: Path | None,
-                 limit: int | None) -> tuple[Any, Any]:
-    from qpart.client.inputs import read_idx_images, read_idx_labels, read_image_files
+def _load_inputs(runtime: DeviceClient, model: str, images: list[Path], idx: Path | None,
+                 labels: Path | None, limit: int | None) -> tuple[Any, Any]:
+    """IDX tensors as they are, or image files preprocessed as the model's card declares."""
+    from qpart.client.inputs import read_idx_images, read_idx_labels
 
     if idx is not None:
         x = read_idx_images(idx, limit)
         y = read_idx_labels(labels, limit) if labels is not None else None
         return x, y
-    if not images:
-        raise typer.BadParameter("give image files or --idx FILE")
-    return read_image_files(images[:limit] if limit else images), None
+    return runtime.read_images(images[:limit] if limit else images, model), None
 
 
 def _named(predictions: list[int], names: tuple[str, ...] | None) -> list[dict[str, Any]]:
@@ -113,7 +112,9 @@ def _device_runtime(name: str) -> type[DeviceClient]:
 
 @device_app.command()
 def infer(
-    images: Annotated[list[Path] | None, typer.Argument(help="Image files (PNG, PGM, …).")] = None,
+    images: Annotated[list[Path] | None, typer.Argument(
+        help="Image files (JPEG, PNG, WebP, …), made into the model's input as its card declares (the "
+        "preprocessing the server announces in /v2 metadata).")] = None,
     model: Annotated[str, typer.Option(help="Model to run.")] = "fmnist-cnn",
     demand: Annotated[float, typer.Option(help="Max accepted top-1 drop, e.g. 0.01 for 1%.")] = 0.01,
     idx: Annotated[Path | None, typer.Option(help="IDX images file (.gz or raw) instead of images.")] = None,
@@ -137,15 +138,19 @@ def infer(
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from qpart.client.errors import DeviceError
+    from qpart.client.inputs import check_image_files
     from qpart.profiles.devices import load_device_profile
 
     if runtime_name not in ("torch", "onnx"):
         raise typer.BadParameter(f"--runtime must be torch or onnx, not {runtime_name!r}")
+    if idx is None and not images:
+        raise typer.BadParameter("give image files or --idx FILE")
+    check_image_files([] if idx is not None else images or [])  # before any network use
     settings = _settings(server=server, cache_dir=cache_dir, token=token)
-    x, y = _load_inputs(images or [], idx, labels, limit)
     profile = load_device_profile(device_profile) if device_profile else None
     runtime = _device_runtime(runtime_name)(settings, device=device, device_profile=profile)
     try:
+        x, y = _load_inputs(runtime, model, images or [], idx, labels, limit)
         with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
                       disable=as_json) as bar:
             task = bar.add_task("segment", total=None)

@@ -9,12 +9,14 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
 
 from qpart.client.errors import ServerRejectedError
+from qpart.client.inputs import read_image_files
 from qpart.client.plans import ModelMetadata, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
@@ -22,6 +24,7 @@ from qpart.client.transport import Transport
 from qpart.kernels.coding import Coding, encode
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
+from qpart.models.preprocess import FASHION_MNIST_SPEC
 from qpart.profiles.devices import DeviceProfile
 
 FLOAT_BITS = 32
@@ -130,11 +133,33 @@ class DeviceClient:
             return []
         return [c for c in self.settings.upload_codings if measured.coding_s.get(c)]
 
+    def metadata(self, model: str) -> ModelMetadata:
+        """The parameters of the server's ``/v2`` metadata for ``model``: the card's declarations."""
+        url = f"/v2/models/{urllib.parse.quote(model, safe='')}"
+        return parse_answer(ModelMetadata, self.transport.request("GET", url).content)
+
     def class_names(self, model: str) -> tuple[str, ...] | None:
         """The model card's class names in logit order, from the server's ``/v2`` metadata
         (None: the card names none)."""
-        url = f"/v2/models/{urllib.parse.quote(model, safe='')}"
-        return parse_answer(ModelMetadata, self.transport.request("GET", url).content).labels
+        return self.metadata(model).labels
+
+    def read_images(self, paths: list[Path], model: str) -> npt.NDArray[np.float32]:
+        """Image files made into ``model``'s input batch by the preprocessing its card declares,
+        as the server announces it in ``/v2`` metadata (a card without one: the reference models'
+        28×28 grayscale in [0, 1]).
+
+        Raises:
+            DeviceInputError: a file is not a readable image, or the images come out in different
+                shapes (a spec that resizes without a crop).
+            ServerAnswerError: the announced preprocessing is not a valid spec.
+        """
+        return read_image_files(paths, self.metadata(model).preprocess or FASHION_MNIST_SPEC)
+
+    def infer_images(self, paths: list[Path], model: str, demand: float,
+                     **options: Any) -> InferenceRun:
+        """:meth:`infer` on image files, preprocessed as ``model``'s card declares
+        (:meth:`read_images`); ``options`` are :meth:`infer`'s."""
+        return self.infer(self.read_images(paths, model), model, demand, **options)
 
     def fetch_segment(
         self, plan: Plan, progress: Callable[[int, int], None] | None = None

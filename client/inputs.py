@@ -1,4 +1,5 @@
-"""Reading device inputs: IDX image/label files (gzip or raw) and image files, as float32 in [0, 1]."""
+"""Reading device inputs: IDX image/label files (gzip or raw) as float32 in [0, 1], and image files
+preprocessed as a model card declares."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy.typing as npt
 
 from qpart.client.errors import DeviceInputError
 from qpart.models.data import parse_idx
-from qpart.models.errors import DatasetError
+from qpart.models.errors import DatasetError, PreprocessError
+from qpart.models.preprocess import PreprocessSpec, preprocess_image
 
 MAX_INPUT_BYTES = 512 << 20
 
@@ -47,16 +49,44 @@ def read_idx_labels(path: Path, limit: int | None = None) -> npt.NDArray[np.int6
     return (labels[:limit] if limit else labels).astype(np.int64)
 
 
-def read_image_files(paths: list[Path], size: tuple[int, int] = (28, 28)) -> npt.NDArray[np.float32]:
-    """Gray-scale images resized to ``size``, ``[N, 1, H, W]`` float32 in [0, 1]."""
+def check_image_files(paths: list[Path]) -> None:
+    """Refuse, before any network use, a file that is missing or not an image (a header check and
+    Pillow's ``verify``, without decoding the pixels).
+
+    Raises:
+        DeviceInputError: naming the first such file.
+    """
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 (only for image files)
 
+    for path in paths:
+        try:
+            with Image.open(path) as img:
+                img.verify()
+        except (OSError, UnidentifiedImageError, SyntaxError, Image.DecompressionBombError) as exc:
+            raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
+
+
+def read_image_files(paths: list[Path], spec: PreprocessSpec) -> npt.NDArray[np.float32]:
+    """``[N, C, H, W]`` float32: each image converted, resized, cropped and normalized by ``spec``
+    (an RGB photo for a grayscale model becomes its luma, as the spec's color mode declares).
+
+    Raises:
+        DeviceInputError: a file is not a readable image, or the images come out in different
+            shapes (a spec that resizes the shorter side without a crop keeps the aspect ratio).
+    """
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 (only for image files)
+
+    if not paths:
+        raise DeviceInputError("no image files given")
     out = []
     for path in paths:
         try:
             with Image.open(path) as img:
-                gray = img.convert("L").resize(size)
-                out.append(np.asarray(gray, dtype=np.float32) / 255.0)
-        except (OSError, UnidentifiedImageError) as exc:
+                out.append(preprocess_image(img, spec))
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError, PreprocessError) as exc:
             raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
-    return np.stack(out)[:, None].astype(np.float32)
+    shapes = {a.shape for a in out}
+    if len(shapes) > 1:
+        raise DeviceInputError(f"the images preprocess to different shapes {sorted(shapes)}: the model's "
+                               f"preprocessing resizes without a center crop, so send images of one size")
+    return np.stack(out).astype(np.float32, copy=False)

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from qpart.client.errors import ServerAnswerError
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
+from qpart.models.errors import PreprocessError
+from qpart.models.preprocess import PreprocessSpec
 
 UploadEncoding = Coding | Literal["identity"]
 """How an activation packet is sent: a content coding (:class:`kernels.coding.Coding`) or as is."""
@@ -109,6 +111,17 @@ class ModelMetadata(_Wire):
 
     parameters: dict[str, bool | int | float | str] = Field(default_factory=dict)
 
+    def _json(self, key: str) -> object:
+        """The parameter ``key`` parsed as JSON (None: absent; a non-JSON value: ``...``, which no
+        caller accepts)."""
+        raw = self.parameters.get(key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw) if isinstance(raw, str) else ...
+        except ValueError:
+            return ...
+
     @property
     def labels(self) -> tuple[str, ...] | None:
         """The card's class names in logit order (None: the card names none, or the server predates them).
@@ -116,17 +129,32 @@ class ModelMetadata(_Wire):
         Raises:
             ServerAnswerError: ``labels`` is not a JSON list of strings.
         """
-        raw = self.parameters.get("labels")
-        if raw is None:
+        names = self._json("labels")
+        if names is None:
             return None
-        try:
-            names = json.loads(raw) if isinstance(raw, str) else None
-        except ValueError:
-            names = None
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ServerAnswerError("the server's model metadata has labels that are not a JSON list of "
                                     "names; update the client or the server")
         return tuple(names)
+
+    @property
+    def preprocess(self) -> PreprocessSpec | None:
+        """The card's preprocessing, by which image files become the model's input (None: the card
+        declares none, or the server predates it).
+
+        Raises:
+            ServerAnswerError: ``preprocess`` is not a JSON object holding a valid spec.
+        """
+        spec = self._json("preprocess")
+        if spec is None:
+            return None
+        if not isinstance(spec, dict):
+            raise ServerAnswerError("the server's model metadata has a preprocess that is not a JSON object; "
+                                    "update the client or the server")
+        try:
+            return PreprocessSpec.from_mapping(spec)
+        except PreprocessError as exc:
+            raise ServerAnswerError(f"the server's model metadata: {exc}") from exc
 
 
 class Prediction(_Wire):

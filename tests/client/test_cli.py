@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from qpart.client.cli import device_app
 from qpart.client.errors import DeviceError
+from qpart.client.inputs import read_image_files
 from qpart.client.settings import DeviceSettings
+from qpart.models.preprocess import FASHION_MNIST_SPEC
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +40,9 @@ def test_infer_reads_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_pa
     class Runtime:  # stands in for client.runtime.DeviceRuntime: keeps the settings, plans nothing
         def __init__(self, settings, **_):
             seen.append(settings)
+
+        def read_images(self, paths, model):
+            return read_image_files(paths, FASHION_MNIST_SPEC)
 
         def infer(self, *_, **__):
             raise DeviceError("stopped by the test")
@@ -117,6 +122,9 @@ def test_infer_prints_each_predicted_class_index_with_its_card_name(monkeypatch,
     class Runtime:  # answers in the server's place: two samples, classes 1 and 2
         def __init__(self, settings, **_):
             pass
+
+        def read_images(self, paths, model):
+            return read_image_files(paths, FASHION_MNIST_SPEC)
 
         def infer(self, *_, **__):
             run = InferenceRun(Plan.model_validate(PLAN), predictions=[1, 2],

@@ -39,6 +39,7 @@ ALLOWED_OPS: dict[str, str] = {
     "BitShift": "moving each code row's bits to the bottom of its byte (1, 2 and 4 bits)",
     "BitwiseAnd": "masking one code out of its byte (1, 2 and 4 bits)",
     "Cast": "packed bytes or codes to float32",
+    "Clip": "ReLU6, between two scalar initializers 0 and 6",
     "Concat": "joining the full blocks and the last block of a tensor's codes",
     "Conv": "2-D convolutions",
     "Flatten": "flatten from axis 1",

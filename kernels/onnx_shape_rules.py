@@ -35,7 +35,7 @@ _NONE: dict[str, int] = {}
 _POOL = {"auto_pad": STRING, "ceil_mode": INT, "kernel_shape": INTS, "pads": INTS, "strides": INTS}
 ATTRIBUTES: dict[str, dict[str, int]] = {
     "Add": _NONE, "Mul": _NONE, "BitwiseAnd": _NONE, "Relu": _NONE, "Floor": _NONE, "Identity": _NONE,
-    "MatMul": _NONE, "GlobalAveragePool": _NONE, "Slice": _NONE,
+    "MatMul": _NONE, "GlobalAveragePool": _NONE, "Slice": _NONE, "Clip": _NONE,
     "Mod": {"fmod": INT}, "BitShift": {"direction": STRING}, "Cast": {"to": INT},
     "Concat": {"axis": INT}, "Flatten": {"axis": INT}, "Gather": {"axis": INT},
     "Reshape": {"allowzero": INT},
@@ -106,6 +106,15 @@ def _axis(axis: int, rank: int, *, inclusive: bool = False) -> int:
 
 def _same(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) -> Shape:
     return _given(ins, 1)[0]
+
+
+def _clip(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) -> Shape:
+    """Clip(x, min?, max?): the bounds, where given, are scalars."""
+    x, *bounds = _arity(ins, 1, 3, required=1)
+    if any(b is not None and b != () for b in bounds):
+        raise Refused(f"bounds of shapes {[_shown(b) for b in bounds if b is not None]} are not scalars")
+    assert x is not None, "required by _arity"
+    return x
 
 
 def _broadcast(shapes: Sequence[Shape]) -> Shape:
@@ -344,7 +353,7 @@ RULES: dict[str, _Rule] = {
     "BitwiseAnd": _elementwise, "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _pool,
     "AveragePool": _pool, "GlobalAveragePool": _global_pool, "BatchNormalization": _batch_norm,
     "Flatten": _flatten, "Concat": _concat, "Gather": _gather, "Reshape": _reshape, "Slice": _slice,
-    "Relu": _same, "Floor": _same, "Identity": _same, "Cast": _same,
+    "Relu": _same, "Floor": _same, "Identity": _same, "Cast": _same, "Clip": _clip,
 }
 
 

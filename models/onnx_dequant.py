@@ -44,14 +44,18 @@ class GraphParts:
 
     def value(self) -> str:
         """A fresh name for an intermediate value: lower-case letters, as short as they come
-        (every node repeats its inputs' names; initializers are named ``t…``, ``q…`` and ``r…``,
-        with a digit or a sign after the letter, so they never collide)."""
-        self._count += 1
-        n, name = self._count, ""
-        while n:
-            n, d = divmod(n - 1, 26)
-            name = chr(97 + d) + name
-        return name if len(name) > 1 or name not in "qrt" else name + name
+        (every node repeats its inputs' names; initializers are named ``t…``, ``q…``, ``r…`` and
+        ``z…``, with a digit or a sign after the letter, so they never collide). The single
+        letters ``q``, ``r`` and ``t`` are spelt ``qq``, ``rr`` and ``tt``, so those two-letter
+        names are skipped when their turn comes."""
+        while True:
+            self._count += 1
+            n, name = self._count, ""
+            while n:
+                n, d = divmod(n - 1, 26)
+                name = chr(97 + d) + name
+            if name not in ("qq", "rr", "tt"):
+                return name + name if name in ("q", "r", "t") else name
 
     def add(self, op: str, inputs: list[str], **attrs: Any) -> str:
         """Append one node with one output; returns the output's name."""
@@ -63,7 +67,8 @@ class GraphParts:
         """An initializer named ``name`` (made once however often it is asked for)."""
         if name not in self._names:
             self._names.add(name)
-            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+            # asarray, not ascontiguousarray, which makes a 0-d scalar 1-d
+            self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
         return name
 
 

@@ -69,6 +69,9 @@ def _module_node(parts: GraphParts, mod: nn.Module, target: str, x: str,
         return parts.add("Gemm", [x, tensor(f"{target}.weight"), *([tensor(bias)] if bias else [])], transB=1)
     if isinstance(mod, nn.ReLU):
         return parts.add("Relu", [x])
+    if isinstance(mod, nn.ReLU6):  # MobileNetV2's activation: min(max(x, 0), 6)
+        return parts.add("Clip", [x, parts.constant("z0", np.array(0.0, np.float32)),
+                                   parts.constant("z6", np.array(6.0, np.float32))])
     if isinstance(mod, nn.MaxPool2d) and not mod.return_indices:
         pad = _pair(mod.padding)
         return parts.add("MaxPool", [x], kernel_shape=_pair(mod.kernel_size), **_non_default(
@@ -90,6 +93,9 @@ def _function_node(parts: GraphParts, node: fx.Node, value: Callable[[object], s
     if node.op == "call_function" and node.target in _ADD_FUNCTIONS and len(node.args) == 2 \
             and not node.kwargs:
         return parts.add("Add", [value(a) for a in node.args])
+    if node.target is nn.functional.adaptive_avg_pool2d and len(node.args) == 2 \
+            and node.args[1] in (1, (1, 1), [1, 1]):
+        return parts.add("GlobalAveragePool", [value(node.args[0])])
     if node.target in (torch.flatten, "flatten") and tuple(node.args[1:]) == (1,):
         return parts.add("Flatten", [value(node.args[0])], axis=1)
     if node.op == "call_method" and node.target == "relu":

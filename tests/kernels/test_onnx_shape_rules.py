@@ -23,6 +23,10 @@ REFUSED = {
                                      [numpy_helper.from_array(np.ones(3, np.float32), "w")], "broadcast"),
     "an unknown attribute": ([helper.make_node("Relu", [INPUT_NAME], [OUTPUT_NAME], alpha=1.0)], [],
                              "does not have"),
+    "Clip bounds that are not scalars": (
+        [helper.make_node("Clip", [INPUT_NAME, "lo", "hi"], [OUTPUT_NAME])],
+        [numpy_helper.from_array(np.zeros(4, np.float32), "lo"),
+         numpy_helper.from_array(np.array(6.0, np.float32), "hi")], "not scalars"),
     "auto_pad SAME_UPPER": ([helper.make_node("MaxPool", [INPUT_NAME], [OUTPUT_NAME], kernel_shape=[2],
                                               auto_pad="SAME_UPPER")], [], "takes \\[N, C, spatial"),
 }
@@ -33,6 +37,12 @@ def test_a_shape_a_rule_cannot_determine_is_refused(case):
     nodes, inits, message = REFUSED[case]
     with pytest.raises(UnsafeSegmentError, match=message):
         check(segment(nodes, inits))
+
+
+def test_clip_between_scalar_bounds_keeps_its_input_shape():
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((0.0, "lo"), (6.0, "hi"))]
+    info = check(segment([helper.make_node("Clip", [INPUT_NAME, "lo", "hi"], [OUTPUT_NAME])], bounds))
+    assert info.ops == frozenset({"Clip"})
 
 
 def test_shapes_follow_onnx_semantics_on_a_small_cnn():

@@ -6,6 +6,7 @@ import { encodePacket } from "./packet.js";
 import { FASHION_MNIST_SPEC, decodePixels, normalize } from "./preprocess.js";
 
 const MAX_SEGMENT_BYTES = 256 << 20; // kernels.onnx_segment.OnnxSegmentLimits.max_bytes
+// The shipped samples' classes (the answers' class names come from the model card, /v2 metadata).
 const FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
   "Sneaker", "Bag", "Ankle boot"];
 // The first image of each class in the t10k test split (file name: its index there).
@@ -17,7 +18,7 @@ ort.env.wasm.proxy = false;
 ort.env.wasm.wasmPaths = new URL("./vendor/", import.meta.url).href;
 
 const sessions = new Map(); // segment id → {session}: the page's segment cache
-const specs = new Map(); // model@version → preprocessing spec
+const cards = new Map(); // model@version → {spec, labels}: what its card declares
 const $ = (id) => document.getElementById(id);
 
 function setStatus(state, text) {
@@ -57,15 +58,22 @@ export async function requestPlan(options) {
   return response.json();
 }
 
-/** The model card's preprocessing where the server gives it, else Fashion-MNIST's. */
-async function preprocessSpec(plan, token) {
+/** What the plan's model card declares, from its /v2 metadata parameters (JSON strings):
+ * {spec: the preprocessing, else Fashion-MNIST's; labels: the class names, else null}. */
+async function card(plan, token) {
   const key = `${plan.model}@${plan.version}`;
-  if (!specs.has(key)) {
-    const url = `/v1/models/${encodeURIComponent(plan.model)}?version=${encodeURIComponent(plan.version)}`;
-    const info = await (await call(url, { headers: headers(token) }, "model info")).json();
-    specs.set(key, { ...FASHION_MNIST_SPEC, ...(info.preprocess ?? info.card?.preprocess ?? {}) });
+  if (!cards.has(key)) {
+    const url = `/v2/models/${encodeURIComponent(plan.model)}/versions/${encodeURIComponent(plan.version)}`;
+    const parameters = (await (await call(url, { headers: headers(token) }, "model metadata")).json()).parameters ?? {};
+    const declared = (name) => {
+      if (parameters[name] === undefined) return null;
+      try { return JSON.parse(parameters[name]); } catch { throw new Error(`the model metadata's ${name} is not JSON`); }
+    };
+    const labels = declared("labels");
+    cards.set(key, { spec: { ...FASHION_MNIST_SPEC, ...(declared("preprocess") ?? {}) },
+      labels: Array.isArray(labels) ? labels : null });
   }
-  return specs.get(key);
+  return cards.get(key);
 }
 
 /** Download, check and load the plan's segment: {run, download_s, session_s, bytes}. */
@@ -117,7 +125,7 @@ function argmax(values) {
 
 /** One image through the plan: its class, top probability and phase seconds. */
 export async function classify(plan, head, blob, token) {
-  const spec = await preprocessSpec(plan, token);
+  const { spec } = await card(plan, token);
   const t0 = performance.now();
   const input = normalize(await decodePixels(blob, spec), spec);
   const x = { data: input.data, dims: [1, ...input.dims] };
@@ -198,8 +206,8 @@ function showPhases(run) {
   }));
 }
 
-function labelName(plan, label) {
-  return plan.model.startsWith("fmnist") ? FASHION_MNIST_CLASSES[label] ?? "" : "";
+async function labelName(plan, label, token) {
+  return (await card(plan, token)).labels?.[label] ?? "";
 }
 
 async function images() {
@@ -236,7 +244,8 @@ async function runForm(event) {
       const result = { name: image.name, ...(await classify(plan, head, image.blob, token)) };
       run.results.push(result);
       const t = result.times;
-      tbody.append(row([i + 1, image.name, result.label, labelName(plan, result.label),
+      result.class_name = await labelName(plan, result.label, token);
+      tbody.append(row([i + 1, image.name, result.label, result.class_name,
         result.probability === null ? "—" : result.probability.toFixed(3), result.bytes_up,
         ms(t.head), ms(t.encode), ms(t.upload), ms(t.server)]));
     }

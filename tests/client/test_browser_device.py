@@ -23,6 +23,7 @@ from qpart.client.inputs import read_idx_images
 from qpart.client.onnx_runtime import OnnxDeviceRuntime
 from qpart.client.plans import PacketFormat, Plan
 from qpart.client.settings import DeviceSettings
+from qpart.models.registry import get_model
 from qpart.server.device_page import VENDOR_FILES, WEB_DIR
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -188,6 +189,10 @@ def test_a_shipped_sample_runs_without_choosing_files(browser, server):
     run = run_page(page)
     assert "error" not in run, run
     assert run["results"][0]["name"].startswith("t10k-") and run["results"][0]["label"] == 0  # a T-shirt
+    # the class name is the card's, read from the model's /v2 metadata (not a table in the page)
+    labels = get_model("fmnist-cnn").labels
+    assert labels is not None and run["results"][0]["class_name"] == labels[0]
+    assert page.locator("#results tbody tr td").nth(3).inner_text() == labels[0]
     assert errors == []
     page.close()
 

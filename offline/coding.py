@@ -26,7 +26,11 @@ import numpy as np
 from qpart.kernels.coding import CODING_BITS, Coding, encode
 from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
 from qpart.models.data import Split, load_split
-from qpart.models.registry import get_model
+from qpart.models.preprocess import PreprocessSpec
+from qpart.models.registry import ModelSpec, get_model
+from qpart.models.sources import DataSource, FashionMnistSource, split_source
+from qpart.models.sources.base import SplitRecord
+from qpart.offline.data import open_source, read_samples
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.runner import ModelRunner
 from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
@@ -81,18 +85,50 @@ def with_coding_ratios(artifact: CalibrationArtifact, ratios: CodingRatios) -> C
     return artifact.model_copy(update={"cuts": cuts})
 
 
-def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
-                     advance: Callable[[int], None] | None = None) -> CalibrationArtifact:
-    """Measure the ratios for the artifact in ``directory`` (its own weights, the first ``samples``
-    calibration samples of its fit range) and rewrite its ``artifact.json``."""
-    artifact = load_artifact(directory)
-    data = artifact.data
-    if data is not None and not (data.calibration.location.startswith("fashion-mnist:calibration@")
-                                 and data.sample_order == "source"
-                                 and data.calibration.sample_shape == [1, 28, 28]):
+def _fit_images(artifact: CalibrationArtifact, spec: ModelSpec, data: str | None, start: int,
+                samples: int) -> np.ndarray:
+    """The calibration samples ``start .. start + samples`` of the artifact's fit range, from the
+    source it records, reopened and checked against its content digest."""
+    record = artifact.data
+    if record is None:  # calibrated before data records: always the built-in split, in its order
+        return load_split(Split.CALIBRATION).images[start : start + samples]
+    recorded = record.calibration
+    text = data or recorded.location
+    source: DataSource
+    if data is None and recorded.kind == "fashion-mnist":  # the built-in split, as many as it read
+        split_name = recorded.location.partition("@")[0].partition(":")[2]
+        preprocess = PreprocessSpec.from_mapping(recorded.preprocess) if recorded.preprocess else None
+        source = FashionMnistSource(Split(split_name), limit=recorded.count, spec=preprocess)
+    else:
+        source = open_source(text, spec, "calibration")
+    if recorded.split is not None:
+        split = SplitRecord.model_validate(recorded.split)
+        if source.content_sha256() != split.parent_sha256:
+            raise CalibrationConfigError(
+                f"{text} is not the source the artifact's calibration samples were split from (content "
+                f"sha256 differs); give --data the source calibrate split")
+        parts = split_source(source, test_count=split.parent_count - split.count, seed=split.seed)
+        source = parts.calibration if split.part == "calibration" else parts.test
+    if source.content_sha256() != recorded.content_sha256:
         raise CalibrationConfigError(
-            f"{directory} was calibrated on {data.calibration.location} ({data.sample_order} order); "
-            f"measure-coding reads only Fashion-MNIST's calibration split: re-run qpart calibrate")
+            f"{text} does not hold the data {artifact.model} was calibrated on (content sha256 differs "
+            f"from the artifact's); give --data where that data is now")
+    return read_samples(source, start + samples, record.sample_order, Split.CALIBRATION).images[start:]
+
+
+def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
+                     advance: Callable[[int], None] | None = None,
+                     data: str | None = None) -> CalibrationArtifact:
+    """Measure the ratios for the artifact in ``directory`` (its own weights, the first ``samples``
+    calibration samples of its fit range) and rewrite its ``artifact.json``.
+
+    Args:
+        data: where the calibration data is now, as ``qpart calibrate --data`` named it (default:
+            where the artifact records it was read). For a source the calibration split into
+            calibration and test samples, the source before the split. It must hold the recorded
+            content (digest), or it is refused.
+    """
+    artifact = load_artifact(directory)
     use = artifact.splits.get("calibration_use")
     fit = use.get("fit") if isinstance(use, dict) else None
     if not (isinstance(fit, list) and len(fit) == 2 and all(isinstance(v, int) for v in fit)):
@@ -111,7 +147,7 @@ def measure_artifact(directory: Path, samples: int = CODING_SAMPLES,
     groups = {(p.cut, p.group_size) for p in [*artifact.patterns, *artifact.baseline_qpart_paper]}
     if any(runner.groups[cut] != group for cut, group in groups):
         raise CalibrationConfigError("the artifact's group sizes differ from the runner's")
-    images = load_split(Split.CALIBRATION).images[fit_start : fit_start + samples]
+    images = _fit_images(artifact, spec, data, fit_start, samples)
     measured = with_coding_ratios(artifact, coding_ratios(runner, images, advance))
     save_artifact(measured, directory)
     return measured

@@ -302,6 +302,10 @@ def calibrate(
 def measure_coding(
     artifact: Annotated[Path, typer.Option(help="Artifact folder (artifact.json + weights.safetensors).")],
     samples: Annotated[int, typer.Option(help="Calibration fit samples to measure on.")] = 500,
+    data: Annotated[str | None, typer.Option(help=(
+        "Where the calibration data is now, as calibrate's --data named it (for a split source: "
+        "the source before the split); default: where the artifact records it was read. Refused "
+        "unless it holds the recorded content."))] = None,
 ) -> None:
     """Measure how far each cut's activation packets shrink under the deflate and zstd upload
     codings, into an existing artifact (calibrate does this for new ones); the planner prices
@@ -314,7 +318,7 @@ def measure_coding(
     with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn()) as bar:
         advance = _RichSink(bar).start("upload coding", _cut_count(artifact))
-        measured = measure_artifact(artifact, samples, advance)
+        measured = measure_artifact(artifact, samples, advance, data=data)
     for cut in measured.cuts:
         for coding, ratios in cut.coding_ratio.items():
             shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(ratios.items()))

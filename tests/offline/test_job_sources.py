@@ -4,13 +4,17 @@ artifact records both sources, and refused data writes nothing."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from qpart.models.data import Split
 from qpart.models.errors import SampleOverlapError
 from qpart.models.registry import get_model
 from qpart.models.sources import FashionMnistSource, ImageFolderSource, export_image_folder
+from qpart.offline.coding import measure_artifact
 from qpart.offline.data import Sources
+from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.job import calibrate
 from qpart.offline.settings import CalibrationSettings
 from qpart.profiles.artifacts import load_artifact
@@ -59,6 +63,23 @@ def test_the_artifact_records_each_source(both_paths):
     # the same images, but PNG files and float32 tensors digest differently
     assert data.calibration.content_sha256 != from_idx.data.calibration.content_sha256
     assert "train" not in from_folder.splits and "calibration_use" in from_folder.splits
+
+
+def test_measure_coding_reopens_each_recorded_source_and_refuses_other_data(both_paths, tmp_path):
+    _, _, root = both_paths
+    copies = {name: tmp_path / name for name in ("out-idx", "out-folder")}
+    for name, copy in copies.items():
+        shutil.copytree(root / name, copy)
+    from_idx = measure_artifact(copies["out-idx"], samples=30)  # the built-in split, 1,000 read
+    from_folder = measure_artifact(copies["out-folder"], samples=30)  # the recorded folder
+    # digest order takes the same 30 images from the PNGs as from IDX: the same packets
+    assert [c.coding_ratio for c in from_folder.cuts] == [c.coding_ratio for c in from_idx.cuts]
+    assert from_folder.cuts[0].coding_ratio
+    moved = tmp_path / "moved-cal"
+    shutil.copytree(root / "cal", moved)
+    assert measure_artifact(copies["out-folder"], samples=30, data=str(moved)).cuts == from_folder.cuts
+    with pytest.raises(CalibrationConfigError, match="does not hold the data"):
+        measure_artifact(copies["out-folder"], samples=30, data=str(root / "test"))
 
 
 def test_a_refused_run_leaves_the_output_folder_untouched(both_paths):

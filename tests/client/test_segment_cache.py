@@ -168,6 +168,27 @@ def test_a_corrupted_cached_segment_is_detected_and_fetched_again(cnn_only, tmp_
         server.stop()
 
 
+def test_revalidation_is_a_conditional_head_so_a_200_sends_no_unbounded_body(tmp_path):
+    data = b"segment bytes" * 100
+    seg_id = hashlib.sha256(data).hexdigest()
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.headers.get("if-none-match")))
+        if request.method == "HEAD":
+            return httpx.Response(200, headers={"content-length": str(len(data))})  # no 304 support
+        return httpx.Response(200, content=data)
+
+    settings = DeviceSettings(server="http://server.test", cache_dir=tmp_path, retries=0)
+    mock = httpx.Client(base_url=settings.server, transport=httpx.MockTransport(handler))
+    transport = Transport(settings, mock)
+    cache = SegmentCache(tmp_path, 1 << 30, transport)
+    (tmp_path / f"{seg_id}.seg").write_bytes(data)
+    got = cache.get(seg_id, f"/v1/segments/{seg_id}", size_bytes=len(data), max_bytes=len(data))
+    assert got.data == data and not got.from_cache  # a 200: downloaded again, held to the cap
+    assert seen[0] == ("HEAD", f'"{seg_id}"') and all(m != "GET" or inm is None for m, inm in seen)
+
+
 def test_pruning_keeps_the_cache_under_its_limit(tmp_path):
     cache = _cache("http://127.0.0.1:9", tmp_path)
     for i in range(5):

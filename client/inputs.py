@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from PIL import Image
 
 from qpart.client.errors import DeviceInputError
 from qpart.models.data import parse_idx
@@ -15,6 +16,9 @@ from qpart.models.errors import DatasetError, PreprocessError
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 
 MAX_INPUT_BYTES = 512 << 20
+_UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+"""What Pillow raises on a file that is not a readable image: OSError (UnidentifiedImageError is
+one), SyntaxError and ValueError from its plugins' header parsers, DecompressionBombError."""
 
 
 def _read(path: Path) -> bytes:
@@ -56,13 +60,11 @@ def check_image_files(paths: list[Path]) -> None:
     Raises:
         DeviceInputError: naming the first such file.
     """
-    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 (only for image files)
-
     for path in paths:
         try:
             with Image.open(path) as img:
                 img.verify()
-        except (OSError, UnidentifiedImageError, SyntaxError, Image.DecompressionBombError) as exc:
+        except _UNREADABLE as exc:
             raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
 
 
@@ -74,8 +76,6 @@ def read_image_files(paths: list[Path], spec: PreprocessSpec) -> npt.NDArray[np.
         DeviceInputError: a file is not a readable image, or the images come out in different
             shapes (a spec that resizes the shorter side without a crop keeps the aspect ratio).
     """
-    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 (only for image files)
-
     if not paths:
         raise DeviceInputError("no image files given")
     out = []
@@ -83,7 +83,9 @@ def read_image_files(paths: list[Path], spec: PreprocessSpec) -> npt.NDArray[np.
         try:
             with Image.open(path) as img:
                 out.append(preprocess_image(img, spec))
-        except (OSError, UnidentifiedImageError, Image.DecompressionBombError, PreprocessError) as exc:
+        except PreprocessError as exc:  # a readable image the spec cannot take (smaller than the crop)
+            raise DeviceInputError(f"{path}: {exc}") from exc
+        except _UNREADABLE as exc:
             raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
     shapes = {a.shape for a in out}
     if len(shapes) > 1:

@@ -15,7 +15,7 @@ from qpart.client.errors import ServerAnswerError
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.errors import PreprocessError
-from qpart.models.preprocess import PreprocessSpec
+from qpart.models.preprocess import PreprocessSpec, pixel_table
 
 UploadEncoding = Coding | Literal["identity"]
 """How an activation packet is sent: a content coding (:class:`kernels.coding.Coding`) or as is."""
@@ -152,9 +152,11 @@ class ModelMetadata(_Wire):
             raise ServerAnswerError("the server's model metadata has a preprocess that is not a JSON object; "
                                     "update the client or the server")
         try:
-            return PreprocessSpec.from_mapping(spec)
+            parsed = PreprocessSpec.from_mapping(spec)
+            pixel_table(parsed)  # a spec whose values overflow float32 is the server's fault too
         except PreprocessError as exc:
             raise ServerAnswerError(f"the server's model metadata: {exc}") from exc
+        return parsed
 
 
 class Prediction(_Wire):

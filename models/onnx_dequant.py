@@ -63,12 +63,13 @@ class GraphParts:
         self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
 
-    def constant(self, name: str, array: np.ndarray) -> str:
-        """An initializer named ``name`` (made once however often it is asked for)."""
+    def constant(self, name: str, array: np.ndarray, *, scalar: bool = False) -> str:
+        """An initializer named ``name`` (made once however often it is asked for). A 0-d array
+        is stored with shape [1] unless ``scalar`` (an operator that needs a 0-d input: Clip)."""
         if name not in self._names:
             self._names.add(name)
-            # asarray, not ascontiguousarray, which makes a 0-d scalar 1-d
-            self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
+            stored = np.asarray(array, order="C") if scalar else np.ascontiguousarray(array)
+            self.initializers.append(numpy_helper.from_array(stored, name))
         return name
 
 

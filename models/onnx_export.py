@@ -70,8 +70,8 @@ def _module_node(parts: GraphParts, mod: nn.Module, target: str, x: str,
     if isinstance(mod, nn.ReLU):
         return parts.add("Relu", [x])
     if isinstance(mod, nn.ReLU6):  # MobileNetV2's activation: min(max(x, 0), 6)
-        return parts.add("Clip", [x, parts.constant("z0", np.array(0.0, np.float32)),
-                                   parts.constant("z6", np.array(6.0, np.float32))])
+        return parts.add("Clip", [x, parts.constant("z0", np.array(0.0, np.float32), scalar=True),
+                                   parts.constant("z6", np.array(6.0, np.float32), scalar=True)])
     if isinstance(mod, nn.MaxPool2d) and not mod.return_indices:
         pad = _pair(mod.padding)
         return parts.add("MaxPool", [x], kernel_shape=_pair(mod.kernel_size), **_non_default(

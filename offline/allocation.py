@@ -64,7 +64,8 @@ def allocate(items: Sequence[Item], budget: float, units: int) -> dict[str, int]
         return {it.name: FLOAT_BITS for it in items}
     gridded = _grid_allocate(items, budget, units)
     exact = _front_allocate(items, budget, pattern_bits(items, gridded))
-    if exact is not None and pattern_bits(items, exact) < pattern_bits(items, gridded):
+    if exact is not None and pattern_bits(items, exact) < pattern_bits(items, gridded) \
+            and pattern_noise(items, exact) <= budget:
         return exact
     return gridded
 
@@ -138,8 +139,12 @@ def _grid_allocate(items: Sequence[Item], budget: float, units: int) -> dict[str
 
 
 def pattern_noise(items: Sequence[Item], bits: dict[str, int]) -> float:
-    """Predicted total noise of a pattern under additivity."""
-    return sum(0.0 if bits[it.name] >= FLOAT_BITS else it.noise[bits[it.name]] for it in items)
+    """Predicted total noise of a pattern under additivity, summed left to right in plain float64
+    (not ``sum()``, which compensates from Python 3.12 on): the order the front search adds in."""
+    total = 0.0
+    for it in items:
+        total += 0.0 if bits[it.name] >= FLOAT_BITS else it.noise[bits[it.name]]
+    return total
 
 
 def pattern_bits(items: Sequence[Item], bits: dict[str, int]) -> int:

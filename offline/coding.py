@@ -98,7 +98,9 @@ def _fit_images(artifact: CalibrationArtifact, spec: ModelSpec, data: str | None
     if data is None and recorded.kind == "fashion-mnist":  # the built-in split, as many as it read
         split_name = recorded.location.partition("@")[0].partition(":")[2]
         preprocess = PreprocessSpec.from_mapping(recorded.preprocess) if recorded.preprocess else None
-        source = FashionMnistSource(Split(split_name), limit=recorded.count, spec=preprocess)
+        split = SplitRecord.model_validate(recorded.split) if recorded.split is not None else None
+        read = recorded.count if split is None else split.parent_count  # a split source: its parent
+        source = FashionMnistSource(Split(split_name), limit=read, spec=preprocess)
     else:
         source = open_source(text, spec, "calibration")
     if recorded.split is not None:

@@ -35,6 +35,8 @@ class _Task:
     fields: dict[str, Any] = field(default_factory=dict)
     completed: float = 0.0
     printed_at: float | None = None
+    finished: bool = False
+    """Its completion line is printed (once: later updates are throttled like the others)."""
 
 
 class LineProgress:
@@ -74,7 +76,9 @@ class LineProgress:
             task.completed += advance
         task.fields.update(fields)
         now = time.monotonic()
-        if self._done(task) or task.printed_at is None or now - task.printed_at >= self.interval:
+        finished = self._done(task) and not task.finished
+        if finished or task.printed_at is None or now - task.printed_at >= self.interval:
+            task.finished = task.finished or finished
             self._print(task_id, now)
 
     @staticmethod
@@ -85,7 +89,7 @@ class LineProgress:
         task = self.tasks[task_id]
         elapsed = now - task.started
         if task.total:
-            share = task.completed / task.total
+            share = min(task.completed / task.total, 1.0)
             eta = _clock(elapsed * (1 - share) / share) if share > 0 else "?"
             text = (f"{task.description}: {task.completed:g}/{task.total:g} ({100 * share:.1f}%) "
                     f"elapsed {_clock(elapsed)} ETA {eta}")

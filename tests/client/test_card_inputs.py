@@ -100,10 +100,31 @@ def test_images_that_preprocess_to_different_shapes_are_refused(tmp_path, test_i
         read_image_files(paths, spec)
 
 
-def test_a_file_that_is_no_image_is_refused_by_name(tmp_path):
-    (tmp_path / "h.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
-    with pytest.raises(DeviceInputError, match=r"h\.jpg is not a readable image"):
-        check_image_files([tmp_path / "h.jpg"])
+@pytest.mark.parametrize(("name", "raw"), [
+    ("h.jpg", b"\xff\xd8\xff not a jpeg"),
+    ("h.ppm", b"P6\n30 z0\n255\n"),  # a header Pillow's plugin parses with int(): a ValueError
+])
+def test_a_file_that_is_no_image_is_refused_by_name(tmp_path, name, raw):
+    (tmp_path / name).write_bytes(raw)
+    for read in (check_image_files, lambda paths: read_image_files(paths, FASHION_MNIST_SPEC)):
+        with pytest.raises(DeviceInputError, match=rf"{name.replace('.', '[.]')} is not a readable image"):
+            read([tmp_path / name])
+
+
+def test_an_image_smaller_than_the_crop_is_refused_as_such(tmp_path, test_images):
+    spec = PreprocessSpec(color="L", center_crop=(28, 28), mean=(0.0,), std=(1.0,))
+    path = _photo(tmp_path / "small.jpg", test_images[7], (20, 20))
+    with pytest.raises(DeviceInputError, match=r"small\.jpg: .*center crop") as refused:
+        read_image_files([path], spec)
+    assert "not a readable image" not in str(refused.value)
+
+
+def test_a_spec_whose_values_overflow_float32_is_the_servers_error(tmp_path, test_images):
+    path = _photo(tmp_path / "i.jpg", test_images[8], (28, 28))
+    spec = {"color": "L", "resize": [28, 28], "mean": [0.0], "std": [1e-300]}
+    device = _device(tmp_path, {"preprocess": json.dumps(spec)})
+    with device, pytest.raises(ServerAnswerError, match="metadata"):
+        device.read_images([path], "m")
 
 
 @pytest.mark.integration

@@ -56,11 +56,13 @@ def test_the_optimum_just_inside_the_budget_is_found():
 
 
 def test_a_front_too_large_falls_back_to_the_feasible_grid_answer(monkeypatch):
+    scales, sizes, budget = [1.0, 1.0, 76.3125], [10, 15, 216], 8.48046875  # the grid misses by a bit width
+    items = [_item(f"t{i}", n, s) for i, (s, n) in enumerate(zip(scales, sizes, strict=True))]
+    assert pattern_bits(items, allocate(items, budget, units=4000)) == 1335
     monkeypatch.setattr("qpart.offline.allocation.MAX_FRONT", 1)
-    items = [_item("a", 1000, 5.0), _item("b", 200, 50.0), _item("c", 5000, 1.0)]
-    bits = allocate(items, 0.01, units=2000)
-    assert pattern_noise(items, bits) <= 0.01
-    assert bits == _grid_allocate(items, 0.01, 2000)
+    bits = allocate(items, budget, units=4000)
+    assert bits == _grid_allocate(items, budget, 4000) and pattern_bits(items, bits) == 1466
+    assert pattern_noise(items, bits) <= budget
 
 
 def test_tighter_budget_never_gives_fewer_bits():

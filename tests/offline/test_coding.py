@@ -57,3 +57,23 @@ def test_ratios_for_another_number_of_cuts_are_refused(copy):
     for wrong in (n - 1, n + 1):
         with pytest.raises(CalibrationConfigError, match=f"{wrong} zstd ratios for an artifact of {n} cuts"):
             with_coding_ratios(artifact, {Coding.ZSTD: [{4: 0.5}] * wrong})
+
+
+def test_a_split_builtin_source_is_reopened_from_its_parent():
+    """An artifact calibrated with --test-fraction on Fashion-MNIST: its calibration record is the
+    split's part, whose count is not the parent's; measure-coding reopens the parent and splits it."""
+    from types import SimpleNamespace
+
+    from qpart.models.data import Split
+    from qpart.models.registry import get_model
+    from qpart.models.sources import FashionMnistSource, split_source
+    from qpart.offline.coding import _fit_images
+    from qpart.profiles.artifacts import DataRecord
+
+    part = split_source(FashionMnistSource(Split.CALIBRATION), test_count=100, seed=3).calibration
+    record = DataRecord.model_validate(part.describe().model_dump(mode="json"))
+    data = SimpleNamespace(calibration=record, sample_order="source")
+    artifact = SimpleNamespace(model="fmnist-cnn", data=data)
+    images = _fit_images(artifact, get_model("fmnist-cnn"), None, 5, 30)  # type: ignore[arg-type]
+    want = next(part.select(list(range(5, 35))).batches(30)).images
+    assert images.shape == (30, 1, 28, 28) and (images == want).all()

@@ -44,3 +44,14 @@ def test_off_a_terminal_the_bars_are_lines(capsys):
         bar.update(bar.add_task("x", total=1), completed=1)
     assert isinstance(bar, LineProgress)
     assert "x: 1/1 (100.0%)" in capsys.readouterr().err
+
+
+def test_completion_is_printed_once_and_never_past_100_percent(monkeypatch):
+    out = io.StringIO()
+    with LineProgress(out, interval=3600) as bar:
+        task = bar.add_task("done", total=4)
+        for _ in range(5):
+            bar.update(task, completed=4)
+        bar.update(task, completed=6)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("done: 4/4 (100.0%)")

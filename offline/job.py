@@ -102,6 +102,7 @@ def _mapping(st: State, progress: ProgressSink) -> list[AccuracyPoint]:
             budget = math.sqrt(below * above)
             points.append(_measure_point(st, int(rng.integers(0, len(st.runner.cuts))), budget))
             advance(len(points))
+    advance(total)  # refinement that found no bracket to split is done, not pending
     return points
 
 
@@ -196,19 +197,29 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
                          largest_group=settings.activation_group)
     check_model_fits(spec, sources, runner.cuts[-1].numel)
+    # Decoding the samples and the float model's answers on them: the first half-minute, once
+    # silent. (Refusals of the data come before it, so that they stay one line.)
+    prepare = sink.start("prepare: decode samples, float answers", 1)
     data = load_data(runner, settings, sources)
+    prepare(1)
     st = State(runner, data, settings)
+    stages = {"prepare": time.perf_counter() - started}
     tables, timing, agreement = _tables(runner, data, settings, sink)
+    stages["tables"] = time.perf_counter() - started - sum(stages.values())
     st.items = _items(runner, tables, settings)
     points = _mapping(st, sink)
+    stages["mapping"] = time.perf_counter() - started - sum(stages.values())
     budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
     cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
     workers = resolve_workers(settings, len(cuts))
     patterns, baseline = all_patterns(
         spec, st, cuts, Plan(budgets, points), workers,
         sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)))
+    stages["validation"] = time.perf_counter() - started - sum(stages.values())
     ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES],
                            sink.start("upload coding", len(runner.cuts)))
+    stages["coding"] = time.perf_counter() - started - sum(stages.values())
+    timing.update({f"stage_{name}": seconds for name, seconds in stages.items()})
     timing["total_without_report"] = time.perf_counter() - started
     artifact = CalibrationArtifact(
         model=spec.name, version=_version(spec), factory=spec.factory,

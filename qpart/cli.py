@@ -262,6 +262,9 @@ def calibrate(
     test_fraction: Annotated[float | None, typer.Option(help=env_help(CALIB, "test_fraction"))] = None,
     split_seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "split_seed"))] = None,
     sample_order: Annotated[str | None, typer.Option(help=env_help(CALIB, "sample_order"))] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=(
+        "At the end, print one JSON document in place of the summary line: stage seconds, pattern "
+        "and violation counts, the output files."))] = False,
 ) -> None:
     """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
     QPART_CALIB_*."""
@@ -294,6 +297,17 @@ def calibrate(
         artifact = run_job(spec, settings, out, _RichSink(bar))
     graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
     bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
+    if as_json:
+        stages = {k.removeprefix("stage_"): round(v, 3) for k, v in artifact.timing_s.items()
+                  if k.startswith("stage_")}
+        typer.echo(json.dumps({
+            "model": model, "out": str(out), "cuts": len(artifact.cuts),
+            "levels": sorted({p.level for p in artifact.patterns if p.level > 0}),
+            "patterns": len(artifact.patterns), "graded_patterns": len(graded), "test_violations": bad,
+            "stage_s": stages, "total_s": round(artifact.timing_s["total_without_report"], 3),
+            "files": [str(out / f) for f in ("artifact.json", "validation.json", "report.md",
+                                             "weights.safetensors")]}))
+        return
     typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split; "
                f"wrote {out}/artifact.json, validation.json, report.md")
 

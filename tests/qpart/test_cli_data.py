@@ -138,7 +138,7 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
     done = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), "--data", str(folders / "cal"),
                  "--test-data", str(folders / "test"), "--levels", "0.05", "--fit-samples", "100",
                  "--check-samples", "100", "--noise-samples", "50", "--mapping-points", "4", "--threads", "1",
-                 "--workers", "1", "--no-baseline", cwd=folders,
+                 "--workers", "1", "--no-baseline", "--json", cwd=folders,
                  env={"QPART_CALIB_CUTS": "[0, 8]", "QPART_CALIB_MEASURE_BOTH": "false",
                       "QPART_CALIB_BATCH_SIZE": "100"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -149,3 +149,14 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
         "image-folder", 200, 200)
     assert data["sample_order"] == "digest" and data["calibration"]["preprocess"]["resize"] == [28, 28]
     assert len(data["calibration"]["content_sha256"]) == 64 and data["test"]["split"] is None
+    # --json: one document on stdout (progress went to stderr, a line per stage from the start)
+    summary = json.loads(done.stdout)
+    assert summary["model"] == "fmnist-cnn" and summary["cuts"] == len(doc["cuts"])
+    assert summary["levels"] == [0.05] and summary["test_violations"] == sum(
+        1 for p in doc["patterns"] if p["level"] > 0 and p["test_drop"] > p["level"])
+    assert summary["patterns"] == len(doc["patterns"]) and summary["graded_patterns"] >= 1
+    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "validation", "coding"}
+    assert all(v >= 0 for v in summary["stage_s"].values()) and summary["total_s"] >= sum(
+        summary["stage_s"].values()) - 1e-3
+    stages = [line.partition(":")[0] for line in done.stderr.splitlines() if " elapsed " in line]
+    assert stages[0] == "prepare" and "validate + test patterns" in stages and stages[-1] == "upload coding"

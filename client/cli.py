@@ -12,6 +12,7 @@ from qpart.client.settings import DeviceSettings
 
 if TYPE_CHECKING:
     from qpart.client.device import DeviceClient, InferenceRun
+    from qpart.client.plans import ModelMetadata
 
 device_app = typer.Typer(help="Run inference as an edge device, profile it, manage its segment cache.",
                          no_args_is_help=True)
@@ -62,16 +63,16 @@ def _settings(**flags: object) -> DeviceSettings:
     return DeviceSettings(**given)
 
 
-def _load_inputs(runtime: DeviceClient, model: str, images: list[Path], idx: Path | None,
+def _load_inputs(card: ModelMetadata, images: list[Path], idx: Path | None,
                  labels: Path | None, limit: int | None) -> tuple[Any, Any]:
     """IDX tensors as they are, or image files preprocessed as the model's card declares."""
-    from qpart.client.inputs import read_idx_images, read_idx_labels
+    from qpart.client.inputs import read_idx_images, read_idx_labels, read_image_files
 
     if idx is not None:
         x = read_idx_images(idx, limit)
         y = read_idx_labels(labels, limit) if labels is not None else None
         return x, y
-    return runtime.read_images(images[:limit] if limit else images, model), None
+    return read_image_files(images[:limit] if limit else images, card.input_spec), None
 
 
 def _named(predictions: list[int], names: tuple[str, ...] | None) -> list[dict[str, Any]]:
@@ -150,14 +151,15 @@ def infer(
     profile = load_device_profile(device_profile) if device_profile else None
     runtime = _device_runtime(runtime_name)(settings, device=device, device_profile=profile)
     try:
-        x, y = _load_inputs(runtime, model, images or [], idx, labels, limit)
+        card = runtime.metadata(model)  # once: the preprocessing, then the class names
+        x, y = _load_inputs(card, images or [], idx, labels, limit)
         with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
                       disable=as_json) as bar:
             task = bar.add_task("segment", total=None)
             run = runtime.infer(x, model, demand, rate_bps=rate_mbps * 1e6 if rate_mbps else None,
                                 preset=preset, deadline_s=deadline_s,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
-        names = runtime.class_names(model)  # after the run: not part of its measured time
+        names = card.labels
     except DeviceError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -24,7 +24,6 @@ from qpart.client.transport import Transport
 from qpart.kernels.coding import Coding, encode
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
-from qpart.models.preprocess import FASHION_MNIST_SPEC
 from qpart.profiles.devices import DeviceProfile
 
 FLOAT_BITS = 32
@@ -153,7 +152,7 @@ class DeviceClient:
                 shapes (a spec that resizes without a crop).
             ServerAnswerError: the announced preprocessing is not a valid spec.
         """
-        return read_image_files(paths, self.metadata(model).preprocess or FASHION_MNIST_SPEC)
+        return read_image_files(paths, self.metadata(model).input_spec)
 
     def infer_images(self, paths: list[Path], model: str, demand: float,
                      **options: Any) -> InferenceRun:

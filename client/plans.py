@@ -15,7 +15,7 @@ from qpart.client.errors import ServerAnswerError
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.errors import PreprocessError
-from qpart.models.preprocess import PreprocessSpec, pixel_table
+from qpart.models.preprocess import FASHION_MNIST_SPEC, PreprocessSpec, pixel_table
 
 UploadEncoding = Coding | Literal["identity"]
 """How an activation packet is sent: a content coding (:class:`kernels.coding.Coding`) or as is."""
@@ -157,6 +157,12 @@ class ModelMetadata(_Wire):
         except PreprocessError as exc:
             raise ServerAnswerError(f"the server's model metadata: {exc}") from exc
         return parsed
+
+    @property
+    def input_spec(self) -> PreprocessSpec:
+        """How image files become the model's input: the card's :attr:`preprocess`, or for a card
+        without one the reference models' 28×28 grayscale in [0, 1]."""
+        return self.preprocess or FASHION_MNIST_SPEC
 
 
 class Prediction(_Wire):

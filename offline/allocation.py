@@ -63,9 +63,9 @@ def allocate(items: Sequence[Item], budget: float, units: int) -> dict[str, int]
     if budget <= 0 or not math.isfinite(budget):
         return {it.name: FLOAT_BITS for it in items}
     gridded = _grid_allocate(items, budget, units)
-    exact = _front_allocate(items, budget, pattern_bits(items, gridded))
-    if exact is not None and pattern_bits(items, exact) < pattern_bits(items, gridded) \
-            and pattern_noise(items, exact) <= budget:
+    bound = pattern_bits(items, gridded)
+    exact = _front_allocate(items, budget, bound)
+    if exact is not None and pattern_bits(items, exact) < bound and pattern_noise(items, exact) <= budget:
         return exact
     return gridded
 
@@ -81,7 +81,7 @@ def _front_allocate(items: Sequence[Item], budget: float, bound: int) -> dict[st
     rest = np.concatenate([np.cumsum(least[::-1])[::-1], [0]]).astype(np.int64)
     cost = np.zeros(1, dtype=np.int64)
     noise = np.zeros(1, dtype=np.float64)
-    steps: list[tuple[np.ndarray, np.ndarray]] = []
+    steps: list[tuple[list[tuple[int, float]], np.ndarray, np.ndarray]] = []
     for i, it in enumerate(items):
         options = _options(it)
         opt_cost = np.array([it.cost_bits(b) for b, _ in options], dtype=np.int64)
@@ -96,13 +96,13 @@ def _front_allocate(items: Sequence[Item], budget: float, bound: int) -> dict[st
         if len(order) > MAX_FRONT:
             return None
         cost, noise = cand_cost[order], cand_noise[order]
-        steps.append((order // len(options), order % len(options)))
+        steps.append((options, order // len(options), order % len(options)))
     if len(cost) == 0:
         return None
     state = 0  # the cheapest: the front is ordered by cost
     result: dict[str, int] = {}
-    for it, (parent, choice) in zip(reversed(items), reversed(steps), strict=True):
-        result[it.name] = _options(it)[int(choice[state])][0]
+    for it, (options, parent, choice) in zip(reversed(items), reversed(steps), strict=True):
+        result[it.name] = options[int(choice[state])][0]
         state = int(parent[state])
     return result
 

@@ -93,18 +93,17 @@ def _fit_images(artifact: CalibrationArtifact, spec: ModelSpec, data: str | None
     if record is None:  # calibrated before data records: always the built-in split, in its order
         return load_split(Split.CALIBRATION).images[start : start + samples]
     recorded = record.calibration
+    split = SplitRecord.model_validate(recorded.split) if recorded.split is not None else None
     text = data or recorded.location
     source: DataSource
     if data is None and recorded.kind == "fashion-mnist":  # the built-in split, as many as it read
         split_name = recorded.location.partition("@")[0].partition(":")[2]
         preprocess = PreprocessSpec.from_mapping(recorded.preprocess) if recorded.preprocess else None
-        split = SplitRecord.model_validate(recorded.split) if recorded.split is not None else None
         read = recorded.count if split is None else split.parent_count  # a split source: its parent
         source = FashionMnistSource(Split(split_name), limit=read, spec=preprocess)
     else:
         source = open_source(text, spec, "calibration")
-    if recorded.split is not None:
-        split = SplitRecord.model_validate(recorded.split)
+    if split is not None:
         if source.content_sha256() != split.parent_sha256:
             raise CalibrationConfigError(
                 f"{text} is not the source the artifact's calibration samples were split from (content "

@@ -203,22 +203,27 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     data = load_data(runner, settings, sources)
     prepare(1)
     st = State(runner, data, settings)
-    stages = {"prepare": time.perf_counter() - started}
+    stages: dict[str, float] = {}
+
+    def lap(stage: str) -> None:  # the seconds since the previous stage ended
+        stages[stage] = time.perf_counter() - started - sum(stages.values())
+
+    lap("prepare")
     tables, timing, agreement = _tables(runner, data, settings, sink)
-    stages["tables"] = time.perf_counter() - started - sum(stages.values())
+    lap("tables")
     st.items = _items(runner, tables, settings)
     points = _mapping(st, sink)
-    stages["mapping"] = time.perf_counter() - started - sum(stages.values())
+    lap("mapping")
     budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
     cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
     workers = resolve_workers(settings, len(cuts))
     patterns, baseline = all_patterns(
         spec, st, cuts, Plan(budgets, points), workers,
         sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)))
-    stages["validation"] = time.perf_counter() - started - sum(stages.values())
+    lap("validation")
     ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES],
                            sink.start("upload coding", len(runner.cuts)))
-    stages["coding"] = time.perf_counter() - started - sum(stages.values())
+    lap("coding")
     timing.update({f"stage_{name}": seconds for name, seconds in stages.items()})
     timing["total_without_report"] = time.perf_counter() - started
     artifact = CalibrationArtifact(

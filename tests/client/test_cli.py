@@ -17,9 +17,8 @@ from typer.testing import CliRunner
 
 from qpart.client.cli import device_app
 from qpart.client.errors import DeviceError
-from qpart.client.inputs import read_image_files
+from qpart.client.plans import ModelMetadata
 from qpart.client.settings import DeviceSettings
-from qpart.models.preprocess import FASHION_MNIST_SPEC
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +40,8 @@ def test_infer_reads_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_pa
         def __init__(self, settings, **_):
             seen.append(settings)
 
-        def read_images(self, paths, model):
-            return read_image_files(paths, FASHION_MNIST_SPEC)
+        def metadata(self, model):
+            return ModelMetadata()
 
         def infer(self, *_, **__):
             raise DeviceError("stopped by the test")
@@ -123,18 +122,15 @@ def test_infer_prints_each_predicted_class_index_with_its_card_name(monkeypatch,
         def __init__(self, settings, **_):
             pass
 
-        def read_images(self, paths, model):
-            return read_image_files(paths, FASHION_MNIST_SPEC)
-
         def infer(self, *_, **__):
             run = InferenceRun(Plan.model_validate(PLAN), predictions=[1, 2],
                                timings_s={"total": 0.01})
             run.results.extend(TailAnswer.model_validate(ANSWER).results * 2)
             return run
 
-        def class_names(self, model):
+        def metadata(self, model):  # the card: fetched once, for the preprocessing and the names
             assert model == "fmnist-cnn"
-            return names
+            return ModelMetadata(parameters={} if names is None else {"labels": json.dumps(names)})
 
         def close(self):
             pass

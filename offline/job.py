@@ -15,25 +15,28 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from qpart.kernels.coding import Coding
 from qpart.models.data import describe_splits
 from qpart.models.registry import ModelSpec
 from qpart.models.sources import DataSource, FashionMnistSource
 from qpart.offline.allocation import Item, allocate, pattern_noise
-from qpart.offline.coding import CODING_SAMPLES, coding_ratios, with_coding_ratios
+from qpart.offline.checkpoint import Checkpoints, output_error
+from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, with_coding_ratios
 from qpart.offline.data import Sources, check_model_fits, open_sources
+from qpart.offline.errors import CheckpointMismatchError
 from qpart.offline.ltt import make_promise
 from qpart.offline.memory import keep_freed_memory
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
-from qpart.offline.patterns import Plan, all_patterns, resolve_workers
+from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings, Estimator
 from qpart.offline.state import Data, State, key, load_data, split_bits
-from qpart.offline.validation import budget_for_level, paired_drop
+from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop
 from qpart.profiles.artifacts import (
     AccuracyPoint,
     CalibrationArtifact,
@@ -69,20 +72,41 @@ def _items(runner: ModelRunner, tables: Tables, s: CalibrationSettings) -> dict[
     return out
 
 
-def _measure_point(st: State, cut: int, budget: float) -> AccuracyPoint:
+def _measure_point(st: State, cut: int, budget: float) -> dict[str, Any]:
+    """One mapping point as its checkpoint keeps it: where, the point, its fit-sample counts."""
     bits = allocate(st.items[cut], budget, st.settings.budget_units)
     weights, act = split_bits(bits)
     logits = st.runner.run_pattern(st.data.fit.images, cut, weights, act)
     noise = float((logits - st.data.fit_logits).pow(2).sum(1).mean())
     counts = paired_drop(st.data.fit_correct, logits.argmax(1).numpy() == st.data.fit.labels)
-    st.fit_cache.setdefault(key(cut, bits), counts)  # the ladder's search may ask for it again
-    return AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits), drop=counts.drop)
+    point = AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits), drop=counts.drop)
+    return {"cut": cut, "budget": budget, "point": point.model_dump(mode="json"), "key": key(cut, bits),
+            "counts": [counts.n, counts.lost, counts.gained]}
 
 
-def _mapping(st: State, progress: ProgressSink) -> list[AccuracyPoint]:
+def _mapping(st: State, progress: ProgressSink, ck: Checkpoints) -> list[AccuracyPoint]:
     """Noise and drop of DP patterns, on the fit samples: a log grid of budgets over the whole
-    range, then bisection points where the drop envelope crosses each level (where D(a) is read)."""
+    range, then bisection points where the drop envelope crosses each level (where D(a) is read).
+    Each point is checkpointed; a resumed job replays the saved ones in the same order."""
     s = st.settings
+    saved: list[dict[str, Any]] = (ck.load("mapping") or {"points": []})["points"]
+    entries: list[dict[str, Any]] = []
+
+    def measure(cut: int, budget: float) -> AccuracyPoint:
+        if len(entries) < len(saved):
+            entry = saved[len(entries)]
+            if (entry["cut"], entry["budget"]) != (cut, budget):
+                raise CheckpointMismatchError(f"{ck.path('mapping')} was written by another job (point "
+                                              f"{len(entries)}); run again with --fresh to start afresh")
+        else:
+            entry = _measure_point(st, cut, budget)
+        entries.append(entry)
+        if len(entries) > len(saved):
+            ck.save("mapping", {"points": entries})
+        # the ladder's search may ask for the same pattern's counts again
+        st.fit_cache.setdefault(entry["key"], PairedDrop(*entry["counts"]))
+        return AccuracyPoint.model_validate(entry["point"])
+
     rng = np.random.default_rng(s.seed)
     all_noise = [v for items in st.items.values() for it in items for v in it.noise.values() if v > 0]
     lo, hi = math.log(min(all_noise)), math.log(max(all_noise) * 4)
@@ -92,7 +116,7 @@ def _mapping(st: State, progress: ProgressSink) -> list[AccuracyPoint]:
     for i in range(s.mapping_points):
         cut = int(rng.integers(0, len(st.runner.cuts)))
         budget = math.exp(lo + (hi - lo) * (i + rng.random()) / s.mapping_points)
-        points.append(_measure_point(st, cut, budget))
+        points.append(measure(cut, budget))
         advance(len(points))
     for level in s.levels:
         for _ in range(s.refine_points):
@@ -100,7 +124,7 @@ def _mapping(st: State, progress: ProgressSink) -> list[AccuracyPoint]:
             if below is None or above is None:
                 break
             budget = math.sqrt(below * above)
-            points.append(_measure_point(st, int(rng.integers(0, len(st.runner.cuts))), budget))
+            points.append(measure(int(rng.integers(0, len(st.runner.cuts))), budget))
             advance(len(points))
     advance(total)  # refinement that found no bracket to split is done, not pending
     return points
@@ -127,9 +151,21 @@ def _additivity(points: list[AccuracyPoint]) -> dict[str, float]:
             "max_ratio_predicted_to_measured": float(np.max(ratio)), "points": float(len(rel))}
 
 
-def _tables(runner: ModelRunner, data: Data, s: CalibrationSettings,
-            progress: ProgressSink) -> tuple[Tables, dict[str, float], dict[str, object]]:
-    """Noise tables of the configured estimator (and the other one, to compare and time)."""
+def _tables(runner: ModelRunner, data: Data, s: CalibrationSettings, progress: ProgressSink,
+            ck: Checkpoints) -> tuple[Tables, dict[str, float], dict[str, object]]:
+    """Noise tables of the configured estimator (and the other one, to compare and time), from
+    the checkpoint when a killed job measured them."""
+    saved = ck.load("tables")
+    if saved is not None:
+        weight, activation = saved["tables"]
+        return (weight, activation), saved["timing"], saved["agreement"]
+    found = _measure_tables(runner, data, s, progress)
+    ck.save("tables", {"tables": list(found[0]), "timing": found[1], "agreement": found[2]})
+    return found
+
+
+def _measure_tables(runner: ModelRunner, data: Data, s: CalibrationSettings,
+                    progress: ProgressSink) -> tuple[Tables, dict[str, float], dict[str, object]]:
     images = data.fit.images[: s.noise_samples]
     todo = {s.estimator} | ({Estimator.FAST, Estimator.DIRECT} if s.measure_both else set())
     tables: dict[Estimator, Tables] = {}
@@ -178,15 +214,22 @@ def _splits(sources: Sources, s: CalibrationSettings) -> dict[str, object]:
 
 
 def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
-              progress: ProgressSink | None = None, sources: Sources | None = None) -> CalibrationArtifact:
+              progress: ProgressSink | None = None, sources: Sources | None = None, *,
+              fresh: bool = False, executor: Executor | None = None) -> CalibrationArtifact:
     """Run the whole job for one model and write ``artifact.json``, ``validation.json``, the report.
 
     ``sources`` default to those the settings name (:func:`offline.data.open_sources`). Data that
     cannot be used (overlapping or mismatched sources, classes that are not one per logit) is
-    refused before anything is written; ``out_dir`` is written only at the end.
-    """
-    from qpart.offline.report import write_outputs  # noqa: PLC0415 (matplotlib only when writing)
+    refused before anything is written. Each stage's results are checkpointed in
+    ``out_dir/checkpoint`` (:mod:`offline.checkpoint`): the same job run again resumes from them
+    and writes the same ``artifact.json``; ``fresh`` discards them first. ``artifact.json`` is
+    written last, whole, and the checkpoints are removed after it. ``executor`` runs the
+    validation stage elsewhere (``offline.ray_executor``); the artifact is the same.
 
+    Raises:
+        CheckpointMismatchError: ``out_dir`` holds checkpoints of other inputs (and not ``fresh``).
+        CalibrationOutputError: ``out_dir`` cannot be written; its checkpoints stay resumable.
+    """
     sink = progress or _Silent()
     started = time.perf_counter()
     keep_freed_memory()
@@ -197,6 +240,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
                          largest_group=settings.activation_group)
     check_model_fits(spec, sources, runner.cuts[-1].numel)
+    ck = Checkpoints.open(out_dir, job_inputs(spec, settings, sources), fresh=fresh)
     # Decoding the samples and the float model's answers on them: the first half-minute, once
     # silent. (Refusals of the data come before it, so that they stay one line.)
     prepare = sink.start("prepare: decode samples, float answers", 1)
@@ -209,20 +253,21 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         stages[stage] = time.perf_counter() - started - sum(stages.values())
 
     lap("prepare")
-    tables, timing, agreement = _tables(runner, data, settings, sink)
+    tables, timing, agreement = _tables(runner, data, settings, sink, ck)
     lap("tables")
     st.items = _items(runner, tables, settings)
-    points = _mapping(st, sink)
+    points = _mapping(st, sink, ck)
     lap("mapping")
     budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
     cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
     workers = resolve_workers(settings, len(cuts))
+    records = {c: r for c in cuts if (r := ck.load(f"cut-{c}")) is not None}
     patterns, baseline = all_patterns(
         spec, st, cuts, Plan(budgets, points), workers,
-        sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)))
+        sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)),
+        records, lambda cut, rec: ck.save(f"cut-{cut}", rec), executor)
     lap("validation")
-    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES],
-                           sink.start("upload coding", len(runner.cuts)))
+    ratios = _coding(runner, data, sink, ck)
     lap("coding")
     timing.update({f"stage_{name}": seconds for name, seconds in stages.items()})
     timing["total_without_report"] = time.perf_counter() - started
@@ -240,10 +285,65 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
     )
     artifact = with_coding_ratios(artifact, ratios)
-    write_outputs(artifact, agreement, out_dir)
-    # The artifact folder is self-contained: the server loads these exact weights (sha256-checked).
-    shutil.copyfile(spec.weights, out_dir / "weights.safetensors")
+    _write(spec, artifact, agreement, out_dir, ck)
     return artifact
+
+
+def _coding(runner: ModelRunner, data: Data, sink: ProgressSink, ck: Checkpoints) -> CodingRatios:
+    saved = ck.load("coding")
+    if saved is not None:
+        return {Coding(c): [{int(b): r for b, r in per_bits.items()} for per_bits in per_cut]
+                for c, per_cut in saved.items()}
+    advance = sink.start("upload coding", len(runner.cuts))
+    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES], advance)
+    ck.save("coding", {c.value: per_cut for c, per_cut in ratios.items()})
+    return ratios
+
+
+def _write(spec: ModelSpec, artifact: CalibrationArtifact, agreement: dict[str, object], out_dir: Path,
+           ck: Checkpoints) -> None:
+    """The weights, the report, ``validation.json``, ``timing.json``, then ``artifact.json``; then
+    the checkpoints go (a job killed before that resumes with nothing left to compute)."""
+    from qpart.offline.report import write_outputs  # noqa: PLC0415 (matplotlib only when writing)
+
+    try:
+        # The artifact folder is self-contained: the server loads these exact weights (sha256-checked).
+        tmp = out_dir / "weights.safetensors.tmp"
+        shutil.copyfile(spec.weights, tmp)
+        tmp.replace(out_dir / "weights.safetensors")
+        write_outputs(artifact, agreement, out_dir)
+    except OSError as exc:
+        (out_dir / "weights.safetensors.tmp").unlink(missing_ok=True)
+        raise output_error(f"write the results into {out_dir}", exc, ck.folder) from exc
+    ck.remove()
+
+
+def job_inputs(spec: ModelSpec, settings: CalibrationSettings, sources: Sources) -> dict[str, Any]:
+    """What a job's results depend on, as its checkpoints record it (``inputs.json``)."""
+    return {
+        "model": {"name": spec.name, "factory": spec.factory, "input_shape": list(spec.input_shape),
+                  "weights_sha256": _sha256(spec.weights), "card": spec.card},
+        "data": {"calibration": sources.calibration.describe().model_dump(mode="json"),
+                 "test": sources.test.describe().model_dump(mode="json"), "order": sources.order},
+        "settings": json.loads(settings.model_dump_json()),
+        "versions": {"torch": torch.__version__, "numpy": np.__version__, "code_sha256": _code_sha256()},
+    }
+
+
+def _code_sha256() -> str:
+    """sha256 over the calibration's own source files (``offline``, ``kernels``, ``models``): a job
+    resumed by other code could mix two procedures' results."""
+    import qpart.kernels  # noqa: PLC0415
+    import qpart.models  # noqa: PLC0415
+    import qpart.offline  # noqa: PLC0415
+
+    hasher = hashlib.sha256()
+    for package in (qpart.offline, qpart.kernels, qpart.models):
+        root = Path(next(iter(package.__path__)))
+        for file in sorted(root.rglob("*.py")):
+            hasher.update(f"{file.relative_to(root.parent)}\n".encode())
+            hasher.update(file.read_bytes())
+    return hasher.hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -10,15 +10,18 @@ rounding may depend on the threads a worker uses.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 from qpart.kernels import packed_size
 from qpart.models.registry import ModelSpec
@@ -32,8 +35,7 @@ from qpart.offline.state import Data, State, evaluate, key, split_bits
 from qpart.offline.validation import PairedDrop, predicted_drop
 from qpart.profiles.artifacts import FLOAT_BITS, AccuracyPoint, Pattern
 
-Done = Callable[[], None]
-"""Called once per (cut, level) finished, and once per cut's lossless pattern."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 Advance = Callable[[int], None]
 """Progress: how many of ``len(cuts) * (len(levels) + 1)`` steps are done."""
@@ -96,97 +98,162 @@ def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: li
     )
 
 
-def cut_patterns(st: State, cut: int, plan: Plan, done: Done) -> tuple[list[Pattern], list[Pattern]]:
-    """The lossless pattern and one pattern per level at ``cut`` (and QPART's, as published)."""
+CutRecord = dict[str, Any]
+"""One cut's results so far, as its checkpoint holds them (JSON): ``lossless``, the lossless
+pattern; ``levels``, per level done, in order, ``pattern``, ``baseline`` (QPART's as published, or
+None) and ``anchor`` (where the next level's search starts)."""
+
+Save = Callable[[int, CutRecord], None]
+"""Called with a cut's record each time it grows: once for the lossless pattern, once per level."""
+
+
+def record_steps(record: CutRecord | None) -> int:
+    """How many of a cut's ``levels + 1`` steps ``record`` holds."""
+    return 0 if not record else int("lossless" in record) + len(record.get("levels", []))
+
+
+def record_patterns(record: CutRecord) -> tuple[list[Pattern], list[Pattern]]:
+    """The patterns (lossless first, then per level) and QPART's of a finished record."""
+    levels = record["levels"]
+    patterns = [Pattern.model_validate(x) for x in (record["lossless"], *(x["pattern"] for x in levels))]
+    return patterns, [Pattern.model_validate(x["baseline"]) for x in levels if x["baseline"] is not None]
+
+
+def cut_patterns(st: State, cut: int, plan: Plan, record: CutRecord | None, save: Save) -> CutRecord:
+    """The lossless pattern and one pattern per level at ``cut`` (and QPART's, as published),
+    continuing ``record`` (what a killed job had finished of this cut)."""
     s = st.settings
-    lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
-    patterns = [_pattern(st, cut, 0.0, lossless, plan.points)]
-    baseline: list[Pattern] = []
-    floor = None
-    for level in s.levels:
+    rec: CutRecord = dict(record) if record else {}
+    if "lossless" not in rec:
+        lossless = {it.name: FLOAT_BITS for it in st.items[cut]}
+        first = _pattern(st, cut, 0.0, lossless, plan.points)
+        rec = {"lossless": first.model_dump(mode="json"), "levels": []}
+        save(cut, rec)
+    levels: list[dict[str, Any]] = list(rec["levels"])
+    floor = levels[-1]["anchor"] if levels else None
+    for level in s.levels[len(levels):]:
         budget = plan.budgets[str(level)]
         chosen = select(st, cut, level, budget, floor)
         floor = chosen.anchor
-        patterns.append(_pattern(st, cut, level, chosen.bits, plan.points, chosen))
-        if s.baseline and st.items[cut] and budget > 0:
-            baseline.append(_pattern(st, cut, level, qpart_paper_bits(st.items[cut], budget), plan.points))
-        done()
-    done()
-    return patterns, baseline
+        pattern = _pattern(st, cut, level, chosen.bits, plan.points, chosen)
+        paper = (_pattern(st, cut, level, qpart_paper_bits(st.items[cut], budget), plan.points)
+                 if s.baseline and st.items[cut] and budget > 0 else None)
+        levels.append({"pattern": pattern.model_dump(mode="json"),
+                       "baseline": paper.model_dump(mode="json") if paper else None, "anchor": chosen.anchor})
+        rec = {"lossless": rec["lossless"], "levels": list(levels)}
+        save(cut, rec)
+    return rec
 
 
 # -- worker processes ---------------------------------------------------------------------------
 
-_WORKER: tuple[State, Plan, mp.Queue[int]] | None = None
+_WORKER: tuple[State, Plan, mp.Queue[tuple[int, CutRecord]]] | None = None
 _WORKER_FAILED = ""
 
 
 def _init_worker(spec: ModelSpec, settings: CalibrationSettings, data: Data, items: dict[int, list[Item]],
-                 fit_cache: dict[str, PairedDrop], plan: Plan, threads: int, events: mp.Queue[int]) -> None:
+                 fit_cache: dict[str, PairedDrop], plan: Plan, threads: int,
+                 events: mp.Queue[tuple[int, CutRecord]]) -> None:
     """Build this worker's state; a failure is kept and raised by its first task, so that the job
     ends with the reason (an initializer that raises would only break the pool)."""
     global _WORKER, _WORKER_FAILED  # noqa: PLW0603 (one state per worker process, set once)
+    _die_with_parent()
     try:
-        import torch  # noqa: PLC0415 (in the child, after the start method chose how to import)
-
-        keep_freed_memory()
-        torch.set_num_threads(threads)
-        torch.manual_seed(settings.seed)
-        runner = ModelRunner(spec.load(), spec.input_shape, batch_size=settings.batch_size,
-                             largest_group=settings.activation_group)
-        _WORKER = (State(runner, data, settings, items, dict(fit_cache)), plan, events)
+        _WORKER = (worker_state(spec, settings, data, items, fit_cache, threads), plan, events)
     except Exception as exc:
         _WORKER_FAILED = f"{type(exc).__name__}: {exc}"
 
 
-def _run_cut(cut: int) -> tuple[int, list[Pattern], list[Pattern]]:
+def worker_state(spec: ModelSpec, settings: CalibrationSettings, data: Data, items: dict[int, list[Item]],
+                 fit_cache: dict[str, PairedDrop], threads: int) -> State:
+    """The state a process other than the job's validates cuts with: its own runner, ``threads``
+    torch threads, the job's seed (a Ray task builds the same, so both give the same results)."""
+    import torch  # noqa: PLC0415 (in the child, after the start method chose how to import)
+
+    keep_freed_memory()
+    torch.set_num_threads(threads)
+    torch.manual_seed(settings.seed)
+    runner = ModelRunner(spec.load(), spec.input_shape, batch_size=settings.batch_size,
+                         largest_group=settings.activation_group)
+    return State(runner, data, settings, items, dict(fit_cache))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker when the job's process dies (even by SIGKILL), so that no
+    orphan goes on computing a cut nobody will save."""
+    with suppress(OSError, AttributeError):  # not Linux: an orphan ends when it next reports
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _run_cut(cut: int, record: CutRecord | None) -> tuple[int, CutRecord]:
     if _WORKER is None:
         raise WorkerError(f"a validation worker could not start: {_WORKER_FAILED}")
     st, plan, events = _WORKER
-    found = cut_patterns(st, cut, plan, lambda: events.put(cut))
-    return (cut, *found)
+    return cut, cut_patterns(st, cut, plan, record, lambda c, rec: events.put((c, rec)))
+
+
+Executor = Callable[[ModelSpec, State, Plan, int, dict[int, CutRecord | None], Save], None]
+"""Validates the cuts of a mapping (each continuing its record) on ``workers`` processes of
+``threads // workers`` torch threads each, calling ``save`` with each record that grows."""
 
 
 def all_patterns(spec: ModelSpec, st: State, cuts: list[int], plan: Plan, workers: int,
-                 advance: Advance) -> tuple[list[Pattern], list[Pattern]]:
-    """Every cut's patterns, in cut order: in this process when ``workers`` is 1, else in
-    ``workers`` spawned processes (spawned: forking a process that holds torch's thread pools can
-    deadlock). A worker's error ends the job with it; a worker that dies is a :class:`WorkerError`."""
-    found: dict[int, tuple[list[Pattern], list[Pattern]]] = {}
-    steps = [0]
+                 advance: Advance, records: dict[int, CutRecord], save: Save,
+                 executor: Executor | None = None) -> tuple[list[Pattern], list[Pattern]]:
+    """Every cut's patterns, in cut order, continuing ``records`` (a killed job's, by cut) and
+    calling ``save`` as each grows: in this process when ``workers`` is 1, else in ``workers``
+    spawned processes (spawned: forking a process that holds torch's thread pools can deadlock),
+    or by ``executor`` (``offline.ray_executor``) when given. A worker's error ends the job with
+    it; a worker that dies is a :class:`WorkerError`."""
+    found = {c: r for c, r in records.items() if c in cuts}
+    steps = len(st.settings.levels) + 1
 
-    def done() -> None:
-        steps[0] += 1
-        advance(steps[0])
+    def keep(cut: int, rec: CutRecord) -> None:  # reports may arrive late: never save an older one
+        if record_steps(rec) > record_steps(found.get(cut)):
+            found[cut] = rec
+            save(cut, rec)
+            advance(sum(record_steps(found.get(c)) for c in cuts))
 
-    if workers <= 1:
-        for cut in cuts:
-            found[cut] = cut_patterns(st, cut, plan, done)
-    else:
-        ctx = mp.get_context("spawn")
-        events: mp.Queue[int] = ctx.Queue()
-        threads = max(1, st.settings.threads // workers)
-        args = (spec, st.settings, st.data, st.items, st.fit_cache, plan, threads, events)
-        with _environment(allocator_environment()), ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=_init_worker, initargs=args) as pool:
-            pending = {pool.submit(_run_cut, cut) for cut in cuts}
-            try:
-                while pending:
-                    finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                    _drain(events, done, timeout=0.0)
-                    for future in finished:
-                        cut, patterns, baseline = future.result()
-                        found[cut] = (patterns, baseline)
-            except BrokenProcessPool as exc:
-                raise WorkerError(f"a validation worker died ({exc}); if it ran out of memory, "
-                                  "set QPART_CALIB_WORKERS=1") from exc
-            finally:
-                for future in pending:
-                    future.cancel()
-        advance(len(cuts) * (len(st.settings.levels) + 1))  # events still in a worker's pipe
-    patterns = [p for cut in cuts for p in found[cut][0]]
-    baseline = [p for cut in cuts for p in found[cut][1]]
+    advance(sum(record_steps(found.get(c)) for c in cuts))
+    todo = [c for c in cuts if record_steps(found.get(c)) < steps]
+    if executor is not None and todo:
+        executor(spec, st, plan, workers, {c: found.get(c) for c in todo}, keep)
+    elif workers <= 1:
+        for cut in todo:
+            cut_patterns(st, cut, plan, found.get(cut), keep)
+    elif todo:
+        _in_workers(spec, st, plan, workers, {c: found.get(c) for c in todo}, keep)
+    patterns: list[Pattern] = []
+    baseline: list[Pattern] = []
+    for cut in cuts:
+        mine, paper = record_patterns(found[cut])
+        patterns += mine
+        baseline += paper
     return patterns, baseline
+
+
+def _in_workers(spec: ModelSpec, st: State, plan: Plan, workers: int, todo: dict[int, CutRecord | None],
+                keep: Save) -> None:
+    """The cuts of ``todo`` (each continuing its record) in a pool of ``workers`` processes."""
+    ctx = mp.get_context("spawn")
+    events: mp.Queue[tuple[int, CutRecord]] = ctx.Queue()
+    threads = max(1, st.settings.threads // workers)
+    args = (spec, st.settings, st.data, st.items, st.fit_cache, plan, threads, events)
+    with _environment(allocator_environment()), ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_init_worker, initargs=args) as pool:
+        pending = {pool.submit(_run_cut, cut, record) for cut, record in todo.items()}
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                _drain(events, keep)
+                for future in finished:
+                    keep(*future.result())
+        except BrokenProcessPool as exc:
+            raise WorkerError(f"a validation worker died ({exc}); if it ran out of memory, "
+                              "set QPART_CALIB_WORKERS=1") from exc
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 @contextmanager
@@ -204,16 +271,10 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _drain(events: mp.Queue[int], done: Done, timeout: float) -> None:
-    """Report every (cut, level) the workers finished, waiting up to ``timeout`` for the first."""
-    try:
-        events.get(timeout=timeout) if timeout else events.get_nowait()
-    except queue.Empty:
-        return
-    done()
+def _drain(events: mp.Queue[tuple[int, CutRecord]], keep: Save) -> None:
+    """Save every record the workers reported so far."""
     while True:
         try:
-            events.get_nowait()
+            keep(*events.get_nowait())
         except queue.Empty:
             return
-        done()

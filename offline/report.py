@@ -20,7 +20,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, Pattern, load_artifact, save_artifact
+from qpart.profiles.artifacts import (
+    FLOAT_BITS,
+    CalibrationArtifact,
+    Pattern,
+    load_artifact,
+    save_artifact,
+    write_atomic,
+)
 
 NONE = "—"  # a figure that does not exist (not measured, not applicable)
 METHODS = {"qpart": "validated (ours)", "baseline_qpart_paper": "QPART as published"}
@@ -59,8 +66,6 @@ def validation_doc(artifact: CalibrationArtifact, agreement: dict[str, object]) 
         "baseline_qpart_paper": [_row(p) for p in artifact.baseline_qpart_paper],
         "summary": _summary(artifact),
         "promise": artifact.promise.model_dump() if artifact.promise else None,
-        "timing_s": {"direct": artifact.timing_s.get("direct"), "fast": artifact.timing_s.get("fast"),
-                     **artifact.timing_s},
         "additivity_error": artifact.additivity_error,
         "estimator_agreement": agreement,
     }
@@ -269,8 +274,15 @@ def markdown(artifact: CalibrationArtifact) -> str:
 
 
 def _save(fig: Figure, path: Path) -> None:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(f"{path.stem}.tmp{path.suffix}")  # the suffix names the format
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
 
 
 def write_report(artifact: CalibrationArtifact, out_dir: Path) -> Path:
@@ -280,18 +292,19 @@ def write_report(artifact: CalibrationArtifact, out_dir: Path) -> Path:
     _save(payload_figure(artifact), out_dir / "payload.png")
     _save(bits_figure(artifact), out_dir / "bits.png")
     report = out_dir / "report.md"
-    report.write_text(markdown(artifact))
+    write_atomic(report, markdown(artifact))
     return report
 
 
 def write_outputs(artifact: CalibrationArtifact, agreement: dict[str, object], out_dir: Path) -> None:
-    """Write the artifact, ``validation.json``, ``report.md`` and its plots into ``out_dir``."""
-    save_artifact(artifact, out_dir)
-    doc = validation_doc(artifact, agreement)
-    tmp = out_dir / "validation.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out_dir / "validation.json")
+    """Write ``report.md`` and its plots, ``validation.json``, then the artifact (``timing.json``,
+    and ``artifact.json`` last) into ``out_dir``: each file atomically, so that an ``artifact.json``
+    there is a whole one, written after everything it refers to."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     write_report(artifact, out_dir)
+    doc = validation_doc(artifact, agreement)
+    write_atomic(out_dir / "validation.json", json.dumps(doc, indent=1) + "\n")
+    save_artifact(artifact, out_dir)
 
 
 def main(folders: list[str]) -> None:

@@ -7,6 +7,8 @@ per (cut, accuracy level). ``offline`` writes it, ``server`` reads it; nothing e
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,14 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from qpart.kernels.coding import Coding
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 4
-"""4: the records of the calibration and test data (``data``: each source's kind, location,
+ARTIFACT_SCHEMA_VERSION = 5
+"""5: what was measured on the calibrating machine, not decided by the calibration (each cut's
+``server_head_s``/``server_tail_s`` and ``timing_s``), is kept in ``timing.json`` beside
+``artifact.json``, so that ``artifact.json`` is a function of the model, the data and the settings
+alone (a resumed job writes it byte for byte; ``docs/calibration-resume.md``).
+4: the records of the calibration and test data (``data``: each source's kind, location,
 count, classes, content digest, preprocessing and split; None when calibrated before). 3: the
 promise a calibration makes (``promise``) and each pattern's ladder (``rungs``,
 ``passed``) in place of ``tightenings`` (ADR 0011). 2: a cut's upload-coding ratios in one map
 keyed by :class:`~kernels.coding.Coding`; schema 1 had a field per coding (ADR 0008). Older
 artifacts are upgraded as they load."""
 ARTIFACT_FILE = "artifact.json"
+TIMING_FILE = "timing.json"
+_MEASURED_CUT_FIELDS = ("server_head_s", "server_tail_s")
 FLOAT_BITS = 32
 """Bit width that means "not quantized, sent as float32"."""
 
@@ -56,8 +64,11 @@ class CutProfile(_Frozen):
     head_float_params: int = Field(ge=0, description="Head parameters always sent as float32 (biases).")
     head_flops: int = Field(ge=0)
     tail_flops: int = Field(ge=0)
-    server_head_s: float = Field(ge=0, description="Head time on the serving machine, batch 1.")
-    server_tail_s: float = Field(ge=0, description="Tail time on the serving machine, batch 1.")
+    server_head_s: float = Field(0.0, ge=0, description=(
+        "Head time, batch 1, on the machine that calibrated (kept in timing.json; 0: not measured)."))
+    server_tail_s: float = Field(0.0, ge=0, description=(
+        "Tail time, batch 1, on the machine that calibrated (kept in timing.json; 0: not measured). "
+        "The server measures its own at start-up; this stands in before."))
     coding_ratio: dict[Coding, dict[Bits, Ratio]] = Field(
         default_factory=dict,
         description="Per upload coding (kernels.coding), per activation bits (1..8, 32): mean coded "
@@ -142,7 +153,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[4] = 4
+    schema_version: Literal[5] = 5
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -161,7 +172,8 @@ class CalibrationArtifact(_Frozen):
     additivity_error: dict[str, float]
     patterns: list[Pattern]
     baseline_qpart_paper: list[Pattern]
-    timing_s: dict[str, float]
+    timing_s: dict[str, float] = Field(default_factory=dict, description=(
+        "Seconds each stage took (kept in timing.json; empty: not recorded)."))
     promise: Promise | None = Field(
         None, description="None: calibrated before schema 3, by a search that backs no such statement.")
     data: CalibrationData | None = Field(
@@ -173,11 +185,12 @@ class CalibrationArtifact(_Frozen):
         """An older document as schema 4. From 1: each cut's ``<coding>_ratio`` fields into its
         ``coding_ratio`` map (an empty one: not measured, left out). From 1 or 2: patterns lose
         ``tightenings`` (the search that counted them made no promise; ``promise`` stays None).
-        From 1 to 3: ``data`` stays None (the Fashion-MNIST splits, recorded in ``splits``)."""
-        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3)):
+        From 1 to 3: ``data`` stays None (the Fashion-MNIST splits, recorded in ``splits``). From 4:
+        nothing changes (its measurements are inline, where schema 5 still reads them)."""
+        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4)):
             return data
         out = dict(data)
-        if data["schema_version"] == 3:
+        if data["schema_version"] in (3, 4):
             out["schema_version"] = ARTIFACT_SCHEMA_VERSION
             return out
         if data["schema_version"] == 1 and isinstance(data.get("cuts"), list):
@@ -215,14 +228,22 @@ def _schema2_pattern(pattern: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_artifact(path: Path) -> CalibrationArtifact:
-    """Read and validate an artifact (``DIR/artifact.json`` or the file itself)."""
+    """Read and validate an artifact (``DIR/artifact.json`` or the file itself), with the machine
+    measurements of the ``timing.json`` beside it when there is one."""
     file = path / ARTIFACT_FILE if path.is_dir() else path
     try:
         raw = file.read_bytes()
     except FileNotFoundError as exc:
         raise ProfileNotFoundError(f"no calibration artifact at {file}") from exc
     try:
-        return CalibrationArtifact.model_validate_json(raw)
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProfileFormatError(f"{file} is not valid JSON: {exc}") from exc
+    timing = file.with_name(TIMING_FILE)
+    if isinstance(doc, dict) and timing.is_file():
+        doc = _with_timing(doc, timing)
+    try:
+        return CalibrationArtifact.model_validate(doc)
     except ValidationError as exc:
         if any(e["loc"][:1] == ("schema_version",) for e in exc.errors()):
             raise SchemaVersionError(f"{file}: this build reads artifacts of schema_version 1 to "
@@ -230,11 +251,56 @@ def load_artifact(path: Path) -> CalibrationArtifact:
         raise ProfileFormatError(f"{file} is not a valid calibration artifact: {exc}") from exc
 
 
+def _with_timing(doc: dict[str, Any], file: Path) -> dict[str, Any]:
+    """``doc`` with the stage seconds and per-cut latencies of ``timing.json``."""
+    try:
+        timing = json.loads(file.read_bytes())
+        stages = dict(timing["timing_s"])
+        measured = {int(c["index"]): {k: float(c[k]) for k in _MEASURED_CUT_FIELDS} for c in timing["cuts"]}
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise ProfileFormatError(f"{file} is not a valid timing record: {exc}") from exc
+    out = {**doc, "timing_s": stages}
+    if isinstance(doc.get("cuts"), list):
+        out["cuts"] = [{**c, **measured.get(c["index"], {})} if isinstance(c, dict) and "index" in c
+                       else c for c in doc["cuts"]]
+    return out
+
+
+def timing_doc(artifact: CalibrationArtifact) -> dict[str, Any]:
+    """The ``timing.json`` document: what this run measured on its machine."""
+    return {"kind": "qpart-calibration-timing", "model": artifact.model, "version": artifact.version,
+            "timing_s": artifact.timing_s,
+            "cuts": [{"index": c.index, **{k: getattr(c, k) for k in _MEASURED_CUT_FIELDS}}
+                     for c in artifact.cuts]}
+
+
+def artifact_json(artifact: CalibrationArtifact) -> str:
+    """``artifact.json``'s text: everything but the machine measurements (:func:`timing_doc`)."""
+    exclude: Any = {"timing_s": True, "cuts": {"__all__": set(_MEASURED_CUT_FIELDS)}}
+    return artifact.model_dump_json(indent=1, exclude=exclude) + "\n"
+
+
 def save_artifact(artifact: CalibrationArtifact, directory: Path) -> Path:
-    """Write ``DIR/artifact.json`` atomically."""
+    """Write ``DIR/timing.json``, then ``DIR/artifact.json``, each atomically (a temporary file
+    renamed; one that cannot be written whole is removed)."""
     directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / TIMING_FILE, json.dumps(timing_doc(artifact), indent=1) + "\n")
     file = directory / ARTIFACT_FILE
-    tmp = file.with_suffix(".json.tmp")
-    tmp.write_text(artifact.model_dump_json(indent=1) + "\n")
-    tmp.replace(file)
+    write_atomic(file, artifact_json(artifact))
     return file
+
+
+def write_atomic(file: Path, text: str) -> None:
+    """``text`` into ``file`` by way of ``file.tmp``, flushed to disk, then renamed over it: a
+    reader sees the old file or the new one, never part of one. Raises the ``OSError`` of a
+    write that failed (a full disk), after removing the temporary file."""
+    tmp = file.with_name(file.name + ".tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(file)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise

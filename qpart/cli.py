@@ -6,16 +6,15 @@ Lazy imports keep ``qpart device`` usable on a device that installed only the ``
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from qpart.cli_calibrate import calibrate, measure_coding
 from qpart.client.cli import VersionOpt, device_app
 from qpart.errors import MODE, UsageError, run
 from qpart.flags import env_help, settings_from
-from qpart.offline.settings import CalibrationSettings, Estimator
 from qpart.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -30,7 +29,8 @@ app = typer.Typer(
 models_app = typer.Typer(help="List registered models (default) or register your own.")
 app.add_typer(models_app, name="models")
 app.add_typer(device_app, name="device")
-CALIB = CalibrationSettings
+app.command()(calibrate)
+app.command("measure-coding")(measure_coding)
 
 
 @app.callback()
@@ -214,137 +214,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise UsageError(f"--input-shape {text!r}: the form is C,H,W (positive sizes without the batch, "
                          "separated by commas), e.g. 1,28,28")
     return tuple(int(s) for s in sizes)
-
-
-def parse_levels(text: str | None) -> tuple[float, ...] | None:
-    """``--levels``: fractions separated by commas (None: not given)."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"--levels {text!r}: give fractions separated by commas, "
-                         "e.g. 0.005,0.01 for 0.5% and 1%") from None
-
-
-class _RichSink:
-    """Adapts the calibration job's progress reports to rich progress bars."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar = bar
-
-    def start(self, label: str, total: int) -> Callable[[int], None]:
-        task = self.bar.add_task(label, total=total)
-        return lambda done: self.bar.update(task, completed=done)
-
-
-@app.command()
-def calibrate(
-    model: Annotated[str, typer.Option(help="Registered model name.")],
-    out: Annotated[Path, typer.Option(help="Output folder for artifact.json, validation.json, report.md.")],
-    weights: Annotated[Path | None, typer.Option(help="Override the registered weights.")] = None,
-    levels: Annotated[str | None, typer.Option(help=env_help(
-        CALIB, "levels", "Accuracy levels as max top-1 drop fractions, comma-separated"))] = None,
-    estimator: Annotated[Estimator | None, typer.Option(help=env_help(CALIB, "estimator"))] = None,
-    fit_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "fit_samples"))] = None,
-    check_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "check_samples"))] = None,
-    noise_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "noise_samples"))] = None,
-    mapping_points: Annotated[int | None, typer.Option(help=env_help(CALIB, "mapping_points"))] = None,
-    confidence: Annotated[float | None, typer.Option(help=env_help(
-        CALIB, "confidence", "1 − δ, the probability over the check samples that each pattern keeps its "
-        "level (0.95: δ = 0.05)"))] = None,
-    seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
-    threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
-    workers: Annotated[int | None, typer.Option(help=env_help(CALIB, "workers"))] = None,
-    baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
-    data: Annotated[str | None, typer.Option(help=env_help(CALIB, "data"))] = None,
-    test_data: Annotated[str | None, typer.Option(help=env_help(CALIB, "test_data"))] = None,
-    test_fraction: Annotated[float | None, typer.Option(help=env_help(CALIB, "test_fraction"))] = None,
-    split_seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "split_seed"))] = None,
-    sample_order: Annotated[str | None, typer.Option(help=env_help(CALIB, "sample_order"))] = None,
-    as_json: Annotated[bool, typer.Option("--json", help=(
-        "At the end, print one JSON document in place of the summary line: stage seconds, pattern "
-        "and violation counts, the output files."))] = False,
-) -> None:
-    """Measure noise tables, allocate and validate one bit pattern per (cut, level). Other settings:
-    QPART_CALIB_*."""
-    settings = settings_from(CalibrationSettings, {
-        "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
-        "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
-        "confidence": confidence, "seed": seed, "threads": threads, "workers": workers,
-        "baseline": baseline, "data": data, "test_data": test_data, "test_fraction": test_fraction,
-        "split_seed": split_seed, "sample_order": sample_order,
-    })
-    from dataclasses import replace
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from qpart.models.registry import get_model
-    from qpart.offline.job import calibrate as run_job
-    from qpart.progress import progress_bars
-
-    spec = get_model(model)
-    if weights is not None:
-        spec = replace(spec, weights=weights)
-    with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
-        artifact = run_job(spec, settings, out, _RichSink(bar))
-    graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
-    bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
-    if as_json:
-        stages = {k.removeprefix("stage_"): round(v, 3) for k, v in artifact.timing_s.items()
-                  if k.startswith("stage_")}
-        typer.echo(json.dumps({
-            "model": model, "out": str(out), "cuts": len(artifact.cuts),
-            "levels": sorted({p.level for p in artifact.patterns if p.level > 0}),
-            "patterns": len(artifact.patterns), "graded_patterns": len(graded), "test_violations": bad,
-            "stage_s": stages, "total_s": round(artifact.timing_s["total_without_report"], 3),
-            "files": [str(out / f) for f in ("artifact.json", "validation.json", "report.md",
-                                             "weights.safetensors")]}))
-        return
-    typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split; "
-               f"wrote {out}/artifact.json, validation.json, report.md")
-
-
-@app.command("measure-coding")
-def measure_coding(
-    artifact: Annotated[Path, typer.Option(help="Artifact folder (artifact.json + weights.safetensors).")],
-    samples: Annotated[int, typer.Option(help="Calibration fit samples to measure on.")] = 500,
-    data: Annotated[str | None, typer.Option(help=(
-        "Where the calibration data is now, as calibrate's --data named it (for a split source: "
-        "the source before the split); default: where the artifact records it was read. Refused "
-        "unless it holds the recorded content."))] = None,
-) -> None:
-    """Measure how far each cut's activation packets shrink under the deflate and zstd upload
-    codings, into an existing artifact (calibrate does this for new ones); the planner prices
-    compressed uploads with it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-    from qpart.offline.coding import measure_artifact
-    from qpart.progress import progress_bars
-
-    with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn()) as bar:
-        advance = _RichSink(bar).start("upload coding", _cut_count(artifact))
-        measured = measure_artifact(artifact, samples, advance, data=data)
-    for cut in measured.cuts:
-        for coding, ratios in cut.coding_ratio.items():
-            shown = ", ".join(f"{b}b {r:.2f}" for b, r in sorted(ratios.items()))
-            typer.echo(f"cut {cut.index} {coding}: {shown}")
-    typer.echo(f"wrote {artifact}/artifact.json")
-
-
-def _cut_count(folder: Path) -> int:
-    """How many cuts the artifact in ``folder`` has (the progress bar's length)."""
-    from qpart.profiles.artifacts import load_artifact
-
-    return len(load_artifact(folder).cuts)
 
 
 @app.command()

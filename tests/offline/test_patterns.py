@@ -25,4 +25,4 @@ def test_a_worker_that_cannot_start_ends_the_job_with_its_reason(tmp_path):
     spec = replace(get_model("fmnist-cnn"), weights=tmp_path / "missing.safetensors")
     st = State(runner=None, data=None, settings=CalibrationSettings(threads=2))  # type: ignore[arg-type]
     with pytest.raises(WorkerError, match=r"could not start: ModelLoadError: .*missing\.safetensors"):
-        all_patterns(spec, st, [0, 1], Plan({}, []), 2, lambda done: None)
+        all_patterns(spec, st, [0, 1], Plan({}, []), 2, lambda done: None, {}, lambda cut, record: None)

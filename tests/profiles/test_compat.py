@@ -21,7 +21,7 @@ from qpart.profiles.artifacts import (
     save_artifact,
 )
 from qpart.profiles.devices import DEVICES_DIR, MeasuredHeads, get_device, load_device_profile
-from qpart.profiles.errors import SchemaVersionError
+from qpart.profiles.errors import ProfileFormatError, SchemaVersionError
 
 _LADDER = ("rungs", "passed")  # schema 3's per-pattern fields
 
@@ -65,7 +65,7 @@ def cnn(artifacts_dir, tmp_path):
 @pytest.mark.parametrize("older", [_schema1, _schema2])
 def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, older):
     committed = load_artifact(cnn)
-    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 4
+    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 5
     doc = json.loads(committed.model_dump_json())
     old = older(doc)
     assert "promise" not in old and all("tightenings" in p for p in old["patterns"])
@@ -73,9 +73,28 @@ def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, old
     upgraded = load_artifact(cnn)
     assert upgraded == _without_promise(committed)
     assert upgraded.cuts[-1].coding_ratio == {}  # the last cut uploads nothing: no coding measured
-    save_artifact(upgraded, cnn)  # and it is written back as schema 4
-    assert json.loads((cnn / "artifact.json").read_text()) == json.loads(upgraded.model_dump_json())
-    assert json.loads((cnn / "artifact.json").read_text())["schema_version"] == 4
+    save_artifact(upgraded, cnn)  # and it is written back as schema 5: its measurements beside it
+    assert load_artifact(cnn) == upgraded
+    written = json.loads((cnn / "artifact.json").read_text())
+    assert written["schema_version"] == 5 and "timing_s" not in written
+    assert all("server_tail_s" not in c for c in written["cuts"])
+    timing = json.loads((cnn / "timing.json").read_text())
+    assert timing["timing_s"] == committed.timing_s
+    assert [c["server_tail_s"] for c in timing["cuts"]] == [c.server_tail_s for c in committed.cuts]
+
+
+def test_a_schema_4_artifact_keeps_its_inline_measurements(cnn):
+    doc = json.loads((cnn / "artifact.json").read_text())
+    assert doc["schema_version"] == 4 and not (cnn / "timing.json").exists()  # as committed
+    artifact = load_artifact(cnn)
+    assert artifact.timing_s == doc["timing_s"] and artifact.timing_s
+    assert [c.server_tail_s for c in artifact.cuts] == [c["server_tail_s"] for c in doc["cuts"]]
+
+
+def test_a_timing_file_that_is_not_one_is_refused(cnn):
+    (cnn / "timing.json").write_text('{"timing_s": {}}')
+    with pytest.raises(ProfileFormatError, match=r"timing\.json is not a valid timing record"):
+        load_artifact(cnn)
 
 
 def test_a_schema_3_artifact_loads_without_data_records(cnn):
@@ -84,7 +103,7 @@ def test_a_schema_3_artifact_loads_without_data_records(cnn):
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 3}))
     artifact = load_artifact(cnn)
     assert committed.data is not None  # the committed artifact records its sources (schema 4)
-    assert artifact == committed.model_copy(update={"data": None}) and artifact.schema_version == 4
+    assert artifact == committed.model_copy(update={"data": None}) and artifact.schema_version == 5
     assert artifact.splits["calibration"]["count"] == 10_000  # the Fashion-MNIST splits it recorded
 
 
@@ -99,8 +118,8 @@ def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
 
 def test_a_newer_schema_is_refused_naming_the_ones_this_build_reads(cnn):
     doc = json.loads((cnn / "artifact.json").read_text())
-    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 5}))
-    with pytest.raises(SchemaVersionError, match="schema_version 1 to 4"):
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 6}))
+    with pytest.raises(SchemaVersionError, match="schema_version 1 to 5"):
         load_artifact(cnn)
 
 

@@ -143,7 +143,7 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
                       "QPART_CALIB_BATCH_SIZE": "100"})
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads((out / "artifact.json").read_text())
-    assert doc["schema_version"] == 4 and doc["settings"]["data"] == str(folders / "cal")
+    assert doc["schema_version"] == 5 and doc["settings"]["data"] == str(folders / "cal")
     data = doc["data"]
     assert (data["calibration"]["kind"], data["calibration"]["count"], data["test"]["count"]) == (
         "image-folder", 200, 200)

@@ -1,0 +1,130 @@
+"""Checkpoints of the calibration job: a job killed at any point resumes where it stopped, and
+writes the same ``artifact.json``, byte for byte (``docs/calibration-resume.md``).
+
+``OUT/checkpoint/`` holds one JSON file per unit of work, each written whole to a temporary name,
+flushed to disk and renamed over the old one (a reader sees the old file or the new, never part):
+
+* ``inputs.json``: what the results depend on (the model, both data sources' records, every
+  setting, the versions of the code, torch and numpy). A job whose inputs differ is refused.
+* ``tables.json``: the noise tables (and the other estimator's, measured to compare).
+* ``mapping.json``: the accuracy points measured so far, each with its fit-sample counts.
+* ``cut-K.json``: cut K's lossless pattern, then per level in order its pattern, QPART's as
+  published, and the ladder's anchor (where the next level's search starts).
+* ``coding.json``: the upload codings' ratios.
+
+The folder is removed once ``artifact.json`` is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from qpart.offline.errors import CalibrationOutputError, CheckpointMismatchError
+from qpart.profiles.artifacts import write_atomic
+
+CHECKPOINT_DIR = "checkpoint"
+INPUTS = "inputs"
+_SHOWN_CHANGES = 6
+
+
+def output_error(action: str, exc: OSError, checkpoints: Path | None = None) -> CalibrationOutputError:
+    """A one-line error for an output that could not be written (a full disk, no permission)."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    kept = (f"; the checkpoints in {checkpoints} are kept: fix that and run the same command again "
+            "to resume" if checkpoints is not None else "; choose another --out or fix its permissions")
+    return CalibrationOutputError(f"cannot {action}: {exc.strerror or exc}{where}{kept}")
+
+
+class Checkpoints:
+    """The checkpoint folder of one job's output folder (see the module doc)."""
+
+    def __init__(self, out_dir: Path, folder: Path) -> None:
+        self.out_dir = out_dir
+        self.folder = folder
+
+    @classmethod
+    def open(cls, out_dir: Path, inputs: dict[str, Any], *, fresh: bool = False) -> Checkpoints:
+        """The checkpoints in ``out_dir`` for a job of ``inputs``: resumed if they were written for
+        the same inputs, created if there are none, discarded first if ``fresh``.
+
+        Raises:
+            CheckpointMismatchError: checkpoints of other inputs are there (and not ``fresh``).
+            CalibrationOutputError: ``out_dir`` cannot be created or written.
+        """
+        folder = out_dir / CHECKPOINT_DIR
+        ck = cls(out_dir, folder)
+        try:
+            if fresh and folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise output_error(f"create the output folder {out_dir}", exc) from exc
+        saved = ck.load(INPUTS)
+        canonical = json.loads(json.dumps(inputs))
+        if saved is not None and saved != canonical:
+            changed = differences(saved, canonical)
+            shown = ", ".join(changed[:_SHOWN_CHANGES]) + (", …" if len(changed) > _SHOWN_CHANGES else "")
+            raise CheckpointMismatchError(
+                f"{folder} holds the checkpoints of a calibration with other inputs (changed: {shown}); "
+                "run again with --fresh to discard them and start afresh, or choose another --out")
+        if saved is None:
+            ck.save(INPUTS, canonical)  # the first write: an unwritable folder fails here, early
+        return ck
+
+    def path(self, name: str) -> Path:
+        """The file of checkpoint ``name``."""
+        return self.folder / f"{name}.json"
+
+    def load(self, name: str) -> Any:
+        """Checkpoint ``name``'s document, or None when it was not written yet.
+
+        Raises:
+            CheckpointMismatchError: the file is not JSON (not written by this job).
+        """
+        file = self.path(name)
+        try:
+            return json.loads(file.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointMismatchError(
+                f"{file} is not a checkpoint this job wrote ({exc}); run again with --fresh to "
+                "discard the checkpoints and start afresh") from exc
+        except OSError as exc:
+            raise output_error(f"read {file}", exc) from exc
+
+    def save(self, name: str, doc: Any) -> None:
+        """Write checkpoint ``name`` atomically.
+
+        Raises:
+            CalibrationOutputError: it could not be written (the previous one is still there).
+        """
+        try:
+            write_atomic(self.path(name), json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            raise output_error(f"write the checkpoint {self.path(name).name}", exc, self.folder) from exc
+
+    def names(self) -> list[str]:
+        """The checkpoints written so far (``inputs`` left out)."""
+        return sorted(p.stem for p in self.folder.glob("*.json") if p.stem != INPUTS)
+
+    def remove(self) -> None:
+        """Remove the folder (the job is done: its results are in ``artifact.json``)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the leaves that differ between two JSON documents."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            name = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old or k not in new:
+                out.append(name)
+            else:
+                out += differences(old[k], new[k], name)
+        return out
+    return [] if old == new else [prefix or "the whole record"]

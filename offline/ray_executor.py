@@ -1,0 +1,95 @@
+"""The validation stage as Ray tasks on an existing cluster (``qpart calibrate --executor ray``).
+
+One task per cut, as the local pool's unit of work. Each task gets ``threads // workers`` CPUs and
+as many torch threads, like a local worker, so the artifact is the same byte for byte. What a task
+needs travels in Ray's object store, put once: the samples with the float model's answers, the
+allocation items, the fit counts, the mapping, the settings, and the model's weights as bytes.
+Nodes need no shared storage, but the model's code (its factory's module) must be importable on
+every node: installed there, or sent with Ray's ``runtime_env`` (``docs/calibration-ray.md``).
+
+A cut's levels are checkpointed when its task returns (locally: as each level ends). A cluster
+that goes away ends the job with :class:`~offline.errors.ExecutorError`; the cuts saved so far
+stay resumable.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from qpart.models.registry import ModelSpec
+from qpart.offline.errors import ExecutorError, WorkerError
+from qpart.offline.memory import allocator_environment
+from qpart.offline.patterns import CutRecord, Executor, Plan, Save, cut_patterns, worker_state
+from qpart.offline.state import State
+
+_WAIT_S = 1.0
+_STATES: dict[str, State] = {}  # per Ray worker process: the job's state, built by its first task
+
+
+def _task(job: str, context: dict[str, Any], cut: int, record: CutRecord | None) -> tuple[int, CutRecord]:
+    """Runs on a Ray worker: one cut's patterns, continuing ``record``."""
+    state = _STATES.get(job)
+    if state is None:
+        with tempfile.TemporaryDirectory() as folder:
+            weights = Path(folder) / "weights.safetensors"
+            weights.write_bytes(context["weights"])
+            spec = replace(context["spec"], weights=weights)
+            state = worker_state(spec, context["settings"], context["data"], context["items"],
+                                 context["fit_cache"], context["threads"])
+        _STATES.clear()  # one job at a time per worker process
+        _STATES[job] = state
+    return cut, cut_patterns(state, cut, context["plan"], record, lambda c, r: None)
+
+
+def ray_executor(address: str | None) -> Executor:
+    """An executor on the Ray cluster at ``address`` (``auto``: the one this machine belongs to;
+    None: a local one started for the job, with as many CPUs as the job's threads).
+
+    Raises (when it runs):
+        ExecutorError: Ray is not installed, the cluster cannot be reached, or it went away.
+    """
+
+    def run(spec: ModelSpec, st: State, plan: Plan, workers: int, todo: dict[int, CutRecord | None],
+            keep: Save) -> None:
+        try:
+            import ray  # noqa: PLC0415 (an optional extra: qpart-serving[ray])
+            from ray.exceptions import RayError, RayTaskError  # noqa: PLC0415
+        except ImportError as exc:
+            raise ExecutorError("--executor ray needs Ray: pip install 'qpart-serving[ray]'") from exc
+        threads = max(1, st.settings.threads // workers)
+        where = address or "a local Ray instance"
+        started = False
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, num_cpus=None if address else st.settings.threads,
+                         include_dashboard=False, log_to_driver=False, configure_logging=False,
+                         runtime_env={"env_vars": allocator_environment()})
+                started = True
+            context = ray.put({"spec": spec, "settings": st.settings, "data": st.data, "items": st.items,
+                               "fit_cache": st.fit_cache, "plan": plan, "threads": threads,
+                               "weights": spec.weights.read_bytes()})
+            task = ray.remote(num_cpus=threads, max_retries=0)(_task)
+            job = ray.get_runtime_context().get_job_id()
+            pending = [task.remote(job, context, cut, record) for cut, record in todo.items()]
+            while pending:
+                finished, pending = ray.wait(pending, num_returns=1, timeout=_WAIT_S)
+                for ref in finished:
+                    keep(*ray.get(ref))
+        except RayTaskError as exc:  # the task's own error, as the local pool would raise it
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from exc
+            raise WorkerError(f"a validation task failed on Ray: {exc}") from exc
+        except (RayError, ConnectionError) as exc:
+            raise ExecutorError(
+                f"the Ray cluster at {where} failed or went away ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); the cuts finished so far are "
+                "checkpointed: run the same command again to resume") from exc
+        finally:
+            if started:
+                ray.shutdown()
+
+    return run

@@ -1,0 +1,96 @@
+"""The calibration Job's script, run by a real /bin/sh from each state a killed pod can leave on
+its volume: it resumes, never recalibrates what is finished, and never leaves the servers without
+a whole artifact folder. ``qpart`` is a stand-in that records its arguments and writes what the
+real one writes (the job itself is tested in ``tests/offline/test_checkpoint.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.conftest import one, render
+
+FAKE_QPART = """#!/bin/sh
+echo "$@" >> "$CALLS"
+out=""
+while [ $# -gt 0 ]; do [ "$1" = "--out" ] && out="$2"; shift; done
+mkdir -p "$out"; echo '{"model": "new"}' > "$out/artifact.json"; rm -rf "$out/checkpoint"
+"""
+
+
+@pytest.fixture(scope="module")
+def script() -> str:
+    job = one(render("overlays/single-node"), "Job")
+    return job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+
+
+def run(script: str, root: Path, **env: str) -> tuple[int, list[str]]:
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "qpart").write_text(FAKE_QPART)
+    (bin_dir / "qpart").chmod(0o755)
+    calls = root / "calls"
+    calls.write_text("")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), **env}
+    done = subprocess.run(["/bin/sh", "-c", script.replace("/out/", f"{root}/out/")], check=False, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.returncode, calls.read_text().splitlines()
+
+
+def put(folder: Path, model: str, checkpoint: bool = False) -> None:
+    folder.mkdir(parents=True)
+    (folder / "artifact.json").write_text(f'{{"model": "{model}"}}\n')
+    if checkpoint:
+        (folder / "checkpoint").mkdir()
+
+
+def live(root: Path) -> str:
+    return (root / "out/models/fmnist-cnn/artifact.json").read_text().strip()
+
+
+def test_a_first_run_calibrates_into_the_live_folder(script, tmp_path):
+    _, calls = run(script, tmp_path)
+    assert calls == ["calibrate --model fmnist-cnn --out " + f"{tmp_path}/out/staging/fmnist-cnn.tmp"]
+    assert live(tmp_path) == '{"model": "new"}'
+    assert sorted(p.name for p in (tmp_path / "out/staging").iterdir()) == []
+
+
+def test_a_pod_killed_mid_calibration_resumes_from_its_checkpoints(script, tmp_path):
+    put(tmp_path / "out/models/fmnist-cnn", "old")
+    (tmp_path / "out/staging/fmnist-cnn.tmp/checkpoint").mkdir(parents=True)
+    _, calls = run(script, tmp_path)
+    assert len(calls) == 1 and "--fresh" not in calls[0]
+    assert live(tmp_path) == '{"model": "new"}'
+
+
+def test_a_pod_killed_after_calibrating_does_not_calibrate_again(script, tmp_path):
+    put(tmp_path / "out/models/fmnist-cnn", "old")
+    put(tmp_path / "out/staging/fmnist-cnn.tmp", "done")
+    _, calls = run(script, tmp_path)
+    assert calls == [] and live(tmp_path) == '{"model": "done"}'
+
+
+def test_a_pod_killed_between_the_two_renames_finishes_the_swap(script, tmp_path):
+    put(tmp_path / "out/staging/fmnist-cnn.old", "old")  # live moved aside, the new one not yet in
+    put(tmp_path / "out/staging/fmnist-cnn.tmp", "done")
+    _, calls = run(script, tmp_path)
+    assert calls == [] and live(tmp_path) == '{"model": "done"}'
+    assert not (tmp_path / "out/staging/fmnist-cnn.old").exists()
+
+
+def test_a_pod_killed_after_the_swap_only_tidies_up(script, tmp_path):
+    put(tmp_path / "out/models/fmnist-cnn", "done")
+    put(tmp_path / "out/staging/fmnist-cnn.old", "old")
+    _, calls = run(script, tmp_path)
+    assert calls == [] and live(tmp_path) == '{"model": "done"}'
+    assert not (tmp_path / "out/staging/fmnist-cnn.old").exists()
+
+
+def test_fresh_in_the_env_discards_the_checkpoints(script, tmp_path):
+    (tmp_path / "out/staging/fmnist-cnn.tmp/checkpoint").mkdir(parents=True)
+    _, calls = run(script, tmp_path, FRESH="1")
+    assert calls[0].endswith("--fresh")

@@ -1,0 +1,83 @@
+"""Runs a small calibration, and kills its own process with SIGKILL at a chosen point, for
+``test_checkpoint.py`` and ``test_ray_executor.py``: ``python resume_driver.py OUT WORKERS [KILL]``;
+``QPART_TEST_RAY_ADDRESS`` in the environment runs the validation stage on that Ray cluster.
+
+KILL is ``STAGE@STEP`` (when the progress of the stage whose label starts with STAGE reaches
+STEP; ``@start``: as it starts), or ``write@NAME`` (half-way through writing the file NAME: its
+temporary file is left torn, as a power cut would leave it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from qpart.models.registry import get_model
+from qpart.offline.job import calibrate
+from qpart.offline.ray_executor import ray_executor
+from qpart.offline.settings import CalibrationSettings
+
+
+def settings(workers: int) -> CalibrationSettings:
+    """The small configuration: two levels at three cuts on a few hundred samples."""
+    return CalibrationSettings(
+        levels=(0.02, 0.05), fit_samples=200, check_samples=200, noise_samples=200, mapping_points=4,
+        refine_points=1, cuts=(0, 4, 8), test_samples=200, batch_size=100, confidence=0.9,
+        threads=workers, workers=workers, measure_both=False, ladder=(-8, -4, 0, 2))
+
+
+def die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillingSink:
+    """A progress sink that kills the process at ``stage@step``."""
+
+    def __init__(self, stage: str, step: str) -> None:
+        self.stage, self.step = stage, step
+
+    def start(self, label: str, total: int) -> Callable[[int], None]:
+        mine = label.startswith(self.stage)
+        if mine and self.step == "start":
+            die()
+
+        def advance(done: int) -> None:
+            if mine and done >= int(self.step):
+                die()
+
+        return advance
+
+
+def torn_writes(name: str) -> None:
+    """Make the write of the file ``name`` stop half-way as it is flushed, then die."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{name}.tmp"):
+            os.ftruncate(fd, os.fstat(fd).st_size // 2)
+            die()
+        real(fd)
+
+    os.fsync = fsync
+
+
+def main(argv: list[str]) -> None:
+    out, workers = Path(argv[0]), int(argv[1])
+    sink = None
+    if len(argv) > 2:
+        what, _, where = argv[2].partition("@")
+        if what == "write":
+            torn_writes(where)
+        else:
+            sink = KillingSink(what, where)
+    address = os.environ.get("QPART_TEST_RAY_ADDRESS")
+    executor = ray_executor(address) if address else None
+    calibrate(get_model("fmnist-cnn"), settings(workers), out, sink, executor=executor)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,163 @@
+"""A calibration killed with SIGKILL in any stage, then run again, writes the same artifact.json as
+one never interrupted (byte for byte); inputs that changed are refused; an output folder that
+cannot be written ends the job with one line, and its checkpoints stay resumable."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import qpart.profiles.artifacts as artifacts_module
+from qpart.models.registry import get_model
+from qpart.offline.checkpoint import CHECKPOINT_DIR, Checkpoints
+from qpart.offline.errors import CalibrationOutputError, CheckpointMismatchError
+from qpart.offline.job import calibrate
+from tests.offline.resume_driver import settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+DRIVER = Path(__file__).with_name("resume_driver.py")
+ROOT = Path(__file__).parents[2]
+
+
+def run_driver(out: Path, workers: int, kill: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "QPART_TEST_RUN": str(out)}  # inherited by the job's workers: how to find them
+    args = [sys.executable, str(DRIVER), str(out), str(workers), *([kill] if kill else [])]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, check=False)
+
+
+def processes_of(out: Path) -> list[int]:
+    """Live processes started for the driver run writing ``out`` (by their environment)."""
+    tag = f"QPART_TEST_RUN={out}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and tag in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """artifact.json of uninterrupted runs, by worker count."""
+    found = {}
+    for workers in (1, 2):
+        out = tmp_path_factory.mktemp(f"reference{workers}")
+        done = run_driver(out, workers)
+        assert done.returncode == 0, done.stderr
+        assert not (out / CHECKPOINT_DIR).exists()  # removed once the artifact is written
+        found[workers] = (out / "artifact.json").read_bytes()
+    return found
+
+
+KILLS = [
+    (1, "prepare@start"),  # decoding the samples
+    (1, "noise tables@1"),  # between the two batches of the tables
+    (1, "accuracy mapping@3"),  # after three of six mapping points
+    (1, "validate + test patterns@4"),  # cut 0 done, cut 4's lossless pattern done, its levels not
+    (1, "upload coding@3"),
+    (1, "write@cut-4.json"),  # a checkpoint torn half-way through its write
+    (1, "write@validation.json"),  # the results half-written
+    (1, "write@artifact.json"),
+    (2, "validate + test patterns@5"),  # with two worker processes
+]
+
+
+@pytest.mark.parametrize(("workers", "kill"), KILLS, ids=[k for _, k in KILLS])
+def test_a_job_killed_in_any_stage_resumes_to_the_same_artifact(tmp_path, reference, workers, kill):
+    out = tmp_path / "out"
+    killed = run_driver(out, workers, kill)
+    assert killed.returncode == -9, killed.stderr  # SIGKILL: nothing ran after the kill
+    assert not (out / "artifact.json").exists()
+    if workers > 1:  # the validation workers died with the job (no orphan goes on computing)
+        assert processes_of(out) == []
+    done = run_driver(out, workers)
+    assert done.returncode == 0, done.stderr
+    assert (out / "artifact.json").read_bytes() == reference[workers]
+    assert not (out / CHECKPOINT_DIR).exists()
+    assert not list(out.glob("*.tmp*"))
+
+
+def test_resuming_with_other_settings_is_refused_with_how_to_start_afresh(tmp_path):
+    out = tmp_path / "out"
+    assert run_driver(out, 1, "accuracy mapping@2").returncode == -9
+    changed = settings(1).model_copy(update={"levels": (0.02,)})
+    with pytest.raises(CheckpointMismatchError, match=r"changed: settings\.levels\).*--fresh"):
+        calibrate(get_model("fmnist-cnn"), changed, out)
+    assert not (out / "artifact.json").exists()
+    calibrate(get_model("fmnist-cnn"), changed, out, fresh=True)  # --fresh discards them
+    assert json.loads((out / "artifact.json").read_text())["settings"]["levels"] == [0.02]
+
+
+def test_changed_weights_or_data_are_named(tmp_path):
+    out = tmp_path / "out"
+    spec = get_model("fmnist-cnn")
+    inputs = {"model": {"weights_sha256": "a" * 64}, "data": {"calibration": {"content_sha256": "b"}},
+              "settings": {"seed": 0}}
+    Checkpoints.open(out, inputs)
+    Checkpoints.open(out, inputs)  # the same inputs: resumed
+    other = {**inputs, "model": {"weights_sha256": "c" * 64},
+             "data": {"calibration": {"content_sha256": "d"}}}
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"changed: data\.calibration\.content_sha256, model\.weights_sha256\)"):
+        Checkpoints.open(out, other)
+    assert spec.weights.is_file()
+
+
+def test_a_checkpoint_that_is_not_json_is_refused(tmp_path):
+    ck = Checkpoints.open(tmp_path, {"settings": {}})
+    ck.path("tables").write_text('{"tables": [')
+    with pytest.raises(CheckpointMismatchError, match=r"not a checkpoint this job wrote.*--fresh"):
+        ck.load("tables")
+
+
+def test_an_unwritable_output_folder_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(CalibrationOutputError, match=r"cannot create the output folder .*a-file/out"):
+        calibrate(get_model("fmnist-cnn"), settings(1), blocker / "out")
+
+
+@pytest.mark.parametrize("failing", ["cut-4.json", "coding.json", "validation.json", "artifact.json"])
+def test_a_full_disk_leaves_no_partial_artifact_and_resumable_checkpoints(tmp_path, monkeypatch, reference,
+                                                                         failing):
+    out = tmp_path / "out"
+    real = os.fsync
+
+    def full_disk(fd: int) -> None:  # the disk fills as ``failing`` is flushed
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{failing}.tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(CalibrationOutputError, match=r"No space left on device.*checkpoints in .* are kept"):
+        calibrate(get_model("fmnist-cnn"), settings(1), out)
+    assert not (out / "artifact.json").exists()
+    assert not list(out.glob("*.tmp*"))
+    assert not list((out / CHECKPOINT_DIR).glob("*.tmp*"))
+    monkeypatch.undo()
+    calibrate(get_model("fmnist-cnn"), settings(1), out)
+    assert (out / "artifact.json").read_bytes() == reference[1]
+
+
+def test_write_atomic_removes_its_temporary_file_when_the_write_fails(tmp_path, monkeypatch):
+    target = tmp_path / "x.json"
+    target.write_text("old")
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space"):
+        artifacts_module.write_atomic(target, "new")
+    assert target.read_text() == "old"
+    assert not (tmp_path / "x.json.tmp").exists()

@@ -1,0 +1,125 @@
+"""The validation stage as Ray tasks: on a real local Ray cluster (``ray start``, a head and a
+worker node) it writes the artifact the local executor writes, byte for byte; a cluster that goes
+away mid-job ends it with one clear error, and the job resumes from its checkpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qpart.models.registry import get_model
+from qpart.offline.checkpoint import CHECKPOINT_DIR
+from qpart.offline.errors import ExecutorError
+from qpart.offline.job import calibrate
+from qpart.offline.ray_executor import ray_executor
+from tests.conftest import free_port
+from tests.offline.resume_driver import settings
+from tests.offline.test_checkpoint import run_driver
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+RAY = Path(sys.executable).with_name("ray")
+
+
+class Cluster:
+    """``ray start``: a head node and one worker node on this machine, one CPU each."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(root)}
+        self.start("--head", f"--port={self.port}", "--include-dashboard=false", f"--temp-dir={root}")
+        self.start(f"--address={self.address}")
+
+    def start(self, *args: str) -> None:
+        done = subprocess.run([str(RAY), "start", "--num-cpus=1", *args], env=self.env, capture_output=True,
+                              text=True, timeout=180, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def stop(self) -> None:
+        subprocess.run([str(RAY), "stop", "--force"], env=self.env, capture_output=True, timeout=120,
+                       check=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_home(tmp_path_factory):
+    """A HOME of the module's own: Ray keeps an auth token in ~/.ray, and a node started beside
+    another session's token refuses to join its head."""
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(tmp_path_factory.mktemp("home"))
+    yield
+    if saved is None:
+        os.environ.pop("HOME", None)
+    else:
+        os.environ["HOME"] = saved
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    pytest.importorskip("ray")
+    found = Cluster(Path(tempfile_root()))
+    yield found
+    found.stop()
+
+
+def tempfile_root() -> str:
+    """A short folder for Ray's sockets (their paths must stay under 107 bytes)."""
+    root = Path("/tmp") / f"qr{os.getpid()}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def local_artifact(tmp_path_factory) -> bytes:
+    out = tmp_path_factory.mktemp("local")
+    done = run_driver(out, 2)
+    assert done.returncode == 0, done.stderr
+    return (out / "artifact.json").read_bytes()
+
+
+def test_the_ray_executor_writes_the_local_executors_artifact(cluster, local_artifact, tmp_path, monkeypatch):
+    monkeypatch.setenv("QPART_TEST_RAY_ADDRESS", cluster.address)
+    done = run_driver(tmp_path / "out", 2)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "artifact.json").read_bytes() == local_artifact
+
+
+def test_a_cluster_that_goes_away_mid_job_is_one_error_and_the_job_resumes(
+        local_artifact, tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    doomed = Cluster(Path(tempfile_root()))
+    out = tmp_path / "out"
+    env = {**os.environ, "QPART_TEST_RAY_ADDRESS": doomed.address,
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    job = subprocess.Popen([sys.executable, str(Path(__file__).with_name("resume_driver.py")), str(out), "2"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / CHECKPOINT_DIR).glob("cut-*.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the first cut came back from the cluster
+        doomed.stop()
+        _, stderr = job.communicate(timeout=300)
+    finally:
+        job.kill()
+        doomed.stop()
+    assert job.returncode == 1, stderr[-3000:]
+    assert "ExecutorError: the Ray cluster at" in stderr and "run the same command again to resume" in stderr
+    assert not (out / "artifact.json").exists()
+    assert list((out / CHECKPOINT_DIR).glob("cut-*.json"))
+    monkeypatch.delenv("QPART_TEST_RAY_ADDRESS", raising=False)
+    done = run_driver(out, 2)  # resumed on the local executor: the executor is not an input
+    assert done.returncode == 0, done.stderr
+    assert (out / "artifact.json").read_bytes() == local_artifact
+
+
+def test_without_ray_installed_the_executor_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(ExecutorError, match=r"pip install 'qpart-serving\[ray\]'"):
+        calibrate(get_model("fmnist-cnn"), settings(2), tmp_path / "out", executor=ray_executor(None))

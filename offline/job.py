@@ -238,7 +238,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     sources = sources or open_sources(spec, settings)
     model = spec.load()
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
-                         largest_group=settings.activation_group)
+                         largest_group=settings.activation_group, device=settings.device)
     check_model_fits(spec, sources, runner.cuts[-1].numel)
     ck = Checkpoints.open(out_dir, job_inputs(spec, settings, sources), fresh=fresh)
     # Decoding the samples and the float model's answers on them: the first half-minute, once

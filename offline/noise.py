@@ -101,13 +101,14 @@ def fast_tables(runner: ModelRunner, images: np.ndarray, probes: int, seed: int,
     batches = list(range(0, n, runner.batch_size))
     try:
         for k, start in enumerate(batches):
-            x = torch.from_numpy(images[start : start + runner.batch_size]).requires_grad_(True)
+            batch = torch.from_numpy(images[start : start + runner.batch_size])
+            x = batch.to(runner.device).requires_grad_(True)
             logits, *mids = module(x)
             acts = [x, *mids]
             stats = [_group_stats(a, runner.groups[c.index]) for a, c in zip(acts, interior, strict=True)]
             a_sq = [torch.zeros_like(a) for a in acts]
             for _ in range(probes):
-                v = torch.randn(logits.shape, generator=gen)
+                v = torch.randn(logits.shape, generator=gen).to(logits.device)  # the CPU's stream
                 grads = torch.autograd.grad((logits * v).sum(), [*acts, *params], retain_graph=True)
                 for i in range(len(acts)):
                     a_sq[i] += grads[i].pow(2)

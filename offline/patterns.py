@@ -174,7 +174,7 @@ def worker_state(spec: ModelSpec, settings: CalibrationSettings, data: Data, ite
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
     runner = ModelRunner(spec.load(), spec.input_shape, batch_size=settings.batch_size,
-                         largest_group=settings.activation_group)
+                         largest_group=settings.activation_group, device=settings.device)
     return State(runner, data, settings, items, dict(fit_cache))
 
 

@@ -2,6 +2,10 @@
 
 Weights are fake-quantized in place per output channel and restored afterwards; the activation
 at the cut is quantized per sample with the cut's group size, exactly as the device does.
+
+On ``device="cuda"`` the model runs on the GPU; the quantizers are the numpy kernels, so each
+quantized tensor makes a round trip through host memory, and every output comes back to the CPU.
+(No GPU is at hand where this is developed: that path is kept this small on purpose.)
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch import fx, nn
 from qpart.kernels import QuantScheme, activation_group, fake_quantize, weight_group_size
 from qpart.models.partition import Cut, cut_flops, cuts_of, prepare, split
 from qpart.models.timing import median_latency
+from qpart.offline.errors import CalibrationConfigError
 from qpart.profiles.artifacts import FLOAT_BITS, CutProfile
 
 
@@ -47,8 +52,13 @@ class ModelRunner:
     """A traced model (batch norm folded) with its cuts, heads and tails."""
 
     def __init__(self, model: nn.Module, input_shape: tuple[int, ...], *, batch_size: int = 500,
-                 largest_group: int = 256) -> None:
-        self.gm: fx.GraphModule = _channels_last(prepare(model, input_shape))
+                 largest_group: int = 256, device: str = "cpu") -> None:
+        if device == "cuda" and not torch.cuda.is_available():
+            raise CalibrationConfigError(
+                f"device cuda: this torch ({torch.__version__}) sees no CUDA GPU; install a CUDA build "
+                "of torch on a machine with one, or use the default device cpu")
+        self.device = torch.device(device)
+        self.gm: fx.GraphModule = _channels_last(prepare(model, input_shape)).to(self.device)
         self.cuts: list[Cut] = cuts_of(self.gm)
         self.parts = [split(self.gm, c) for c in self.cuts]
         self.batch_size = batch_size
@@ -97,7 +107,8 @@ class ModelRunner:
                 param = self.gm.get_parameter(name)
                 saved[name] = param.detach().clone()
                 scheme = QuantScheme(b, weight_group_size(tuple(param.shape)))
-                param.data.copy_(torch.from_numpy(fake_quantize(param.detach().numpy(), scheme)))
+                quantized = fake_quantize(param.detach().cpu().numpy(), scheme)
+                param.data.copy_(torch.from_numpy(quantized).to(param.device))
             yield
         finally:
             for name, value in saved.items():
@@ -108,13 +119,13 @@ class ModelRunner:
         if bits >= FLOAT_BITS:
             return act
         scheme = QuantScheme(bits, self.groups[cut])
-        return torch.from_numpy(fake_quantize(act.detach().numpy(), scheme))
+        return torch.from_numpy(fake_quantize(act.detach().cpu().numpy(), scheme)).to(act.device)
 
     @torch.no_grad()
     def head_outputs(self, images: np.ndarray, cut: int) -> torch.Tensor:
         """Activation at ``cut`` for every image (float32, unquantized weights unless patched)."""
         head = self.parts[cut][0]
-        outs = [head(torch.from_numpy(images[i : i + self.batch_size]))
+        outs = [head(torch.from_numpy(images[i : i + self.batch_size]).to(self.device)).cpu()
                 for i in range(0, len(images), self.batch_size)]
         return torch.cat(outs)
 
@@ -122,8 +133,10 @@ class ModelRunner:
     def tail_outputs(self, acts: torch.Tensor, cut: int, act_bits: int = FLOAT_BITS) -> torch.Tensor:
         """Logits from activations at ``cut``, quantizing them with ``act_bits`` first."""
         tail = self.parts[cut][1]
-        outs = [tail(self.quantize_activation(acts[i : i + self.batch_size], cut, act_bits))
-                for i in range(0, len(acts), self.batch_size)]
+        outs = []
+        for i in range(0, len(acts), self.batch_size):
+            batch = acts[i : i + self.batch_size].to(self.device)
+            outs.append(tail(self.quantize_activation(batch, cut, act_bits)).cpu())
         return torch.cat(outs)
 
     def run_pattern(self, images: np.ndarray, cut: int, weight_bits: Mapping[str, int],
@@ -140,7 +153,7 @@ class ModelRunner:
         try:
             total_flops = sum(self.flops)
             profiles = []
-            x = torch.zeros((1, *input_shape))
+            x = torch.zeros((1, *input_shape), device=self.device)
             for cut in self.cuts:
                 head, tail = self.parts[cut.index]
                 act = head(x)

@@ -57,6 +57,9 @@ class CalibrationSettings(BaseSettings):
         "Processes for the validation stage, one cut at a time each, sharing the threads (0: one "
         "per thread, at most one per cut; not the machine's cores, since the split can change rounding)."))
     batch_size: int = Field(500, ge=1)
+    device: Literal["cpu", "cuda"] = Field("cpu", description=(
+        "Where the model runs: cpu, or cuda (a GPU, with a CUDA build of torch; results differ from "
+        "cpu's in float rounding, so the artifact records it)."))
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
     baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")

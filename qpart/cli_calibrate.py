@@ -56,6 +56,7 @@ def calibrate(
     seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
     threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
     workers: Annotated[int | None, typer.Option(help=env_help(CALIB, "workers"))] = None,
+    device: Annotated[str | None, typer.Option(help=env_help(CALIB, "device"))] = None,
     baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
     data: Annotated[str | None, typer.Option(help=env_help(CALIB, "data"))] = None,
     test_data: Annotated[str | None, typer.Option(help=env_help(CALIB, "test_data"))] = None,
@@ -82,7 +83,7 @@ def calibrate(
     settings = settings_from(CalibrationSettings, {
         "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
         "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
-        "confidence": confidence, "seed": seed, "threads": threads, "workers": workers,
+        "confidence": confidence, "seed": seed, "threads": threads, "workers": workers, "device": device,
         "baseline": baseline, "data": data, "test_data": test_data, "test_fraction": test_fraction,
         "split_seed": split_seed, "sample_order": sample_order,
     })
@@ -104,6 +105,8 @@ def calibrate(
         raise UsageError(f"--executor must be local or ray, not {executor!r}")
     if ray_address is not None and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
+    if executor == "ray" and settings.device != "cpu":
+        raise UsageError("--executor ray runs on CPUs: drop --device cuda, or run the job locally on the GPU")
     from qpart.offline.ray_executor import ray_executor
 
     spec = get_model(model)

@@ -53,7 +53,7 @@ lint: setup  ## ruff, mypy --strict, import-linter contracts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-K8S_TARGETS := overlays/single-node overlays/production kserve
+K8S_TARGETS := overlays/single-node overlays/production kserve kuberay
 
 lint-deploy: setup  ## hadolint, promtool, and every rendered overlay through kubernetes-validate --strict
 	$(VENV)/bin/hadolint docker/Dockerfile.server docker/Dockerfile.calibrate
@@ -62,7 +62,7 @@ lint-deploy: setup  ## hadolint, promtool, and every rendered overlay through ku
 	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; for t in $(K8S_TARGETS); do \
 	  f="$$out/$$(echo $$t | tr / -).yaml"; $(VENV)/bin/kubectl kustomize deploy/k8s/$$t > "$$f"; \
 	  echo "rendered $$t"; $(VENV)/bin/kubernetes-validate --strict --quiet "$$f"; done
-	# Custom resources (ServiceMonitor, PodMonitor, PrometheusRule, InferenceService) and the
+	# Custom resources (ServiceMonitor, PodMonitor, PrometheusRule, InferenceService, RayJob) and the
 	# prometheus-adapter Helm values have no schema there:
 	# tests/deploy checks their fields.
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/deploy -m "not integration"

@@ -12,7 +12,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
-TARGETS = ("overlays/single-node", "overlays/production", "kserve")
+TARGETS = ("overlays/single-node", "overlays/production", "kserve", "kuberay")
 
 
 def tool(name: str, hint: str) -> str:

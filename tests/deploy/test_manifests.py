@@ -13,12 +13,13 @@ import yaml
 from tests.deploy.conftest import K8S, REPO, TARGETS, one, render, tool
 
 # Custom resources kubernetes-validate has no schema for: checked by the tests below instead.
-CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "InferenceService"}
+CRDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "InferenceService", "RayJob"}
 
 # The fields each custom resource's CRD defines at the levels these manifests use, from the
 # documented specs: prometheus-operator's API reference (monitoring.coreos.com/v1 ServiceMonitor,
 # PodMonitor, PrometheusRule) and KServe's v1beta1 InferenceService (PredictorSpec embeds a PodSpec
-# and ComponentExtensionSpec; autoScaling as in KServe's KEDA docs). A key outside them is a typo
+# and ComponentExtensionSpec; autoScaling as in KServe's KEDA docs), KubeRay's ray.io/v1 RayJob
+# (RayJobSpec, RayClusterSpec, HeadGroupSpec, WorkerGroupSpec). A key outside them is a typo
 # the API server would drop or reject. Paths: "*" is every item of a list or value of a map.
 _POD_SPEC = {"containers", "initContainers", "volumes", "serviceAccountName", "nodeSelector",
              "affinity", "tolerations", "securityContext", "imagePullSecrets", "priorityClassName",
@@ -33,7 +34,23 @@ _MONITOR = {"selector", "namespaceSelector", "jobLabel", "targetLabels", "podTar
             "labelValueLengthLimit", "keepDroppedTargets", "attachMetadata", "scrapeProtocols",
             "scrapeClass", "bodySizeLimit", "fallbackScrapeProtocol"}
 _METADATA = {"name", "namespace", "labels", "annotations"}
+_RAY_GROUP = {"rayStartParams", "template"}
 CR_FIELDS: dict[str, dict[str, set[str]]] = {
+    "RayJob": {
+        "": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
+        "spec": {"activeDeadlineSeconds", "backoffLimit", "rayClusterSpec", "submitterPodTemplate",
+                 "metadata", "clusterSelector", "submitterConfig", "managedBy", "deletionStrategy",
+                 "entrypoint", "runtimeEnvYAML", "jobId", "submissionMode", "entrypointResources",
+                 "entrypointNumCpus", "entrypointNumGpus", "ttlSecondsAfterFinished",
+                 "shutdownAfterJobFinishes", "suspend"},
+        "spec.rayClusterSpec": {"headGroupSpec", "workerGroupSpecs", "rayVersion", "enableInTreeAutoscaling",
+                                "autoscalerOptions", "headServiceAnnotations", "suspend"},
+        "spec.rayClusterSpec.headGroupSpec": _RAY_GROUP | {"serviceType", "headService", "enableIngress"},
+        "spec.rayClusterSpec.headGroupSpec.template": {"metadata", "spec"},
+        "spec.rayClusterSpec.workerGroupSpecs.*": _RAY_GROUP | {"groupName", "replicas", "minReplicas",
+                                                               "maxReplicas", "numOfHosts", "scaleStrategy"},
+        "spec.rayClusterSpec.workerGroupSpecs.*.template": {"metadata", "spec"},
+    },
     "ServiceMonitor": {"": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
                        "spec": _MONITOR | {"endpoints"}, "spec.endpoints.*": _ENDPOINT},
     "PodMonitor": {"": {"apiVersion", "kind", "metadata", "spec"}, "metadata": _METADATA,
@@ -108,6 +125,35 @@ def test_the_predictors_pod_spec_validates_strictly(tmp_path):
     assert _validate([pod], tmp_path).returncode != 0
 
 
+def _ray_pods(docs: list[dict]) -> list[dict]:
+    """The RayJob's head and worker pod templates, as the Pods KubeRay makes of them."""
+    cluster = one(docs, "RayJob")["spec"]["rayClusterSpec"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ray-{i}"},
+             "spec": g["template"]["spec"]} for i, g in enumerate(groups)]
+
+
+def test_the_rayjobs_pod_templates_validate_strictly_and_run_as_the_job_does(tmp_path):
+    pods = _ray_pods(render("kuberay"))
+    done = _validate(pods, tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and len(re.findall(" passed for resource ", out)) == len(pods), out
+    job = one(render("overlays/single-node"), "Job")["spec"]["template"]["spec"]
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert pod["spec"]["securityContext"]["runAsUser"] == job["securityContext"]["runAsUser"]
+        assert container["securityContext"] == job["containers"][0]["securityContext"]
+        assert container["resources"]["limits"] and container["resources"]["requests"]
+
+    def claims(pod: dict) -> set[str]:
+        return {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                if "persistentVolumeClaim" in v}
+
+    assert claims(pods[0]["spec"]) == claims(job)  # the head writes where the plain Job writes
+    pods[1]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    assert _validate(pods, tmp_path).returncode != 0
+
+
 def _at(node: object, path: list[str]) -> list[object]:
     """Every value at a dotted path ("*" walks each item of a list or value of a map)."""
     if not path:
@@ -142,9 +188,11 @@ def test_custom_resources_use_only_their_crds_fields(target):
     ("PrometheusRule", ["spec", "groups", 0, "rules", 0], "forr"),
     ("InferenceService", ["spec", "predictor"], "timeoutt"),
     ("InferenceService", ["spec", "predictor", "autoScaling", "metrics", 0, "external", "metric"], "querry"),
+    ("RayJob", ["spec"], "shutdownAfterJobFinish"),
+    ("RayJob", ["spec", "rayClusterSpec", "workerGroupSpecs", 0], "replica"),
 ])
 def test_a_misspelled_custom_resource_field_is_caught(kind, path, typo):
-    docs = render("kserve") + render("overlays/production")
+    docs = render("kserve") + render("overlays/production") + render("kuberay")
     node = one(docs, kind)
     for key in path:
         node = node[key]

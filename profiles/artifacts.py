@@ -238,7 +238,7 @@ def load_artifact(path: Path) -> CalibrationArtifact:
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProfileFormatError(f"{file} is not valid JSON: {exc}") from exc
+        raise ProfileFormatError(f"{file} is not a valid calibration artifact: not JSON ({exc})") from exc
     timing = file.with_name(TIMING_FILE)
     if isinstance(doc, dict) and timing.is_file():
         doc = _with_timing(doc, timing)

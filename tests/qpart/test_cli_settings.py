@@ -27,7 +27,8 @@ def seen(monkeypatch) -> list[object]:
     server_main.serve = captured.append  # type: ignore[attr-defined]
     job = ModuleType("qpart.offline.job")
 
-    def calibrate(spec, settings, out, sink):
+    def calibrate(spec, settings, out, sink, *, fresh, executor):
+        assert (fresh, executor) == (False, None)  # the defaults: resume, in local processes
         captured.append(settings)
         return SimpleNamespace(patterns=[])
 

@@ -41,8 +41,7 @@ def output_error(action: str, exc: OSError, checkpoints: Path | None = None) -> 
 class Checkpoints:
     """The checkpoint folder of one job's output folder (see the module doc)."""
 
-    def __init__(self, out_dir: Path, folder: Path) -> None:
-        self.out_dir = out_dir
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
 
     @classmethod
@@ -55,7 +54,7 @@ class Checkpoints:
             CalibrationOutputError: ``out_dir`` cannot be created or written.
         """
         folder = out_dir / CHECKPOINT_DIR
-        ck = cls(out_dir, folder)
+        ck = cls(folder)
         try:
             if fresh and folder.exists():
                 shutil.rmtree(folder)
@@ -106,10 +105,6 @@ class Checkpoints:
             write_atomic(self.path(name), json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
         except OSError as exc:
             raise output_error(f"write the checkpoint {self.path(name).name}", exc, self.folder) from exc
-
-    def names(self) -> list[str]:
-        """The checkpoints written so far (``inputs`` left out)."""
-        return sorted(p.stem for p in self.folder.glob("*.json") if p.stem != INPUTS)
 
     def remove(self) -> None:
         """Remove the folder (the job is done: its results are in ``artifact.json``)."""

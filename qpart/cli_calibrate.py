@@ -119,8 +119,8 @@ def calibrate(
     graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
     bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
     if as_json:
-        stages = {k.removeprefix("stage_"): round(v, 3) for k, v in artifact.timing_s.items()
-                  if k.startswith("stage_")}
+        stages = _rounded_stages({k.removeprefix("stage_"): v for k, v in artifact.timing_s.items()
+                                  if k.startswith("stage_")})
         typer.echo(json.dumps({
             "model": model, "out": str(out), "cuts": len(artifact.cuts),
             "levels": sorted({p.level for p in artifact.patterns if p.level > 0}),
@@ -165,3 +165,16 @@ def _cut_count(folder: Path) -> int:
     from qpart.profiles.artifacts import load_artifact
 
     return len(load_artifact(folder).cuts)
+
+
+def _rounded_stages(seconds: dict[str, float]) -> dict[str, float]:
+    """Stage seconds to the millisecond, rounded at the stages' cumulative ends so that they sum
+    to the rounded end of the last stage (five values rounded one by one could sum past the
+    rounded total by up to 2.5 ms)."""
+    out: dict[str, float] = {}
+    end = previous = 0.0
+    for name, value in seconds.items():
+        end += value
+        out[name] = round(round(end, 3) - previous, 3)
+        previous = round(end, 3)
+    return out

@@ -17,7 +17,9 @@ The folder is removed once ``artifact.json`` is written.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,25 @@ def output_error(action: str, exc: OSError, checkpoints: Path | None = None) -> 
     kept = (f"; the checkpoints in {checkpoints} are kept: fix that and run the same command again "
             "to resume" if checkpoints is not None else "; choose another --out or fix its permissions")
     return CalibrationOutputError(f"cannot {action}: {exc.strerror or exc}{where}{kept}")
+
+
+def check_writable(out_dir: Path) -> None:
+    """Refuse, writing nothing, an output folder that cannot be created or written: a file where a
+    folder must be, or a folder without write permission (the job fails before it starts, not after
+    its first stage).
+
+    Raises:
+        CalibrationOutputError: the first existing folder on the way is a file or is not writable.
+    """
+    existing = out_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        err = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+        raise output_error(f"create the output folder {out_dir}", err)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        err = OSError(errno.EACCES, os.strerror(errno.EACCES), str(existing))
+        raise output_error(f"create the output folder {out_dir}", err)
 
 
 class Checkpoints:
@@ -61,17 +82,26 @@ class Checkpoints:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise output_error(f"create the output folder {out_dir}", exc) from exc
-        saved = ck.load(INPUTS)
+        saved = cls.refuse_other_inputs(out_dir, inputs)
+        if saved is None:
+            ck.save(INPUTS, json.loads(json.dumps(inputs)))  # the first write
+        return ck
+
+    @classmethod
+    def refuse_other_inputs(cls, out_dir: Path, inputs: dict[str, Any]) -> Any:
+        """The inputs saved in ``out_dir``'s checkpoints (None: none), reading only; raises
+        :class:`CheckpointMismatchError` if they are not ``inputs``. The job asks this before its
+        first long stage, and writes nothing until that stage has read every sample."""
+        ck = cls(out_dir / CHECKPOINT_DIR)
+        saved = ck.load(INPUTS) if ck.path(INPUTS).is_file() else None
         canonical = json.loads(json.dumps(inputs))
         if saved is not None and saved != canonical:
             changed = differences(saved, canonical)
             shown = ", ".join(changed[:_SHOWN_CHANGES]) + (", …" if len(changed) > _SHOWN_CHANGES else "")
             raise CheckpointMismatchError(
-                f"{folder} holds the checkpoints of a calibration with other inputs (changed: {shown}); "
+                f"{ck.folder} holds the checkpoints of a calibration with other inputs (changed: {shown}); "
                 "run again with --fresh to discard them and start afresh, or choose another --out")
-        if saved is None:
-            ck.save(INPUTS, canonical)  # the first write: an unwritable folder fails here, early
-        return ck
+        return saved
 
     def path(self, name: str) -> Path:
         """The file of checkpoint ``name``."""

@@ -25,7 +25,7 @@ from qpart.models.data import describe_splits
 from qpart.models.registry import ModelSpec
 from qpart.models.sources import DataSource, FashionMnistSource
 from qpart.offline.allocation import Item, allocate, pattern_noise
-from qpart.offline.checkpoint import Checkpoints, output_error
+from qpart.offline.checkpoint import Checkpoints, check_writable, output_error
 from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, with_coding_ratios
 from qpart.offline.data import Sources, check_model_fits, open_sources
 from qpart.offline.errors import CheckpointMismatchError
@@ -240,12 +240,17 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
                          largest_group=settings.activation_group, device=settings.device)
     check_model_fits(spec, sources, runner.cuts[-1].numel)
-    ck = Checkpoints.open(out_dir, job_inputs(spec, settings, sources), fresh=fresh)
+    inputs = job_inputs(spec, settings, sources)
+    check_writable(out_dir)
+    if not fresh:
+        Checkpoints.refuse_other_inputs(out_dir, inputs)
     # Decoding the samples and the float model's answers on them: the first half-minute, once
-    # silent. (Refusals of the data come before it, so that they stay one line.)
+    # silent. (Refusals of the data's layout come before it; an image that fails to decode is
+    # refused here, before anything is written to out_dir.)
     prepare = sink.start("prepare: decode samples, float answers", 1)
     data = load_data(runner, settings, sources)
     prepare(1)
+    ck = Checkpoints.open(out_dir, inputs, fresh=fresh)
     st = State(runner, data, settings)
     stages: dict[str, float] = {}
 

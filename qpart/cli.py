@@ -250,7 +250,7 @@ def demo(
     demand: Annotated[float, typer.Option(help="Accuracy demand (max top-1 drop).")] = 0.01,
     port: Annotated[int, typer.Option(help="Loopback port for the demo server.")] = 8765,
 ) -> None:
-    """Start the server, run three device profiles at three rates on both models, print a table."""
+    """Serve --artifacts, run three device profiles at three rates on each model, print a table."""
     check_artifacts(artifacts, "pass --artifacts, or run `make artifacts` to calibrate the reference models")
     from qpart.demo import run_demo
 

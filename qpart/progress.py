@@ -50,7 +50,9 @@ class LineProgress:
     def __enter__(self) -> LineProgress:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:  # the command's error line is the last word, not a repeated bar
+            return
         for task_id, task in enumerate(self.tasks):
             if task.printed_at is not None and not self._done(task):
                 self._print(task_id, time.monotonic())

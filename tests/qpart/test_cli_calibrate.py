@@ -10,7 +10,8 @@ from qpart.cli_calibrate import _rounded_stages
 
 def test_rounded_stages_sum_to_the_rounded_total_where_rounding_each_would_not():
     # CI at 5058848: five stages rounded one by one summed to 9.061 s against a total of 9.059 s.
-    seconds = {"prepare": 1.30351, "tables": 0.28351, "mapping": 0.28351, "validation": 1.35151, "coding": 5.83651}
+    seconds = {"prepare": 1.30351, "tables": 0.28351, "mapping": 0.28351, "validation": 1.35151,
+               "coding": 5.83651}
     assert sum(round(v, 3) for v in seconds.values()) > round(sum(seconds.values()), 3) + 1e-3
     rounded = _rounded_stages(seconds)
     assert list(rounded) == list(seconds)

@@ -126,6 +126,38 @@ def test_calibrate_refuses_data_in_one_line_and_leaves_out_untouched(folders, tm
     assert (out / "artifact.json").read_text() == "kept"
 
 
+SMALL = ("--levels", "0.05", "--fit-samples", "100", "--check-samples", "100", "--noise-samples", "50",
+         "--mapping-points", "4", "--threads", "1", "--workers", "1", "--no-baseline")
+SMALL_ENV = {"QPART_CALIB_CUTS": "[0, 8]", "QPART_CALIB_MEASURE_BOTH": "false",
+             "QPART_CALIB_BATCH_SIZE": "100"}
+
+
+@pytest.mark.slow
+def test_an_image_that_fails_to_decode_is_one_error_and_out_stays_empty(folders, tmp_path):
+    """Found only while the samples are decoded (after the stage's progress line): the error is the
+    last line and the only other lines are that stage's start; nothing is written to --out, so the
+    same command runs once the image is fixed (a review found a checkpoint written before the
+    decoding, which then refused the fixed data as 'other inputs')."""
+    data = tmp_path / "test"
+    shutil.copytree(folders / "test", data)
+    victim = sorted((data / "3").iterdir())[0]
+    good = victim.read_bytes()
+    victim.write_bytes(good[: len(good) // 2])  # a truncated PNG
+    out = tmp_path / "out"
+    args = ("--data", str(folders / "cal"), "--test-data", str(data), *SMALL)
+    done = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), *args, cwd=folders, env=SMALL_ENV)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and victim.name in lines[-1], done.stderr
+    assert all(line.startswith("prepare: decode samples") for line in lines[:-1]), done.stderr
+    assert len(lines) == 2 and "Traceback" not in done.stderr
+    assert not out.exists()
+    victim.write_bytes(good)
+    fixed = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), *args, cwd=folders, env=SMALL_ENV)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert (out / "artifact.json").is_file() and not (out / "checkpoint").exists()
+
+
 @pytest.mark.slow
 def test_calibrate_names_an_unknown_source(folders, tmp_path):
     line = one_line_error(calibrate(folders, tmp_path / "out", "--data", "imagenet"), 2)
@@ -136,11 +168,7 @@ def test_calibrate_names_an_unknown_source(folders, tmp_path):
 def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
     out = tmp_path / "out"
     done = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), "--data", str(folders / "cal"),
-                 "--test-data", str(folders / "test"), "--levels", "0.05", "--fit-samples", "100",
-                 "--check-samples", "100", "--noise-samples", "50", "--mapping-points", "4", "--threads", "1",
-                 "--workers", "1", "--no-baseline", "--json", cwd=folders,
-                 env={"QPART_CALIB_CUTS": "[0, 8]", "QPART_CALIB_MEASURE_BOTH": "false",
-                      "QPART_CALIB_BATCH_SIZE": "100"})
+                 "--test-data", str(folders / "test"), *SMALL, "--json", cwd=folders, env=SMALL_ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads((out / "artifact.json").read_text())
     assert doc["schema_version"] == 5 and doc["settings"]["data"] == str(folders / "cal")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,3 +25,33 @@ def test_the_default_device_is_the_cpu_and_outputs_come_back_there():
     logits = runner.run_pattern(images, 3, {runner.tensors[0].name: 4}, 4)
     assert runner.device == torch.device("cpu") and logits.device == torch.device("cpu")
     assert logits.shape == (5, 10)
+
+
+@pytest.mark.parametrize("model", ["fmnist-cnn", "fmnist-resnet"])
+def test_a_pattern_runs_batch_by_batch_with_the_logits_of_head_then_tail(model):
+    """run_pattern takes each batch through head, quantizer and tail; the logits are those of every
+    activation at the cut first, then the tail, bit for bit, at every cut."""
+    spec = get_model(model)
+    runner = ModelRunner(spec.load(), spec.input_shape, batch_size=40)
+    images = np.random.default_rng(0).standard_normal((100, *spec.input_shape)).astype(np.float32)
+    for cut in range(len(runner.cuts)):
+        bits = {t.name: 2 + i % 5 for i, t in enumerate(runner.head_tensors(cut))}
+        with runner.quantized_weights(bits):
+            whole = runner.tail_outputs(runner.head_outputs(images, cut), cut, 3)
+        assert torch.equal(runner.run_pattern(images, cut, bits, 3), whole), cut
+
+
+@pytest.mark.parametrize("model", ["fmnist-cnn", "fmnist-resnet", "fmnist-mobilenet"])
+def test_the_batch_size_does_not_change_the_logits(model):
+    """Each sample's logits are the same in a batch of 500 as in one of 50, 100 or 250 (this
+    machine's kernels; a batch of 1 takes another path and differs in the last bit), so the
+    calibration's batch size is a matter of speed, not of results."""
+    spec = get_model(model)
+    images = np.random.default_rng(1).standard_normal((500, *spec.input_shape)).astype(np.float32)
+    runner = ModelRunner(spec.load(), spec.input_shape, batch_size=500)
+    cut = len(runner.cuts) // 2
+    bits = {t.name: 4 for t in runner.head_tensors(cut)}
+    reference = runner.run_pattern(images, cut, bits, 4)
+    for batch in (50, 100, 250):
+        runner.batch_size = batch
+        assert torch.equal(runner.run_pattern(images, cut, bits, 4), reference), batch

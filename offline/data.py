@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -129,9 +129,10 @@ def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
 
 
 def read_samples(source: DataSource, count: int | None, order: SampleOrder,
-                 split: Split) -> Dataset:
+                 split: Split, spill: Path | None = None) -> Dataset:
     """The first ``count`` samples (all: None) of ``source`` in ``order``, decoded a batch at a
-    time into one float32 ``[count, C, H, W]`` array (the only copy held)."""
+    time into one float32 ``[count, C, H, W]`` array (the only copy held): in memory, or in
+    ``spill`` (a file, :class:`SpilledArray`) when given."""
     total = len(source) if count is None else min(count, len(source))
     if order == "source":
         positions = np.arange(total, dtype=np.int64)
@@ -139,7 +140,8 @@ def read_samples(source: DataSource, count: int | None, order: SampleOrder,
         digests = [d for batch in source.batches(_DECODE_BATCH) for d in tensor_digests(batch.images)]
         positions = np.argsort(np.asarray(digests), kind="stable")[:total].astype(np.int64)
     ascending = np.sort(positions)
-    images = np.empty((total, *source.sample_shape), dtype=np.float32)
+    shape = (total, *source.sample_shape)
+    images = np.empty(shape, dtype=np.float32) if spill is None else SpilledArray.create(spill, shape)
     labels = np.empty(total, dtype=np.int64)
     # Decoded in the source's order: the j-th decoded sample is the one at ascending[j], whose row
     # is where that position stands in ``positions``.
@@ -151,3 +153,41 @@ def read_samples(source: DataSource, count: int | None, order: SampleOrder,
         done += len(batch.labels)
     digest = hashlib.sha256(positions.astype("<i8").tobytes()).hexdigest()
     return Dataset(images=images, labels=labels, split=split, indices_sha256=digest)
+
+
+class SpilledArray(np.memmap):
+    """A float32 array in a ``.npy`` file mapped into memory: its pages are the page cache's, which
+    the kernel writes back and evicts under memory pressure, so samples larger than memory stay
+    usable and the job's own memory stays bounded. The whole array pickles (to a worker process) as
+    its file's name and is mapped again there, not copied; a part of it (a slice) pickles as a copy."""
+
+    whole: tuple[int, tuple[int, ...]] | None = None
+    """(address, shape) of the whole file's array: what a view must match to pickle as the file."""
+
+    @classmethod
+    def create(cls, path: Path, shape: tuple[int, ...]) -> SpilledArray:
+        """A new, zero-filled file of ``shape``, mapped."""
+        return cls._mapped(np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape))
+
+    @classmethod
+    def _mapped(cls, array: np.memmap) -> SpilledArray:
+        out = array.view(cls)
+        out.whole = (int(out.ctypes.data), tuple(out.shape))
+        return out
+
+    def __reduce__(self) -> Any:
+        if self.filename is not None and self.whole == (int(self.ctypes.data), tuple(self.shape)):
+            return _reopen, (str(self.filename),)
+        return np.array(self).__reduce__()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # ndarray's own (protocol 5) would copy it
+        return self.__reduce__()
+
+    @staticmethod
+    def in_memory(images: np.ndarray) -> np.ndarray:
+        """``images`` as an array in memory (for a process that cannot see this machine's files)."""
+        return np.array(images) if isinstance(images, SpilledArray) else images
+
+
+def _reopen(path: str) -> SpilledArray:
+    return SpilledArray._mapped(np.lib.format.open_memmap(path, mode="r+"))

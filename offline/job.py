@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import resource
 import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +38,7 @@ from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings, Estimator
-from qpart.offline.state import Data, State, key, load_data, split_bits
+from qpart.offline.state import Data, State, key, load_data, sample_bytes, split_bits
 from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop
 from qpart.profiles.artifacts import (
     AccuracyPoint,
@@ -244,54 +247,57 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     check_writable(out_dir)
     if not fresh:
         Checkpoints.refuse_other_inputs(out_dir, inputs)
-    # Decoding the samples and the float model's answers on them: the first half-minute, once
-    # silent. (Refusals of the data's layout come before it; an image that fails to decode is
-    # refused here, before anything is written to out_dir.)
-    prepare = sink.start("prepare: decode samples, float answers", 1)
-    data = load_data(runner, settings, sources)
-    prepare(1)
-    ck = Checkpoints.open(out_dir, inputs, fresh=fresh)
-    st = State(runner, data, settings)
-    stages: dict[str, float] = {}
+    with sample_folder(settings, sources) as spill:
+        # Decoding the samples and the float model's answers on them: the first half-minute, once
+        # silent. (Refusals of the data's layout come before it; an image that fails to decode is
+        # refused here, before anything is written to out_dir.)
+        prepare = sink.start("prepare: decode samples, float answers", 1)
+        data = load_data(runner, settings, sources, spill)
+        prepare(1)
+        ck = Checkpoints.open(out_dir, inputs, fresh=fresh)
+        st = State(runner, data, settings)
+        stages: dict[str, float] = {}
 
-    def lap(stage: str) -> None:  # the seconds since the previous stage ended
-        stages[stage] = time.perf_counter() - started - sum(stages.values())
+        def lap(stage: str) -> None:  # the seconds since the previous stage ended
+            stages[stage] = time.perf_counter() - started - sum(stages.values())
 
-    lap("prepare")
-    tables, timing, agreement = _tables(runner, data, settings, sink, ck)
-    lap("tables")
-    st.items = _items(runner, tables, settings)
-    points = _mapping(st, sink, ck)
-    lap("mapping")
-    budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
-    cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
-    workers = resolve_workers(settings, len(cuts))
-    records = {c: r for c in cuts if (r := ck.load(f"cut-{c}")) is not None}
-    patterns, baseline = all_patterns(
-        spec, st, cuts, Plan(budgets, points), workers,
-        sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)),
-        records, lambda cut, rec: ck.save(f"cut-{cut}", rec), executor)
-    lap("validation")
-    ratios = _coding(runner, data, sink, ck)
-    lap("coding")
-    timing.update({f"stage_{name}": seconds for name, seconds in stages.items()})
-    timing["total_without_report"] = time.perf_counter() - started
-    artifact = CalibrationArtifact(
-        model=spec.name, version=_version(spec), factory=spec.factory,
-        input_shape=list(spec.input_shape), weights_sha256=_sha256(spec.weights),
-        fp32_test_accuracy=float(data.test_correct.mean()),
-        splits=_splits(sources, settings), data=_data_record(sources, data, settings),
-        settings={**json.loads(settings.model_dump_json()), "workers": workers},
-        tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
-                 for t in runner.tensors],
-        cuts=runner.cut_profiles(spec.input_shape),
-        weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
-        accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
-        baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
-    )
-    artifact = with_coding_ratios(artifact, ratios)
-    _write(spec, artifact, agreement, out_dir, ck)
-    return artifact
+        lap("prepare")
+        tables, timing, agreement = _tables(runner, data, settings, sink, ck)
+        lap("tables")
+        st.items = _items(runner, tables, settings)
+        points = _mapping(st, sink, ck)
+        lap("mapping")
+        budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
+        cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
+        workers = resolve_workers(settings, len(cuts))
+        records = {c: r for c in cuts if (r := ck.load(f"cut-{c}")) is not None}
+        patterns, baseline = all_patterns(
+            spec, st, cuts, Plan(budgets, points), workers,
+            sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)),
+            records, lambda cut, rec: ck.save(f"cut-{cut}", rec), executor)
+        lap("validation")
+        ratios = _coding(runner, data, sink, ck)
+        lap("coding")
+        timing.update({f"stage_{name}": seconds for name, seconds in stages.items()})
+        timing["total_without_report"] = time.perf_counter() - started
+        timing.update(peak_rss_mib())
+        artifact = CalibrationArtifact(
+            model=spec.name, version=_version(spec), factory=spec.factory,
+            input_shape=list(spec.input_shape), weights_sha256=_sha256(spec.weights),
+            fp32_test_accuracy=float(data.test_correct.mean()),
+            splits=_splits(sources, settings), data=_data_record(sources, data, settings),
+            settings={**json.loads(settings.model_dump_json(exclude=settings.execution_only)),
+                      "workers": workers},
+            tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
+                     for t in runner.tensors],
+            cuts=runner.cut_profiles(spec.input_shape),
+            weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
+            accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
+            baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
+        )
+        artifact = with_coding_ratios(artifact, ratios)
+        _write(spec, artifact, agreement, out_dir, ck)
+        return artifact
 
 
 def _coding(runner: ModelRunner, data: Data, sink: ProgressSink, ck: Checkpoints) -> CodingRatios:
@@ -323,6 +329,28 @@ def _write(spec: ModelSpec, artifact: CalibrationArtifact, agreement: dict[str, 
     ck.remove()
 
 
+def peak_rss_mib() -> dict[str, float]:
+    """Peak resident memory so far, MiB: this process's, and the largest of the worker processes
+    that have ended (Linux counts ``ru_maxrss`` in KiB)."""
+    return {"peak_rss_mib_job": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mib_largest_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+@contextmanager
+def sample_folder(settings: CalibrationSettings, sources: Sources) -> Iterator[Path | None]:
+    """A temporary folder for the samples when they are over ``spill_above_mb`` (None: they are
+    held in memory), removed when the job ends, however it ends (a job killed by SIGKILL leaves
+    its ``qpart-samples-*`` folder in the temporary folder)."""
+    if sample_bytes(settings, sources) <= settings.spill_above_mb * 1_000_000:
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="qpart-samples-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def job_inputs(spec: ModelSpec, settings: CalibrationSettings, sources: Sources) -> dict[str, Any]:
     """What a job's results depend on, as its checkpoints record it (``inputs.json``)."""
     return {
@@ -330,7 +358,7 @@ def job_inputs(spec: ModelSpec, settings: CalibrationSettings, sources: Sources)
                   "weights_sha256": _sha256(spec.weights), "card": spec.card},
         "data": {"calibration": sources.calibration.describe().model_dump(mode="json"),
                  "test": sources.test.describe().model_dump(mode="json"), "order": sources.order},
-        "settings": json.loads(settings.model_dump_json()),
+        "settings": json.loads(settings.model_dump_json(exclude=settings.execution_only)),
         "versions": {"torch": torch.__version__, "numpy": np.__version__, "code_sha256": _code_sha256()},
     }
 

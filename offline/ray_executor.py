@@ -4,8 +4,10 @@ One task per cut, as the local pool's unit of work. Each task gets ``threads // 
 as many torch threads, like a local worker, so the artifact is the same byte for byte. What a task
 needs travels in Ray's object store, put once: the samples with the float model's answers, the
 allocation items, the fit counts, the mapping, the settings, and the model's weights as bytes.
-Nodes need no shared storage, but the model's code (its factory's module) must be importable on
-every node: installed there, or sent with Ray's ``runtime_env`` (``docs/calibration-ray.md``).
+Samples the job holds in files (``spill_above_mb``) are read into the object store whole, which
+Ray spills to its own disk when full. Nodes need no shared storage, but the model's code (its
+factory's module) must be importable on every node: installed there, or sent with Ray's
+``runtime_env`` (``docs/calibration-ray.md``).
 
 A cut's levels are checkpointed when its task returns (locally: as each level ends). A cluster
 that goes away ends the job with :class:`~offline.errors.ExecutorError`; the cuts saved so far
@@ -23,7 +25,7 @@ from qpart.models.registry import ModelSpec
 from qpart.offline.errors import ExecutorError, WorkerError
 from qpart.offline.memory import allocator_environment
 from qpart.offline.patterns import CutRecord, Executor, Plan, Save, cut_patterns, worker_state
-from qpart.offline.state import State
+from qpart.offline.state import State, in_memory
 
 _WAIT_S = 1.0
 _STATES: dict[str, State] = {}  # per Ray worker process: the job's state, built by its first task
@@ -68,8 +70,8 @@ def ray_executor(address: str | None) -> Executor:
                          include_dashboard=False, log_to_driver=False, configure_logging=False,
                          runtime_env={"env_vars": allocator_environment()})
                 started = True
-            context = ray.put({"spec": spec, "settings": st.settings, "data": st.data, "items": st.items,
-                               "fit_cache": st.fit_cache, "plan": plan, "threads": threads,
+            context = ray.put({"spec": spec, "settings": st.settings, "data": in_memory(st.data),
+                               "items": st.items, "fit_cache": st.fit_cache, "plan": plan, "threads": threads,
                                "weights": spec.weights.read_bytes()})
             task = ray.remote(num_cpus=threads, max_retries=0)(_task)
             job = ray.get_runtime_context().get_job_id()

@@ -60,6 +60,10 @@ class CalibrationSettings(BaseSettings):
     device: Literal["cpu", "cuda"] = Field("cpu", description=(
         "Where the model runs: cpu, or cuda (a GPU, with a CUDA build of torch; results differ from "
         "cpu's in float rounding, so the artifact records it)."))
+    spill_above_mb: int = Field(2048, ge=0, description=(
+        "Hold the fit, check and test samples in memory up to this many MB; above it, in files under "
+        "the system's temporary folder (TMPDIR), mapped into memory, so the job's memory stays bounded "
+        "(0: always in files). Changes no result."))
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
     baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")
@@ -89,6 +93,12 @@ class CalibrationSettings(BaseSettings):
         if not ladder:
             raise ValueError("the ladder needs at least one rung, e.g. [-4, -2, -1, 0, 1, 2, 3]")
         return tuple(sorted(set(ladder)))
+
+    @property
+    def execution_only(self) -> set[str]:
+        """Settings that change how the job runs, never its results: left out of the inputs its
+        checkpoints must match, so a resumed job may change them."""
+        return {"spill_above_mb"}
 
     @property
     def delta(self) -> float:

@@ -3,19 +3,22 @@ model's answers, the allocation items, and the measured patterns (cached by bits
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from qpart.models.data import Dataset, Split
 from qpart.offline.allocation import Item
-from qpart.offline.data import Sources, read_samples
+from qpart.offline.data import Sources, SpilledArray, read_samples
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop, paired_drop
 from qpart.profiles.artifacts import FLOAT_BITS
+
+_COPY_ROWS = 500
 
 
 @dataclass
@@ -48,22 +51,51 @@ def _slice(ds: Dataset, start: int, stop: int) -> Dataset:
     return Dataset(ds.images[start:stop], ds.labels[start:stop], ds.split, ds.indices_sha256)
 
 
-def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources) -> Data:
+def _copy(ds: Dataset, start: int, stop: int, path: Path) -> Dataset:
+    """Rows ``start:stop`` of ``ds`` in a file of their own, copied a block at a time."""
+    images = SpilledArray.create(path, (stop - start, *ds.images.shape[1:]))
+    for i in range(start, stop, _COPY_ROWS):
+        images[i - start : min(i + _COPY_ROWS, stop) - start] = ds.images[i : min(i + _COPY_ROWS, stop)]
+    return Dataset(images, ds.labels[start:stop].copy(), ds.split, ds.indices_sha256)
+
+
+def sample_bytes(s: CalibrationSettings, sources: Sources) -> int:
+    """Bytes of the fit, check and test tensors the job holds: ``(fit + check + test) × C × H × W × 4``."""
+    test = len(sources.test) if s.test_samples is None else min(s.test_samples, len(sources.test))
+    return (s.fit_samples + s.check_samples + test) * 4 * int(np.prod(sources.calibration.sample_shape))
+
+
+def in_memory(data: Data) -> Data:
+    """``data`` with every sample set in memory (for a process on another machine)."""
+    def held(ds: Dataset) -> Dataset:
+        return Dataset(SpilledArray.in_memory(ds.images), ds.labels, ds.split, ds.indices_sha256)
+
+    return replace(data, fit=held(data.fit), check=held(data.check), test=held(data.test))
+
+
+def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
+              spill: Path | None = None) -> Data:
     """The calibration source cut into fit and check samples (the first ``fit_samples`` and the
     next ``check_samples`` in the sample order), and the test source's first ``test_samples``.
 
-    The tensors are decoded a batch at a time and held once: ``(fit + check + test) × C × H × W × 4``
-    bytes (``docs/data-sources.md``).
+    The tensors are decoded a batch at a time and held once (:func:`sample_bytes`): in memory, or
+    in files in the folder ``spill`` when given (``docs/data-sources.md``).
     """
     needed = s.fit_samples + s.check_samples
     if needed > len(sources.calibration):
         raise CalibrationConfigError(
             f"fit_samples + check_samples = {needed} exceeds the {len(sources.calibration)} calibration "
             f"samples")
-    cal = read_samples(sources.calibration, needed, sources.order, Split.CALIBRATION)
-    fit = _slice(cal, 0, s.fit_samples)
-    check = _slice(cal, s.fit_samples, needed)
-    test = read_samples(sources.test, s.test_samples, sources.order, Split.TEST)
+    cal = read_samples(sources.calibration, needed, sources.order, Split.CALIBRATION,
+                       None if spill is None else spill / "calibration.npy")
+    if spill is None:
+        fit, check = _slice(cal, 0, s.fit_samples), _slice(cal, s.fit_samples, needed)
+    else:  # a file each, so that each pickles as its file (offline.data.SpilledArray), not a copy
+        fit, check = (_copy(cal, 0, s.fit_samples, spill / "fit.npy"),
+                      _copy(cal, s.fit_samples, needed, spill / "check.npy"))
+        (spill / "calibration.npy").unlink()
+    test = read_samples(sources.test, s.test_samples, sources.order, Split.TEST,
+                        None if spill is None else spill / "test.npy")
     full = len(runner.cuts) - 1
 
     def correct(ds: Dataset) -> np.ndarray:

@@ -126,6 +126,8 @@ def calibrate(
             "levels": sorted({p.level for p in artifact.patterns if p.level > 0}),
             "patterns": len(artifact.patterns), "graded_patterns": len(graded), "test_violations": bad,
             "stage_s": stages, "total_s": round(artifact.timing_s["total_without_report"], 3),
+            "peak_rss_mib": {k.removeprefix("peak_rss_mib_"): round(v, 1)
+                             for k, v in artifact.timing_s.items() if k.startswith("peak_rss_mib_")},
             "files": [str(out / f) for f in ("artifact.json", "timing.json", "validation.json",
                                              "report.md", "weights.safetensors")]}))
         return

@@ -9,10 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+import qpart.offline.job as job_module
 import qpart.profiles.artifacts as artifacts_module
 from qpart.models.registry import get_model
 from qpart.offline.checkpoint import CHECKPOINT_DIR, Checkpoints
@@ -161,3 +163,33 @@ def test_write_atomic_removes_its_temporary_file_when_the_write_fails(tmp_path, 
         artifacts_module.write_atomic(target, "new")
     assert target.read_text() == "old"
     assert not (tmp_path / "x.json.tmp").exists()
+
+
+def test_samples_held_in_files_give_the_same_artifact_and_leave_no_file(tmp_path, reference, monkeypatch):
+    """spill_above_mb=0: the fit, check and test samples live in mapped files, which the two
+    validation workers map again (not copies through their pipes); the artifact is the in-memory
+    run's, byte for byte, and the files go when the job ends."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    calibrate(get_model("fmnist-cnn"), settings(2).model_copy(update={"spill_above_mb": 0}), tmp_path / "out")
+    assert (tmp_path / "out" / "artifact.json").read_bytes() == reference[2]
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_job_that_fails_removes_its_sample_files(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen = []
+
+    def fail(*args: object, **kwargs: object) -> None:
+        seen.extend(p.name for p in scratch.glob("qpart-samples-*/*"))
+        raise CalibrationOutputError("stop here")
+
+    monkeypatch.setattr(job_module, "_tables", fail)
+    with pytest.raises(CalibrationOutputError, match="stop here"):
+        calibrate(get_model("fmnist-cnn"), settings(1).model_copy(update={"spill_above_mb": 0}),
+                  tmp_path / "out")
+    assert sorted(seen) == ["check.npy", "fit.npy", "test.npy"]
+    assert list(scratch.iterdir()) == []

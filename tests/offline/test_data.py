@@ -3,6 +3,7 @@ decoded into fit, check and test samples in the sample order (issue 24, second l
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from qpart.models.data import Split, load_split
 from qpart.models.errors import LabelsError, SampleOverlapError, SourceMismatchError
 from qpart.models.registry import get_model
 from qpart.models.sources import ArraySource, FashionMnistSource, ImageFolderSource, export_image_folder
-from qpart.offline.data import check_model_fits, open_sources, read_samples
+from qpart.offline.data import SpilledArray, check_model_fits, open_sources, read_samples
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.settings import CalibrationSettings
 
@@ -167,3 +168,15 @@ def test_a_camera_style_model_reads_fashion_mnist_through_its_card():
     check_model_fits(mobilenet, sources, 10)
     with pytest.raises(SourceMismatchError, match=r"are \[3, 64, 64\] but 'fmnist-cnn' takes \[1, 28, 28\]"):
         check_model_fits(CNN, sources, 10)
+
+
+def test_a_spilled_array_pickles_as_its_file_and_a_slice_as_a_copy(tmp_path):
+    images = SpilledArray.create(tmp_path / "x.npy", (50, 1, 4, 4))
+    images[:] = np.arange(800, dtype=np.float32).reshape(50, 1, 4, 4)
+    whole = pickle.dumps(images)
+    assert len(whole) < 200  # the file's name, not 3,200 bytes of samples
+    again = pickle.loads(whole)
+    assert isinstance(again, SpilledArray) and np.array_equal(again, images)
+    part = pickle.loads(pickle.dumps(images[10:20], protocol=5))
+    assert not isinstance(part, SpilledArray) and np.array_equal(part, images[10:20])
+    assert SpilledArray.in_memory(images).__class__ is np.ndarray

@@ -184,6 +184,9 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
         1 for p in doc["patterns"] if p["level"] > 0 and p["test_drop"] > p["level"])
     assert summary["patterns"] == len(doc["patterns"]) and summary["graded_patterns"] >= 1
     assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "validation", "coding"}
+    assert 100 < summary["peak_rss_mib"]["job"] < 4096 and summary["peak_rss_mib"]["largest_worker"] >= 0
+    timing = json.loads((out / "timing.json").read_text())
+    assert timing["timing_s"]["peak_rss_mib_job"] == pytest.approx(summary["peak_rss_mib"]["job"], abs=0.1)
     assert all(v >= 0 for v in summary["stage_s"].values()) and summary["total_s"] >= sum(
         summary["stage_s"].values()) - 1e-3
     stages = [line.partition(":")[0] for line in done.stderr.splitlines() if " elapsed " in line]

@@ -55,3 +55,15 @@ def test_the_batch_size_does_not_change_the_logits(model):
     for batch in (50, 100, 250):
         runner.batch_size = batch
         assert torch.equal(runner.run_pattern(images, cut, bits, 4), reference), batch
+
+
+@pytest.mark.parametrize("model", ["fmnist-cnn", "fmnist-resnet", "fmnist-mobilenet"])
+def test_the_float_model_split_at_any_cut_gives_the_float_logits(model):
+    """Why a lossless pattern is not evaluated (offline.state.evaluate): head then tail in float at
+    any cut computes the whole float model's logits, bit for bit."""
+    spec = get_model(model)
+    runner = ModelRunner(spec.load(), spec.input_shape, batch_size=100)
+    images = np.random.default_rng(2).standard_normal((200, *spec.input_shape)).astype(np.float32)
+    whole = runner.run_pattern(images, len(runner.cuts) - 1, {}, 32)
+    for cut in range(len(runner.cuts)):
+        assert torch.equal(runner.run_pattern(images, cut, {}, 32), whole), cut

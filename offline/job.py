@@ -319,9 +319,13 @@ def _write(spec: ModelSpec, artifact: CalibrationArtifact, agreement: dict[str, 
 
     try:
         # The artifact folder is self-contained: the server loads these exact weights (sha256-checked).
-        tmp = out_dir / "weights.safetensors.tmp"
-        shutil.copyfile(spec.weights, tmp)
-        tmp.replace(out_dir / "weights.safetensors")
+        target, tmp = out_dir / "weights.safetensors", out_dir / "weights.safetensors.tmp"
+        if not (target.is_file() and _sha256(target) == artifact.weights_sha256):  # a resume: already there
+            try:
+                shutil.copyfile(spec.weights, tmp)
+            except OSError as exc:  # copyfile names the source; the write that failed is tmp's
+                raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
+            tmp.replace(target)
         write_outputs(artifact, agreement, out_dir)
     except OSError as exc:
         (out_dir / "weights.safetensors.tmp").unlink(missing_ok=True)
@@ -364,16 +368,18 @@ def job_inputs(spec: ModelSpec, settings: CalibrationSettings, sources: Sources)
 
 
 def _code_sha256() -> str:
-    """sha256 over the calibration's own source files (``offline``, ``kernels``, ``models``): a job
-    resumed by other code could mix two procedures' results."""
+    """sha256 over the calibration's own source files (``offline``, ``kernels`` with its C
+    quantizer, ``models``, ``profiles``): a job resumed by other code could mix two procedures'
+    results."""
     import qpart.kernels  # noqa: PLC0415
     import qpart.models  # noqa: PLC0415
     import qpart.offline  # noqa: PLC0415
+    import qpart.profiles  # noqa: PLC0415
 
     hasher = hashlib.sha256()
-    for package in (qpart.offline, qpart.kernels, qpart.models):
+    for package in (qpart.offline, qpart.kernels, qpart.models, qpart.profiles):
         root = Path(next(iter(package.__path__)))
-        for file in sorted(root.rglob("*.py")):
+        for file in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c")):
             hasher.update(f"{file.relative_to(root.parent)}\n".encode())
             hasher.update(file.read_bytes())
     return hasher.hexdigest()

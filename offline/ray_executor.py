@@ -16,6 +16,7 @@ stay resumable.
 
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -46,13 +47,23 @@ def _task(job: str, context: dict[str, Any], cut: int, record: CutRecord | None)
     return cut, cut_patterns(state, cut, context["plan"], record, lambda c, r: None)
 
 
+NO_RAY = "--executor ray needs Ray: pip install 'qpart-serving[ray]'"
+
+
+def _require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise ExecutorError(NO_RAY)
+
+
 def ray_executor(address: str | None) -> Executor:
     """An executor on the Ray cluster at ``address`` (``auto``: the one this machine belongs to;
     None: a local one started for the job, with as many CPUs as the job's threads).
 
-    Raises (when it runs):
-        ExecutorError: Ray is not installed, the cluster cannot be reached, or it went away.
+    Raises:
+        ExecutorError: Ray is not installed (at once, before the job's first stage); when it runs,
+            the cluster cannot be reached, or it went away.
     """
+    _require_ray()
 
     def run(spec: ModelSpec, st: State, plan: Plan, workers: int, todo: dict[int, CutRecord | None],
             keep: Save) -> None:
@@ -60,7 +71,7 @@ def ray_executor(address: str | None) -> Executor:
             import ray  # noqa: PLC0415 (an optional extra: qpart-serving[ray])
             from ray.exceptions import RayError, RayTaskError  # noqa: PLC0415
         except ImportError as exc:
-            raise ExecutorError("--executor ray needs Ray: pip install 'qpart-serving[ray]'") from exc
+            raise ExecutorError(NO_RAY) from exc
         threads = max(1, st.settings.threads // workers)
         where = address or "a local Ray instance"
         started = False

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,6 @@ def test_resuming_with_other_settings_is_refused_with_how_to_start_afresh(tmp_pa
 
 def test_changed_weights_or_data_are_named(tmp_path):
     out = tmp_path / "out"
-    spec = get_model("fmnist-cnn")
     inputs = {"model": {"weights_sha256": "a" * 64}, "data": {"calibration": {"content_sha256": "b"}},
               "settings": {"seed": 0}}
     Checkpoints.open(out, inputs)
@@ -112,7 +112,6 @@ def test_changed_weights_or_data_are_named(tmp_path):
     with pytest.raises(CheckpointMismatchError,
                        match=r"changed: data\.calibration\.content_sha256, model\.weights_sha256\)"):
         Checkpoints.open(out, other)
-    assert spec.weights.is_file()
 
 
 def test_a_checkpoint_that_is_not_json_is_refused(tmp_path):
@@ -193,3 +192,18 @@ def test_a_job_that_fails_removes_its_sample_files(tmp_path, monkeypatch):
                   tmp_path / "out")
     assert sorted(seen) == ["check.npy", "fit.npy", "test.npy"]
     assert list(scratch.iterdir()) == []
+
+
+def test_a_job_with_other_weights_is_refused_naming_them(tmp_path):
+    """End to end: a killed job's checkpoints, then the same command with one bit of the weights
+    flipped (review of issue 26: the test above only feeds Checkpoints a made-up document)."""
+    out = tmp_path / "out"
+    assert run_driver(out, 1, "accuracy mapping@2").returncode == -9
+    spec = get_model("fmnist-cnn")
+    flipped = tmp_path / "w.safetensors"
+    data = bytearray(spec.weights.read_bytes())
+    data[-1] ^= 1
+    flipped.write_bytes(bytes(data))
+    with pytest.raises(CheckpointMismatchError, match=r"changed: model\.weights_sha256\).*--fresh"):
+        calibrate(replace(spec, weights=flipped), settings(1), out)
+    assert not (out / "artifact.json").exists() and (out / CHECKPOINT_DIR / "mapping.json").is_file()

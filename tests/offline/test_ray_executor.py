@@ -4,6 +4,7 @@ away mid-job ends it with one clear error, and the job resumes from its checkpoi
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -123,3 +124,12 @@ def test_without_ray_installed_the_executor_says_how_to_install_it(tmp_path, mon
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(ExecutorError, match=r"pip install 'qpart-serving\[ray\]'"):
         calibrate(get_model("fmnist-cnn"), settings(2), tmp_path / "out", executor=ray_executor(None))
+
+
+def test_without_ray_the_executor_is_refused_before_the_job_starts(monkeypatch):
+    """Not at the validation stage, minutes of tables and mapping later (review of issue 26)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ExecutorError, match=r"--executor ray needs Ray: pip install 'qpart-serving\[ray\]'"):
+        ray_executor(None)

@@ -17,6 +17,7 @@ FAKE_QPART = """#!/bin/sh
 echo "$@" >> "$CALLS"
 out=""
 while [ $# -gt 0 ]; do [ "$1" = "--out" ] && out="$2"; shift; done
+ls "$out/checkpoint" > "$(dirname "$CALLS")/seen" 2>/dev/null || true
 mkdir -p "$out"; echo '{"model": "new"}' > "$out/artifact.json"; rm -rf "$out/checkpoint"
 """
 
@@ -94,7 +95,27 @@ def test_a_pod_killed_after_the_swap_only_tidies_up(script, tmp_path):
     assert not (tmp_path / "out/staging/fmnist-cnn.old").exists()
 
 
-def test_fresh_in_the_env_discards_the_checkpoints(script, tmp_path):
-    (tmp_path / "out/staging/fmnist-cnn.tmp/checkpoint").mkdir(parents=True)
-    _, calls = run(script, tmp_path, FRESH="1")
-    assert calls[0].endswith("--fresh")
+def test_fresh_in_the_env_discards_the_checkpoints_once_per_token(script, tmp_path):
+    """A new FRESH token discards what staging holds before calibrating; a retry of the same Job
+    (the same token) resumes its checkpoints (review of issue 26: FRESH=1 passed --fresh to every
+    retry, so none resumed)."""
+    staged = tmp_path / "out/staging/fmnist-cnn.tmp"
+    put(staged, "stale", checkpoint=True)
+    (staged / "checkpoint" / "other-inputs.json").write_text("{}")
+    _, calls = run(script, tmp_path, FRESH="2026-12-02")
+    assert len(calls) == 1 and "--fresh" not in calls[0]
+    assert seen_checkpoints(tmp_path) == []  # discarded before the calibration ran
+    assert live(tmp_path) == '{"model": "new"}'
+    (staged / "checkpoint").mkdir(parents=True)  # the same Job's next pod finds a killed pod's work
+    (staged / "checkpoint" / "cut-0.json").write_text("{}")
+    _, calls = run(script, tmp_path, FRESH="2026-12-02")
+    assert len(calls) == 1 and seen_checkpoints(tmp_path) == ["cut-0.json"]  # resumed, not discarded
+    (staged / "checkpoint").mkdir(parents=True)
+    (staged / "checkpoint" / "cut-0.json").write_text("{}")
+    _, calls = run(script, tmp_path, FRESH="2026-12-03")  # a new token: discarded again
+    assert len(calls) == 1 and seen_checkpoints(tmp_path) == []
+
+
+def seen_checkpoints(root: Path) -> list[str]:
+    """The checkpoint files the stand-in qpart found when it was called."""
+    return (root / "seen").read_text().split()

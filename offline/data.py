@@ -14,6 +14,7 @@ the IDX file holding the same images give the same fit and check samples.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,8 @@ from qpart.offline.settings import CalibrationSettings, SampleOrder
 FASHION = "fashion-mnist"
 ARRAY_SUFFIXES = (".npz", ".safetensors")
 _DECODE_BATCH = 500
+Tick = Callable[[int], None]
+"""Progress: told how many more samples were done."""
 
 
 @dataclass(frozen=True)
@@ -129,15 +132,20 @@ def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
 
 
 def read_samples(source: DataSource, count: int | None, order: SampleOrder,
-                 split: Split, spill: Path | None = None) -> Dataset:
+                 split: Split, spill: Path | None = None, tick: Tick | None = None) -> Dataset:
     """The first ``count`` samples (all: None) of ``source`` in ``order``, decoded a batch at a
     time into one float32 ``[count, C, H, W]`` array (the only copy held): in memory, or in
-    ``spill`` (a file, :class:`SpilledArray`) when given."""
+    ``spill`` (a file, :class:`SpilledArray`) when given. ``tick`` is told each batch's size (in
+    ``digest`` order the whole source is decoded once more first: :func:`decode_work`)."""
+    tick = tick or (lambda n: None)
     total = len(source) if count is None else min(count, len(source))
     if order == "source":
         positions = np.arange(total, dtype=np.int64)
     else:
-        digests = [d for batch in source.batches(_DECODE_BATCH) for d in tensor_digests(batch.images)]
+        digests = []
+        for batch in source.batches(_DECODE_BATCH):
+            digests += tensor_digests(batch.images)
+            tick(len(batch.labels))
         positions = np.argsort(np.asarray(digests), kind="stable")[:total].astype(np.int64)
     ascending = np.sort(positions)
     shape = (total, *source.sample_shape)
@@ -151,8 +159,15 @@ def read_samples(source: DataSource, count: int | None, order: SampleOrder,
         rows = slot[done:done + len(batch.labels)]
         images[rows], labels[rows] = batch.images, batch.labels
         done += len(batch.labels)
+        tick(len(batch.labels))
     digest = hashlib.sha256(positions.astype("<i8").tobytes()).hexdigest()
     return Dataset(images=images, labels=labels, split=split, indices_sha256=digest)
+
+
+def decode_work(source: DataSource, count: int | None, order: SampleOrder) -> int:
+    """Samples :func:`read_samples` decodes for ``count`` samples of ``source`` (its ticks' sum)."""
+    total = len(source) if count is None else min(count, len(source))
+    return total + (len(source) if order == "digest" else 0)
 
 
 class SpilledArray(np.memmap):

@@ -38,7 +38,7 @@ from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings, Estimator
-from qpart.offline.state import Data, State, key, load_data, sample_bytes, split_bits
+from qpart.offline.state import Data, State, key, load_data, prepare_work, sample_bytes, split_bits
 from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop
 from qpart.profiles.artifacts import (
     AccuracyPoint,
@@ -251,9 +251,16 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         # Decoding the samples and the float model's answers on them: the first half-minute, once
         # silent. (Refusals of the data's layout come before it; an image that fails to decode is
         # refused here, before anything is written to out_dir.)
-        prepare = sink.start("prepare: decode samples, float answers", 1)
-        data = load_data(runner, settings, sources, spill)
-        prepare(1)
+        work = prepare_work(settings, sources)
+        prepare = sink.start("prepare: decode samples, float answers", work)
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            prepare(done[0])
+
+        data = load_data(runner, settings, sources, spill, tick)
+        prepare(work)
         ck = Checkpoints.open(out_dir, inputs, fresh=fresh)
         st = State(runner, data, settings)
         stages: dict[str, float] = {}

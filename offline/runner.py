@@ -10,7 +10,7 @@ quantized tensor makes a round trip through host memory, and every output comes 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -140,7 +140,7 @@ class ModelRunner:
         return torch.cat(outs)
 
     def run_pattern(self, images: np.ndarray, cut: int, weight_bits: Mapping[str, int],
-                    act_bits: int) -> torch.Tensor:
+                    act_bits: int, tick: Callable[[int], None] | None = None) -> torch.Tensor:
         """Logits of the split model with a pattern applied (what device + server compute)."""
         head, tail = self.parts[cut]
         outs = []
@@ -151,6 +151,8 @@ class ModelRunner:
             for i in range(0, len(images), self.batch_size):
                 act = head(torch.from_numpy(images[i : i + self.batch_size]).to(self.device))
                 outs.append(tail(self.quantize_activation(act, cut, act_bits)).cpu())
+                if tick is not None:
+                    tick(len(act))
         return torch.cat(outs)
 
     def cut_profiles(self, input_shape: tuple[int, ...]) -> list[CutProfile]:

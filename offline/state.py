@@ -11,7 +11,7 @@ import torch
 
 from qpart.models.data import Dataset, Split
 from qpart.offline.allocation import Item
-from qpart.offline.data import Sources, SpilledArray, read_samples
+from qpart.offline.data import Sources, SpilledArray, Tick, decode_work, read_samples
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings
@@ -73,8 +73,16 @@ def in_memory(data: Data) -> Data:
     return replace(data, fit=held(data.fit), check=held(data.check), test=held(data.test))
 
 
+def prepare_work(s: CalibrationSettings, sources: Sources) -> int:
+    """Samples :func:`load_data` decodes or runs through the float model (its ticks' sum)."""
+    test = len(sources.test) if s.test_samples is None else min(s.test_samples, len(sources.test))
+    decoded = (decode_work(sources.calibration, s.fit_samples + s.check_samples, sources.order)
+               + decode_work(sources.test, s.test_samples, sources.order))
+    return decoded + s.fit_samples + s.check_samples + test
+
+
 def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
-              spill: Path | None = None) -> Data:
+              spill: Path | None = None, tick: Tick | None = None) -> Data:
     """The calibration source cut into fit and check samples (the first ``fit_samples`` and the
     next ``check_samples`` in the sample order), and the test source's first ``test_samples``.
 
@@ -87,7 +95,7 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
             f"fit_samples + check_samples = {needed} exceeds the {len(sources.calibration)} calibration "
             f"samples")
     cal = read_samples(sources.calibration, needed, sources.order, Split.CALIBRATION,
-                       None if spill is None else spill / "calibration.npy")
+                       None if spill is None else spill / "calibration.npy", tick)
     if spill is None:
         fit, check = _slice(cal, 0, s.fit_samples), _slice(cal, s.fit_samples, needed)
     else:  # a file each, so that each pickles as its file (offline.data.SpilledArray), not a copy
@@ -95,14 +103,14 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
                       _copy(cal, s.fit_samples, needed, spill / "check.npy"))
         (spill / "calibration.npy").unlink()
     test = read_samples(sources.test, s.test_samples, sources.order, Split.TEST,
-                        None if spill is None else spill / "test.npy")
+                        None if spill is None else spill / "test.npy", tick)
     full = len(runner.cuts) - 1
 
     def correct(ds: Dataset) -> np.ndarray:
-        logits = runner.run_pattern(ds.images, full, {}, FLOAT_BITS)
+        logits = runner.run_pattern(ds.images, full, {}, FLOAT_BITS, tick)
         return np.asarray(logits.argmax(1).numpy() == ds.labels)
 
-    fit_logits = runner.run_pattern(fit.images, full, {}, FLOAT_BITS)
+    fit_logits = runner.run_pattern(fit.images, full, {}, FLOAT_BITS, tick)
     fit_correct = np.asarray(fit_logits.argmax(1).numpy() == fit.labels)
     return Data(fit, check, test, fit_logits, fit_correct, correct(check), correct(test))
 

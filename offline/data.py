@@ -14,6 +14,7 @@ the IDX file holding the same images give the same fit and check samples.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from qpart.models.sources import (
     split_source,
 )
 from qpart.models.sources.base import tensor_digests
-from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.errors import CalibrationConfigError, CalibrationOutputError
 from qpart.offline.settings import CalibrationSettings, SampleOrder
 
 FASHION = "fashion-mnist"
@@ -181,8 +182,25 @@ class SpilledArray(np.memmap):
 
     @classmethod
     def create(cls, path: Path, shape: tuple[int, ...]) -> SpilledArray:
-        """A new, zero-filled file of ``shape``, mapped."""
-        return cls._mapped(np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape))
+        """A new, zero-filled file of ``shape``, mapped, its blocks allocated at once (a sparse file
+        that the disk cannot hold would end the job with SIGBUS on a write, not an error).
+
+        Raises:
+            CalibrationOutputError: the disk of ``path`` cannot hold it.
+        """
+        array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+        size = path.stat().st_size
+        try:
+            with path.open("r+b") as f:
+                os.posix_fallocate(f.fileno(), 0, size)
+        except OSError as exc:
+            del array
+            path.unlink(missing_ok=True)
+            raise CalibrationOutputError(
+                f"cannot hold the samples in {path.parent}: {exc.strerror or exc} ({size:,} bytes for "
+                f"{path.name}); set TMPDIR to a folder on a larger disk, or raise QPART_CALIB_SPILL_ABOVE_MB "
+                "to keep them in memory") from exc
+        return cls._mapped(array)
 
     @classmethod
     def _mapped(cls, array: np.memmap) -> SpilledArray:
@@ -205,4 +223,5 @@ class SpilledArray(np.memmap):
 
 
 def _reopen(path: str) -> SpilledArray:
-    return SpilledArray._mapped(np.lib.format.open_memmap(path, mode="r+"))
+    # copy-on-write: a worker's accidental write stays its own, never another worker's samples
+    return SpilledArray._mapped(np.lib.format.open_memmap(path, mode="c"))

@@ -216,6 +216,14 @@ def _additivity(errors: Mapping[str, float]) -> str:
             f"{number(e['max_ratio_predicted_to_measured'])}")
 
 
+def _memory(timing: dict[str, float]) -> list[str]:
+    """The job's peak memory, where the run recorded it (timing.json's ``peak_rss_mib_*``)."""
+    if "peak_rss_mib_job" not in timing:
+        return []
+    return [f"Peak RSS: the job {number(timing['peak_rss_mib_job'])} MiB, its largest validation worker "
+            f"{number(timing.get('peak_rss_mib_largest_worker', 0.0))} MiB (0: no worker processes).", ""]
+
+
 def _pattern_row(p: Pattern, last: int) -> str:
     uploads = p.cut < last
     of_fp32 = pct(p.weight_bytes / p.fp32_weight_bytes) if p.fp32_weight_bytes else NONE
@@ -266,7 +274,9 @@ def markdown(artifact: CalibrationArtifact) -> str:
     lines += ["", "![payload vs level](payload.png)", "", "![bits](bits.png)", "",
               "## Noise tables and timing", "",
               "Wall time: " + "; ".join(f"{TIMINGS.get(k, k.replace('_', ' '))} {number(v)} s"
-                                        for k, v in artifact.timing_s.items()) + ".", "",
+                                        for k, v in artifact.timing_s.items()
+                                        if not k.startswith("peak_rss_mib_")) + ".", "",
+              *_memory(artifact.timing_s),
               f"Additivity of the noise model: {_additivity(artifact.additivity_error)}.", "",
               "| level | noise budget D(a) |", "|---|---|"]
     lines += [f"| {level(float(a))} | {number(d)} |" for a, d in artifact.noise_budgets.items()]

@@ -173,7 +173,8 @@ class CalibrationArtifact(_Frozen):
     patterns: list[Pattern]
     baseline_qpart_paper: list[Pattern]
     timing_s: dict[str, float] = Field(default_factory=dict, description=(
-        "Seconds each stage took (kept in timing.json; empty: not recorded)."))
+        "Seconds each stage took, and the job's peak RSS in MiB (peak_rss_mib_*) (kept in "
+        "timing.json; empty: not recorded)."))
     promise: Promise | None = Field(
         None, description="None: calibrated before schema 3, by a search that backs no such statement.")
     data: CalibrationData | None = Field(

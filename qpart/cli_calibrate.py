@@ -4,6 +4,7 @@ the ``qpart`` app by :mod:`qpart.cli`), importing the job lazily."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -112,6 +113,9 @@ def calibrate(
     spec = get_model(model)
     if weights is not None:
         spec = replace(spec, weights=weights)
+    # SIGTERM (kubectl delete, docker stop, timeout) ends the job as an exception would, so that its
+    # temporary sample files are removed; the checkpoints stay for a resume.
+    signal.signal(signal.SIGTERM, _terminated)
     with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
         artifact = run_job(spec, settings, out, _RichSink(bar), fresh=fresh,
@@ -167,6 +171,10 @@ def _cut_count(folder: Path) -> int:
     from qpart.profiles.artifacts import load_artifact
 
     return len(load_artifact(folder).cuts)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _rounded_stages(seconds: dict[str, float]) -> dict[str, float]:

@@ -3,6 +3,8 @@ decoded into fit, check and test samples in the sample order (issue 24, second l
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 import shutil
 from dataclasses import replace
@@ -16,7 +18,7 @@ from qpart.models.errors import LabelsError, SampleOverlapError, SourceMismatchE
 from qpart.models.registry import get_model
 from qpart.models.sources import ArraySource, FashionMnistSource, ImageFolderSource, export_image_folder
 from qpart.offline.data import SpilledArray, check_model_fits, open_sources, read_samples
-from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.errors import CalibrationConfigError, CalibrationOutputError
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.state import load_data, prepare_work
@@ -200,3 +202,25 @@ def test_the_prepare_stage_counts_every_sample_it_decodes_or_runs(order):
     data = load_data(runner, settings, sources, tick=ticks.append)
     assert sum(ticks) == prepare_work(settings, sources) and max(ticks) <= 500 and len(ticks) > 6
     assert (len(data.fit), len(data.check), len(data.test)) == (300, 200, 400)
+
+
+def test_a_disk_too_small_for_the_samples_is_one_error_not_a_bus_error(tmp_path, monkeypatch):
+    """The file's blocks are allocated before any sample is written (review of issue 24: a sparse
+    file on a full tmpfs ended the job with SIGBUS and left the file behind)."""
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(CalibrationOutputError, match=r"cannot hold the samples in .*No space left on device"
+                                                     r".*set TMPDIR"):
+        SpilledArray.create(tmp_path / "x.npy", (1000, 1, 28, 28))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_maps_the_samples_copy_on_write(tmp_path):
+    images = SpilledArray.create(tmp_path / "x.npy", (4, 2))
+    images[:] = 1.0
+    images.flush()
+    theirs = pickle.loads(pickle.dumps(images))
+    theirs[0, 0] = 7.0  # stays in the worker
+    assert images[0, 0] == 1.0 and np.load(tmp_path / "x.npy")[0, 0] == 1.0

@@ -4,8 +4,13 @@ user gets when a declaration or the data does not fit: one line, a non-zero exit
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,7 @@ from safetensors.torch import save_file
 
 from qpart.models.data import Split
 from qpart.models.sources import export_image_folder
-from tests.qpart.test_cli_errors import one_line_error, qpart
+from tests.qpart.test_cli_errors import REPO, one_line_error, qpart
 
 NETS = textwrap.dedent("""
     from torch import nn
@@ -156,6 +161,30 @@ def test_an_image_that_fails_to_decode_is_one_error_and_out_stays_empty(folders,
     fixed = qpart("calibrate", "--model", "fmnist-cnn", "--out", str(out), *args, cwd=folders, env=SMALL_ENV)
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert (out / "artifact.json").is_file() and not (out / "checkpoint").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_removes_the_sample_files_and_keeps_the_checkpoints(folders, tmp_path):
+    """kubectl delete, docker stop and timeout send SIGTERM: the job ends as on an error, so its
+    temporary sample files go (review of issue 24: they were left, 12 GB a killed job at 224x224)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QPART_")}, "PYTHONPATH": str(REPO),
+           **SMALL_ENV, "QPART_CALIB_SPILL_ABOVE_MB": "0", "TMPDIR": str(scratch)}
+    cmd = [sys.executable, "-m", "qpart", "calibrate", "--model", "fmnist-cnn", "--out", str(out),
+           "--data", str(folders / "cal"), "--test-data", str(folders / "test"), *SMALL]
+    with subprocess.Popen(cmd, cwd=folders, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint" / "tables.json").exists():  # past decoding, into the stages
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.05)
+        assert next(p.name for p in scratch.iterdir()).startswith("qpart-samples-")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.communicate()[1]
+    assert list(scratch.iterdir()) == []
+    assert (out / "checkpoint" / "tables.json").is_file() and not (out / "artifact.json").exists()
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@
 Two ways, measured on the calibration split's fit samples only:
 
 * :func:`direct_tables` quantizes one tensor (or one cut's activation) at a time and measures
-  the logit change (QPART / Zhou et al.). Activations at every cut are cached, so a weight's
-  measurement runs only the part of the model after the last cut before it.
+  the logit change (QPART / Zhou et al.). Activations at every cut are cached (for as many
+  samples at a time as a budget holds), so a weight's measurement runs only the part of the model
+  after the last cut before it.
 * :func:`fast_tables` is first order: ``E||Δz||² ≈ Σ_i (Δ_i² / 12) · E||∂z/∂θ_i||²`` with
   ``Δ_i`` the quantization step of element ``i``'s channel (weights) or group (activations).
   The squared Jacobian norms of every tensor and every cut come from the same few backward
@@ -32,32 +33,48 @@ def _mean_sq(diff: torch.Tensor) -> float:
     return float(diff.pow(2).sum(dim=1).mean())
 
 
+ACTIVATIONS_BUDGET = 1 << 30
+"""Bytes of cached activations :func:`direct_tables` holds at once (every cut's, for a chunk of
+samples): the noise samples are measured a chunk at a time when all of them would not fit."""
+
+
 @torch.no_grad()
-def direct_tables(runner: ModelRunner, images: np.ndarray, progress: Progress | None = None) -> Tables:
-    """Measured noise tables: ``({tensor: [b=1..8]}, {cut index: [b=1..8]})``."""
-    acts = {c.index: runner.head_outputs(images, c.index) for c in runner.cuts[:-1]}
-    ref = runner.tail_outputs(acts[0], 0)
-    done = 0
-    weight: dict[str, list[float]] = {}
-    for t in runner.tensors:
-        start = runner.start_cut(t)
-        row = []
-        for b in BITS:
-            with runner.quantized_weights({t.name: b}):
-                row.append(_mean_sq(runner.tail_outputs(acts[start], start) - ref))
-            done += 1
-            if progress:
-                progress(done)
-        weight[t.name] = row
-    activation: dict[str, list[float]] = {}
-    for c in runner.cuts[:-1]:
-        row = []
-        for b in BITS:
-            row.append(_mean_sq(runner.tail_outputs(acts[c.index], c.index, b) - ref))
-            done += 1
-            if progress:
-                progress(done)
-        activation[str(c.index)] = row
+def direct_tables(runner: ModelRunner, images: np.ndarray, progress: Progress | None = None,
+                  budget: int = ACTIVATIONS_BUDGET) -> Tables:
+    """Measured noise tables: ``({tensor: [b=1..8]}, {cut index: [b=1..8]})``.
+
+    Every cut's activation is cached for a chunk of the samples, as many as ``budget`` bytes hold
+    (all of them for the reference models at 2,000 samples); a larger model's samples are measured
+    a chunk at a time, each quantized tensor once per chunk, and the chunks' sums added up."""
+    interior = runner.cuts[:-1]
+    per_sample = 4 * sum(c.numel for c in interior)
+    chunk = max(1, min(len(images), budget // max(per_sample, 1)))
+    starts = range(0, len(images), chunk)
+    rows = len(runner.tensors) + len(interior)
+    weight = {t.name: [0.0] * len(BITS) for t in runner.tensors}
+    activation = {str(c.index): [0.0] * len(BITS) for c in interior}
+    for k, first in enumerate(starts):
+        part = images[first:first + chunk]
+        share = len(part) / len(images)  # chunk means weighted by their size: the whole mean
+        acts = {c.index: runner.head_outputs(part, c.index) for c in interior}
+        ref = runner.tail_outputs(acts[0], 0)
+        done = k * rows * len(BITS)
+        for t in runner.tensors:
+            start = runner.start_cut(t)
+            for i, b in enumerate(BITS):
+                with runner.quantized_weights({t.name: b}):
+                    weight[t.name][i] += share * _mean_sq(runner.tail_outputs(acts[start], start) - ref)
+                done += 1
+                if progress:  # the bar counts (tensor, bits) and (cut, bits) steps over all chunks
+                    progress(done // len(starts))
+        for c in interior:
+            for i, b in enumerate(BITS):
+                noise = _mean_sq(runner.tail_outputs(acts[c.index], c.index, b) - ref)
+                activation[str(c.index)][i] += share * noise
+                done += 1
+                if progress:
+                    progress(done // len(starts))
+        del acts, ref
     return weight, activation
 
 

@@ -247,7 +247,9 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     check_writable(out_dir)
     if not fresh:
         Checkpoints.refuse_other_inputs(out_dir, inputs)
-    with sample_folder(settings, sources) as spill:
+    cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
+    workers = resolve_workers(settings, len(cuts))
+    with sample_folder(settings, sources, 1 + workers if workers > 1 and executor is None else 1) as spill:
         # Decoding the samples and the float model's answers on them: the first half-minute, once
         # silent. (Refusals of the data's layout come before it; an image that fails to decode is
         # refused here, before anything is written to out_dir.)
@@ -275,8 +277,6 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         points = _mapping(st, sink, ck)
         lap("mapping")
         budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
-        cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
-        workers = resolve_workers(settings, len(cuts))
         records = {c: r for c in cuts if (r := ck.load(f"cut-{c}")) is not None}
         patterns, baseline = all_patterns(
             spec, st, cuts, Plan(budgets, points), workers,
@@ -348,11 +348,12 @@ def peak_rss_mib() -> dict[str, float]:
 
 
 @contextmanager
-def sample_folder(settings: CalibrationSettings, sources: Sources) -> Iterator[Path | None]:
-    """A temporary folder for the samples when they are over ``spill_above_mb`` (None: they are
-    held in memory), removed when the job ends, however it ends (a job killed by SIGKILL leaves
-    its ``qpart-samples-*`` folder in the temporary folder)."""
-    if sample_bytes(settings, sources) <= settings.spill_above_mb * 1_000_000:
+def sample_folder(settings: CalibrationSettings, sources: Sources, processes: int) -> Iterator[Path | None]:
+    """A temporary folder for the samples when ``processes`` copies of them (the job's and each
+    validation worker's, which gets its own copy of samples held in memory) are over
+    ``spill_above_mb`` (None: they are held in memory); removed when the job ends, however it ends
+    (a job killed by SIGKILL leaves its ``qpart-samples-*`` folder in the temporary folder)."""
+    if processes * sample_bytes(settings, sources) <= settings.spill_above_mb * 1_000_000:
         yield None
         return
     folder = Path(tempfile.mkdtemp(prefix="qpart-samples-"))

@@ -61,9 +61,10 @@ class CalibrationSettings(BaseSettings):
         "Where the model runs: cpu, or cuda (a GPU, with a CUDA build of torch; results differ from "
         "cpu's in float rounding, so the artifact records it)."))
     spill_above_mb: int = Field(2048, ge=0, description=(
-        "Hold the fit, check and test samples in memory up to this many MB; above it, in files under "
-        "the system's temporary folder (TMPDIR), mapped into memory, so the job's memory stays bounded "
-        "(0: always in files). Changes no result."))
+        "Hold the fit, check and test samples in memory while their copies (one per process: the job "
+        "and each validation worker) take up to this many MB; above it, in files under the system's "
+        "temporary folder (TMPDIR), mapped into memory, so the job's memory stays bounded (0: always "
+        "in files). Changes no result."))
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
     baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")

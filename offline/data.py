@@ -13,6 +13,7 @@ the IDX file holding the same images give the same fit and check samples.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable
@@ -192,7 +193,7 @@ class SpilledArray(np.memmap):
         size = path.stat().st_size
         try:
             with path.open("r+b") as f:
-                os.posix_fallocate(f.fileno(), 0, size)
+                _allocate(f.fileno(), size)
         except OSError as exc:
             del array
             path.unlink(missing_ok=True)
@@ -220,6 +221,18 @@ class SpilledArray(np.memmap):
     def in_memory(images: np.ndarray) -> np.ndarray:
         """``images`` as an array in memory (for a process that cannot see this machine's files)."""
         return np.array(images) if isinstance(images, SpilledArray) else images
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks where the system can (glibc emulates it on file systems that cannot;
+    macOS has no posix_fallocate, and musl may refuse: then the file stays sparse)."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
 
 
 def _reopen(path: str) -> SpilledArray:

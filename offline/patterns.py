@@ -251,9 +251,21 @@ def _in_workers(spec: ModelSpec, st: State, plan: Plan, workers: int, todo: dict
         except BrokenProcessPool as exc:
             raise WorkerError(f"a validation worker died ({exc}); if it ran out of memory, "
                               "set QPART_CALIB_WORKERS=1") from exc
+        except BaseException:  # SIGTERM (SystemExit), Ctrl-C: keep what is reported, stop the rest now
+            _drain(events, keep)
+            _stop(pool)
+            raise
         finally:
             for future in pending:
                 future.cancel()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End the pool's workers now: leaving the ``with`` block would wait for their running cuts
+    (39 s in a review's run, past a container's grace period), whose results nobody would save."""
+    for process in list((pool._processes or {}).values()):  # no public way to end them
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 @contextmanager

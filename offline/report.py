@@ -220,8 +220,9 @@ def _memory(timing: dict[str, float]) -> list[str]:
     """The job's peak memory, where the run recorded it (timing.json's ``peak_rss_mib_*``)."""
     if "peak_rss_mib_job" not in timing:
         return []
-    return [f"Peak RSS: the job {number(timing['peak_rss_mib_job'])} MiB, its largest validation worker "
-            f"{number(timing.get('peak_rss_mib_largest_worker', 0.0))} MiB (0: no worker processes).", ""]
+    return [f"Peak RSS: the job {number(timing['peak_rss_mib_job'])} MiB, its largest worker process "
+            f"(validation or image decoding) {number(timing.get('peak_rss_mib_largest_worker', 0.0))} MiB "
+            "(0: none).", ""]
 
 
 def _pattern_row(p: Pattern, last: int) -> str:

@@ -188,6 +188,34 @@ def test_sigterm_removes_the_sample_files_and_keeps_the_checkpoints(folders, tmp
 
 
 @pytest.mark.slow
+def test_sigterm_during_validation_stops_the_workers_at_once(tmp_path):
+    """With a pool of validation workers, SIGTERM ends the job in seconds, not when the running cuts
+    finish (review of issue 24: 39 s, past a container's grace period), with no worker traceback."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QPART_")}, "PYTHONPATH": str(REPO),
+           "TMPDIR": str(scratch), "QPART_CALIB_SPILL_ABOVE_MB": "0", "QPART_CALIB_CUTS": "[0, 4, 8]",
+           "QPART_CALIB_MEASURE_BOTH": "false", "QPART_CALIB_TEST_SAMPLES": "2000"}
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "qpart", "calibrate", "--model", "fmnist-cnn", "--out", str(out), "--levels",
+           "0.05", "--fit-samples", "1000", "--check-samples", "1000", "--noise-samples", "50",
+           "--mapping-points", "4", "--threads", "2", "--workers", "2", "--no-baseline"]
+    err = tmp_path / "stderr"
+    with err.open("w") as sink, subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                                 stderr=sink) as proc:
+        deadline = time.monotonic() + 180
+        while "validate + test" not in err.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        time.sleep(3)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()
+        assert time.monotonic() - sent < 15
+    assert "Traceback" not in err.read_text() and list(scratch.iterdir()) == []
+
+
+@pytest.mark.slow
 def test_calibrate_names_an_unknown_source(folders, tmp_path):
     line = one_line_error(calibrate(folders, tmp_path / "out", "--data", "imagenet"), 2)
     assert "'imagenet' is neither fashion-mnist" in line and not (tmp_path / "out").exists()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import resource
 import shutil
 import tempfile
 import time
@@ -33,7 +32,7 @@ from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, wi
 from qpart.offline.data import Sources, check_model_fits, open_sources
 from qpart.offline.errors import CheckpointMismatchError
 from qpart.offline.ltt import make_promise
-from qpart.offline.memory import keep_freed_memory
+from qpart.offline.memory import keep_freed_memory, peak_rss_mib
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
 from qpart.offline.runner import ModelRunner
@@ -338,13 +337,6 @@ def _write(spec: ModelSpec, artifact: CalibrationArtifact, agreement: dict[str, 
         (out_dir / "weights.safetensors.tmp").unlink(missing_ok=True)
         raise output_error(f"write the results into {out_dir}", exc, ck.folder) from exc
     ck.remove()
-
-
-def peak_rss_mib() -> dict[str, float]:
-    """Peak resident memory so far, MiB: this process's, and the largest of the worker processes
-    that have ended (Linux counts ``ru_maxrss`` in KiB)."""
-    return {"peak_rss_mib_job": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "peak_rss_mib_largest_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import resource
 import sys
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's <malloc.h>
@@ -39,3 +40,10 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(option, value) == 1 for option, value in (
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
+
+
+def peak_rss_mib() -> dict[str, float]:
+    """Peak resident memory so far, MiB: this process's, and the largest of the worker processes
+    that have ended (Linux counts ``ru_maxrss`` in KiB)."""
+    return {"peak_rss_mib_job": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mib_largest_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}

@@ -1,0 +1,167 @@
+"""End to end: the QPART planner against fixed strategies, over a real rate-shaped link.
+
+``python -m bench.e2e [--quick] --json PATH``  (root: it makes a private network namespace)
+
+The process re-runs itself under ``unshare -n``: a network namespace of its own whose only
+interface is loopback, with MTU 1500 and a token-bucket shaper (``tc qdisc ... tbf``) set to each
+channel rate in turn. The QPART server (pinned to core 0) and the simulated device
+(this process, core 1) talk over 127.0.0.1 inside it, so segment downloads, activation uploads
+and answers really cross the shaped link. Nothing else is reachable from inside.
+
+Device compute is this machine's measured time scaled by the profile's speed: with ``H`` the
+host's FLOP/s (the whole model's FLOPs over its measured batch-1 time) and ``F`` the profile's
+``flops_per_s``, a head that takes ``t`` here takes ``t * H / F`` on the device. ``H`` comes from
+the profile just before each cell; within the cell, each round's device seconds are also scaled by
+the host's speed in that round against the profile, read from a reference workload that runs among
+the round's strategies (:mod:`bench.device_clock`): the device's speed holds still while this shared
+machine's wanders. The device profile sent to the planner carries per-cut head times measured
+the same way (the profiler of ``qpart device profile``), so prediction and measurement use one
+clock. Before every cell the device also measures its link as a device in the field can, on the
+link itself (:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) and the rate at
+which an upload body's bytes cost time (``upload_rate_bps``, ADR 0006). Its plan request carries
+the fit of the medians of its last three probes at this rate and model (:data:`PROBE_WINDOW`),
+except that the overhead is the median of that fit and what the last two cells' own exchanges
+implied (:func:`implied_rtt`, :func:`bench.exchange.overhead`).
+
+Strategies per cell (model, device, rate, weight preset, cache state):
+
+- ``qpart``: the server's plan for a 1% accuracy demand (POST /v1/plan);
+- ``all-server``: cut 0, the float32 input uploaded;
+- ``all-device``: the last cut, the float32 model downloaded and run on the device;
+- ``neurosurgeon``: the cut with the smallest predicted objective, float32 weights and activation;
+- ``uniform-int8``: the best cut with every weight tensor and the activation at 8 bits;
+- ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut.
+
+Every strategy offers deflate and zstd uploads (ADRs 0005, 0007) and sends its packet the way the
+cost model prices cheapest; the device's compression time is part of its encode time (measured,
+scaled).
+
+A cell's best is the strategy with the smallest measured ``J`` among those that keep the accuracy
+demand (:func:`meets_demand`); ``best_any`` ignores the demand.
+
+Fixed strategies pick their cut with the same cost model and inputs as the planner. Their bit
+patterns are served by the same server: the benchmark writes a copy of the artifacts with extra
+patterns at level 1.0, which no demand (< 1) ever admits, so the planner never sees them.
+
+Cold cache: the device holds no segment, downloads count. Warm: it holds every segment it
+downloaded in the cold pass of the same cell. A plan is fetched once per cell and not counted
+(devices reuse plans while conditions hold). The strategies run in rounds, one inference each on
+the round's test image, in a fresh random order per round, until at least ``--reps`` rounds and
+``--cell-seconds`` have passed (at most ``--max-reps`` rounds); the median is reported, plus the
+one download when cold. (A fixed count would leave the fast cells, where strategies differ by a
+tenth of a millisecond in a few milliseconds of noisy round trip, to too few rounds.)
+
+CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
+A cell that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
+``--steal-retries`` (2) more times (:func:`steal_gated`); the decision reads the steal, never a
+result. An attempt over the gate, kept or not, leaves nothing in the link windows that price the
+cells after it. The JSON keeps every discarded attempt inside its cell, and the summary gives the grid as
+first measured (``first_attempts``) beside the grid as recorded.
+
+Measured ``J`` uses the cost model's weights and powers on measured times:
+``J = w_t*T + w_e*(P_compute*T_local + P_tx*T_transfer) + w_c*price*T_server``, where
+``T_server`` is the queue + compute time the server reports and ``T_transfer`` the rest of the
+round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench import REPO, write_json
+from bench.e2e.artifacts import with_baselines, write_artifacts
+from bench.e2e.cell import (
+    Choice,
+    _predict,
+    choose_fixed,
+    implied_rtt,
+    meets_demand,
+    run_cell,
+    run_rounds,
+)
+from bench.e2e.config import (
+    CLOCK,
+    DEMAND,
+    DEVICES,
+    EXTRA_LEVEL,
+    FILLER_PORT,
+    MODELS,
+    PORT,
+    PRESET_NAMES,
+    QUICK_DEVICES,
+    QUICK_PRESETS,
+    QUICK_RATES_MBPS,
+    RATES_MBPS,
+    STRATEGIES,
+)
+from bench.e2e.device import (
+    PROFILE_SECONDS,
+    Link,
+    ModelView,
+    device_profile,
+    host_flops_per_s,
+    measured_j,
+    reprofile,
+    run_once,
+)
+from bench.e2e.gating import (
+    STEAL_GATE,
+    STEAL_RETRIES,
+    cold_then_warm,
+    first_attempts,
+    gated_summary,
+    over_gate,
+    steal_gated,
+)
+from bench.e2e.grid import run
+from bench.e2e.probes import fit_link, measure_link, measure_rtt, probe_exchange, probe_rtt
+from bench.e2e.report import markdown, plot, summarize
+from bench.loadgen import enter_private_network
+
+__all__ = [
+    "CLOCK", "DEMAND", "DEVICES", "EXTRA_LEVEL", "FILLER_PORT", "MODELS", "PORT", "PRESET_NAMES",
+    "PROFILE_SECONDS", "QUICK_DEVICES", "QUICK_PRESETS", "QUICK_RATES_MBPS", "RATES_MBPS", "STEAL_GATE",
+    "STEAL_RETRIES", "STRATEGIES", "Choice", "Link", "ModelView", "_predict", "choose_fixed",
+    "cold_then_warm", "device_profile", "first_attempts", "fit_link", "gated_summary", "host_flops_per_s",
+    "implied_rtt", "main", "markdown", "measure_link", "measure_rtt", "measured_j", "meets_demand",
+    "over_gate", "plot", "probe_exchange", "probe_rtt", "reprofile", "run", "run_cell", "run_once",
+    "run_rounds", "steal_gated", "summarize", "with_baselines", "write_artifacts",
+]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, required=True, help="write results here (plus .md and .png)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"subset: devices {QUICK_DEVICES}, rates {QUICK_RATES_MBPS} Mbit/s, "
+                             f"preset {QUICK_PRESETS} (both models, cold and warm)")
+    parser.add_argument("--reps", type=int, default=11,
+                        help="least inferences per strategy and cell (the median is reported)")
+    parser.add_argument("--cell-seconds", type=float, default=6.0,
+                        help="keep measuring a cell's strategies for at least this long (default 6)")
+    parser.add_argument("--max-reps", type=int, default=400, help="most inferences per strategy and cell")
+    parser.add_argument("--model", action="append", choices=MODELS, help="model(s) (default: both)")
+    parser.add_argument("--rate", action="append", type=float, help="rate(s) in Mbit/s (default: the grid's)")
+    parser.add_argument("--steal-gate", type=float, default=STEAL_GATE,
+                        help="measure a cell again when the CPU steal it ran under exceeds this share "
+                             f"(default {STEAL_GATE}; the first attempt is kept and summarized apart)")
+    parser.add_argument("--steal-retries", type=int, default=STEAL_RETRIES,
+                        help=f"most extra attempts per cell (default {STEAL_RETRIES}; 0: never again)")
+    parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
+    args = parser.parse_args(argv)
+    if not 0.0 <= args.steal_gate <= 1.0:
+        parser.error(f"--steal-gate is a share of CPU time between 0 and 1, not {args.steal_gate}")
+    if args.steal_retries < 0:
+        parser.error(f"--steal-retries counts extra attempts: 0 or more, not {args.steal_retries}")
+    args.model = args.model or list(MODELS)
+    enter_private_network("bench.e2e", argv, tools=("tc",), mtu=1500)
+    doc = run(args)
+    write_json(args.json, doc)
+    args.json.with_suffix(".md").write_text(markdown(doc))
+    plot(doc, args.json.with_suffix(".png"))
+    print(markdown(doc))

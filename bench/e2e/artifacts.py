@@ -1,0 +1,44 @@
+"""Artifacts with the baselines' patterns: copies the server serves, which no demand admits."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from bench.e2e.config import DEMAND, EXTRA_LEVEL
+from qpart.kernels.packing import packed_size
+from qpart.profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, load_artifact
+
+
+def _act_bytes(artifact: CalibrationArtifact, cut: int, bits: int, group: int) -> int:
+    if cut == len(artifact.cuts) - 1:
+        return 0
+    n = artifact.cuts[cut].activation_numel
+    return 4 * n if bits >= 32 else packed_size(n, bits) + 8 * (n // group)
+
+
+def with_baselines(artifact: CalibrationArtifact) -> CalibrationArtifact:
+    """The artifact plus uniform-int8 and QPART-as-published patterns at level 1.0."""
+    extra = []
+    by_cut = {p.cut: p for p in artifact.patterns if p.level == 0}
+    for cut in artifact.cuts:
+        ref = by_cut[cut.index]
+        act_bits = ref.activation_bits if cut.index == len(artifact.cuts) - 1 else 8
+        extra.append(ref.model_copy(update={
+            "pattern_id": f"u8-c{cut.index}", "level": EXTRA_LEVEL, "activation_bits": act_bits,
+            "weight_bits": dict.fromkeys(cut.head_tensors, 8),
+            "activation_bytes": _act_bytes(artifact, cut.index, act_bits, ref.group_size)}))
+    for p in artifact.baseline_qpart_paper:
+        if p.level == DEMAND:
+            extra.append(p.model_copy(update={"pattern_id": f"paper-{p.pattern_id}", "level": EXTRA_LEVEL}))
+    return artifact.model_copy(update={"patterns": [*artifact.patterns, *extra]})
+
+
+def write_artifacts(source: Path, models: list[str], dest: Path) -> None:
+    """Copies of the models' artifact folders with the baselines' patterns added."""
+    for model in models:
+        folder = dest / model
+        folder.mkdir(parents=True)
+        shutil.copy(source / model / "weights.safetensors", folder / "weights.safetensors")
+        artifact = with_baselines(load_artifact(source / model))
+        (folder / ARTIFACT_FILE).write_text(artifact.model_dump_json(indent=1))

@@ -1,0 +1,126 @@
+"""The grid: the server, the shaped link, and every cell at every rate, model, device and preset."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import random
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from bench import cpu_ticks, steal_fraction
+from bench.device_clock import ReferenceClock
+from bench.e2e.artifacts import write_artifacts
+from bench.e2e.cell import run_cell
+from bench.e2e.config import (
+    DEMAND,
+    DEVICES,
+    FILLER_PORT,
+    PORT,
+    PRESET_NAMES,
+    QUICK_DEVICES,
+    QUICK_PRESETS,
+    QUICK_RATES_MBPS,
+    RATES_MBPS,
+)
+from bench.e2e.device import Link, ModelView, device_profile, host_flops_per_s, reprofile
+from bench.e2e.gating import cold_then_warm, gated_summary
+from bench.e2e.probes import fit_link, measure_link, probe_exchange, probe_rtt
+from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
+from bench.link import ShapedLink
+from bench.loadgen import GENERATOR_CORE, Server, start_server
+from bench.shaped_server import CONTROL_PORT_ENV
+from qpart.models.data import Split, load_split
+from qpart.profiles.artifacts import load_artifact
+
+
+def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.ndarray,
+          clock: ReferenceClock) -> ModelView:
+    info = client.get(f"{url}/v1/models/{name}").json()
+    torch.set_num_threads(1)
+    view = ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
+                     load_artifact(artifacts / name), [], [], info["answer_bytes"])
+    reprofile(view, image, clock)
+    return view
+
+
+def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str, model: ModelView,
+                  device: str, preset: str, link: Link, images: np.ndarray, reps: tuple[int, int, float],
+                  clock: ReferenceClock, probes: deque[ExchangeProbe], implied: deque[float],
+                  probe_rng: random.Random) -> dict[str, Any]:
+    """One cell, with its record: the segments it downloaded under ``"downloaded"``."""
+    # Before every cell, one clock for prediction and measurement: host head times (an all-device
+    # run took 2.25 ms where its profile, taken three cells earlier, said 1.62) and the exchange's
+    # overhead and upload rate (one cut-0 exchange took 2.1 to 3.1 ms across one rate's cells).
+    ticks = cpu_ticks()
+    reprofile(model, images[:1], clock)
+    profile, ratios = device_profile(device, [model])
+    probes.append(probe_exchange(client, url, model, images[:1], link, probe_rng))
+    fitted, link.upload_rate_bps = fit_link(model, link, probes)
+    link.rtt_s = overhead(fitted, implied)
+    cell, got = run_cell(client, url, model, profile, ratios[model.name], preset, link, held, images,
+                         reps, clock)
+    return {"device": device, "rate_mbps": link.rate_mbps, "model": model.name, "preset": preset,
+            "cache": cache, "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
+            "probe_rtt_s": fitted,
+            "upload_rate_mbps": None if link.upload_rate_bps is None else link.upload_rate_bps / 1e6,
+            "probe": dataclasses.asdict(probes[-1]), "speed_ratio": ratios[model.name], **cell,
+            "cpu_steal": steal_fraction(ticks, cpu_ticks()), "downloaded": sorted(got)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The grid; returns the JSON document."""
+    devices = QUICK_DEVICES if args.quick else DEVICES
+    rates = args.rate or (QUICK_RATES_MBPS if args.quick else RATES_MBPS)
+    presets = QUICK_PRESETS if args.quick else PRESET_NAMES
+    images = load_split(Split.TEST, limit=args.max_reps).images
+    reps = (args.reps, args.max_reps, args.cell_seconds)
+    cells: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
+        write_artifacts(args.artifacts, list(args.model), Path(tmp))
+        env = {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1", CONTROL_PORT_ENV: str(FILLER_PORT),
+               "QPART_SEGMENT_CACHE_BYTES": str(256 << 20)}
+        server: Server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp],
+                                      f"http://127.0.0.1:{PORT}", "/v2/health/ready", env)
+        os.sched_setaffinity(0, {int(GENERATOR_CORE)})
+        wire = ShapedLink(server_control_port=FILLER_PORT)
+        try:
+            with wire.client(timeout=300) as client:
+                url = server.url
+                clock = ReferenceClock(torch.from_numpy(images[:1]))
+                views = [_view(client, url, m, Path(tmp), images[:1], clock) for m in args.model]
+                probe_rng = random.Random(0)  # the order within each probe's pairs
+                for rate in rates:
+                    rtt = probe_rtt(client, url, views[0], images[:1], wire, rate)  # for the goodput only
+                    link = measure_link(client, url, views[0], wire, rtt)
+                    print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s",
+                          file=sys.stderr)
+                    for model in views:
+                        # A full window from the start: the first cells smooth as the later do.
+                        probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
+                                        for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
+                        implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
+                        for d in devices:
+                            for preset in presets:
+                                measure = functools.partial(
+                                    _measure_cell, client=client, url=url, model=model, device=d,
+                                    preset=preset, link=link, images=images, reps=reps, clock=clock,
+                                    probes=probes, implied=implied, probe_rng=probe_rng)
+                                cells += cold_then_warm(measure, probes, implied, args.steal_gate,
+                                                        args.steal_retries)
+        finally:
+            wire.set_rate(None)
+            wire.close()
+            server.stop()
+    return {"cells": cells, "summary": gated_summary(cells, args.steal_gate), "demand": DEMAND,
+            "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
+            "quick": args.quick, "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}

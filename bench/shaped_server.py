@@ -18,7 +18,8 @@ lent is the rate times that lag (tens of microseconds).
 The link's rate and bucket come as a datagram ``"<Mbit/s> <bucket bytes>"`` to the orders port,
 sent by the benchmark whenever it changes the shaper (``"0 0"``: unshaped, nothing sent); each
 response first drains that port without waiting. The product's app runs unchanged inside
-(``server.main.serve`` with a wrapper).
+(``server.main.serve`` with a wrapper), behind the naive baselines' routes
+(:mod:`bench.baseline_routes`), which cross the same link.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bench.baseline_routes import BaselineRoutes
 from bench.link import Filler
 from qpart.server.main import serve
 from qpart.server.settings import ServerSettings
@@ -103,10 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, required=True, help="calibration artifacts to serve")
+    parser.add_argument("--autoencoders", type=Path, default=None,
+                        help="bench.autoencoder's folders, for the autoencoder baseline's routes")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     port = os.environ.get(CONTROL_PORT_ENV)
     serve(ServerSettings(artifacts=args.artifacts),
-          wrap=lambda app: ResponseFiller(app, int(port) if port else None))
+          wrap=lambda app: ResponseFiller(BaselineRoutes(app, args.autoencoders),
+                                          int(port) if port else None))
 
 
 if __name__ == "__main__":

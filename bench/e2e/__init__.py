@@ -30,14 +30,30 @@ Strategies per cell (model, device, rate, weight preset, cache state):
 - ``all-device``: the last cut, the float32 model downloaded and run on the device;
 - ``neurosurgeon``: the cut with the smallest predicted objective, float32 weights and activation;
 - ``uniform-int8``: the best cut with every weight tensor and the activation at 8 bits;
-- ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut.
+- ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut;
+- ``cut-k``, for every legal cut k: the planner's own cheapest pattern at cut k among those it may
+  offer for the demand (:func:`bench.e2e.cell.forced_cuts`), so that every cut's prediction is
+  checked, the cuts the planner never chooses included;
+- ``input-png``, ``input-webp@75``, ``input-webp@90``, ``input-jpeg@90``: the input image as the
+  device holds it, compressed (SC2's naive baseline; :mod:`bench.e2e.baselines`);
+- ``autoencoder@k``: an encoder on the device and a decoder on the server at cut k
+  (:mod:`bench.autoencoder`; the committed ones in ``bench/results/autoencoder``).
 
-Every strategy offers deflate and zstd uploads (ADRs 0005, 0007) and sends its packet the way the
+A naive baseline's test drop is the one measured on the whole test split (``input_codecs.json``,
+the autoencoder's ``meta.json``); it competes for a cell's best only where that drop keeps the
+demand. The baselines' server side is :mod:`bench.baseline_routes`, behind the same shaped link.
+
+Every pattern strategy offers deflate and zstd uploads (ADRs 0005, 0007) and sends its packet the way the
 cost model prices cheapest; the device's compression time is part of its encode time (measured,
 scaled).
 
-A cell's best is the strategy with the smallest measured ``J`` among those that keep the accuracy
-demand (:func:`meets_demand`); ``best_any`` ignores the demand.
+Every cell is measured in ``--repetitions`` (at least 3) interleaved repetitions: repetition r of
+every device, preset and cache state of a rate and model before repetition r + 1 of any, each a
+whole measurement (profile, link probe, plan, rounds). A strategy's figure is the median of its
+repetitions' medians; a cell's best is the strategy with the smallest such ``J`` among those that
+keep the accuracy demand (:func:`meets_demand`; ``best_any`` ignores the demand); the planner's
+regret is its ``J`` over the best's, minus 1, and a loss is significant when the 95% bootstrap
+interval of that ratio over the repetitions lies above 1.05 (:mod:`bench.e2e.repetitions`).
 
 Fixed strategies pick their cut with the same cost model and inputs as the planner. Their bit
 patterns are served by the same server: the benchmark writes a copy of the artifacts with extra
@@ -47,12 +63,13 @@ Cold cache: the device holds no segment, downloads count. Warm: it holds every s
 downloaded in the cold pass of the same cell. A plan is fetched once per cell and not counted
 (devices reuse plans while conditions hold). The strategies run in rounds, one inference each on
 the round's test image, in a fresh random order per round, until at least ``--reps`` rounds and
-``--cell-seconds`` have passed (at most ``--max-reps`` rounds); the median is reported, plus the
-one download when cold. (A fixed count would leave the fast cells, where strategies differ by a
-tenth of a millisecond in a few milliseconds of noisy round trip, to too few rounds.)
+``--cell-seconds`` have passed (at most ``--max-reps`` rounds), in each repetition; a repetition's
+figure is the median, plus the one download when cold. (A fixed count would leave the fast cells,
+where strategies differ by a tenth of a millisecond in a few milliseconds of noisy round trip, to
+too few rounds.)
 
 CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
-A cell that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
+A repetition that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
 ``--steal-retries`` (2) more times (:func:`steal_gated`); the decision reads the steal, never a
 result. An attempt over the gate, kept or not, leaves nothing in the link windows that price the
 cells after it. The JSON keeps every discarded attempt inside its cell, and the summary gives the grid as
@@ -62,6 +79,12 @@ Measured ``J`` uses the cost model's weights and powers on measured times:
 ``J = w_t*T + w_e*(P_compute*T_local + P_tx*T_transfer) + w_c*price*T_server``, where
 ``T_server`` is the queue + compute time the server reports and ``T_transfer`` the rest of the
 round trip.
+
+Besides the JSON: a Markdown table (``.md``: per cell the regret with its interval and the nearest
+baseline; the median time error per strategy and per forced cut; per model and rate the best
+baseline beside the planner), a plot (``.png``: predicted against measured time, the regret with
+its interval) and a decision map per model (``-map-<model>.png``: the planner's cut over channel
+rate and device, and which strategies beat it where).
 """
 
 from __future__ import annotations
@@ -72,6 +95,7 @@ from pathlib import Path
 
 from bench import REPO, write_json
 from bench.e2e.artifacts import with_baselines, write_artifacts
+from bench.e2e.baselines import AUTOENCODERS
 from bench.e2e.cell import (
     Choice,
     _predict,
@@ -106,6 +130,7 @@ from bench.e2e.device import (
     reprofile,
     run_once,
 )
+from bench.e2e.figures import decision_map, plot
 from bench.e2e.gating import (
     STEAL_GATE,
     STEAL_RETRIES,
@@ -117,14 +142,15 @@ from bench.e2e.gating import (
 )
 from bench.e2e.grid import run
 from bench.e2e.probes import fit_link, measure_link, measure_rtt, probe_exchange, probe_rtt
-from bench.e2e.report import markdown, plot, summarize
+from bench.e2e.report import markdown, summarize
 from bench.loadgen import enter_private_network
 
 __all__ = [
     "CLOCK", "DEMAND", "DEVICES", "EXTRA_LEVEL", "FILLER_PORT", "MODELS", "PORT", "PRESET_NAMES",
     "PROFILE_SECONDS", "QUICK_DEVICES", "QUICK_PRESETS", "QUICK_RATES_MBPS", "RATES_MBPS", "STEAL_GATE",
     "STEAL_RETRIES", "STRATEGIES", "Choice", "Link", "ModelView", "_predict", "choose_fixed",
-    "cold_then_warm", "device_profile", "first_attempts", "fit_link", "gated_summary", "host_flops_per_s",
+    "cold_then_warm", "decision_map", "device_profile", "first_attempts", "fit_link", "gated_summary",
+    "host_flops_per_s",
     "implied_rtt", "main", "markdown", "measure_link", "measure_rtt", "measured_j", "meets_demand",
     "over_gate", "plot", "probe_exchange", "probe_rtt", "reprofile", "run", "run_cell", "run_once",
     "run_rounds", "steal_gated", "summarize", "with_baselines", "write_artifacts",
@@ -140,11 +166,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"subset: devices {QUICK_DEVICES}, rates {QUICK_RATES_MBPS} Mbit/s, "
                              f"preset {QUICK_PRESETS} (both models, cold and warm)")
-    parser.add_argument("--reps", type=int, default=11,
-                        help="least inferences per strategy and cell (the median is reported)")
-    parser.add_argument("--cell-seconds", type=float, default=6.0,
-                        help="keep measuring a cell's strategies for at least this long (default 6)")
-    parser.add_argument("--max-reps", type=int, default=400, help="most inferences per strategy and cell")
+    parser.add_argument("--repetitions", type=int, default=3,
+                        help="interleaved repetitions of every cell (default 3; regret and significance "
+                             "come from their medians)")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="least inference rounds per repetition (its median is its figure; default 5)")
+    parser.add_argument("--cell-seconds", type=float, default=2.0,
+                        help="keep measuring a repetition's strategies for at least this long (default 2)")
+    parser.add_argument("--max-reps", type=int, default=400, help="most rounds per repetition")
     parser.add_argument("--model", action="append", choices=MODELS, help="model(s) (default: both)")
     parser.add_argument("--rate", action="append", type=float, help="rate(s) in Mbit/s (default: the grid's)")
     parser.add_argument("--steal-gate", type=float, default=STEAL_GATE,
@@ -153,7 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steal-retries", type=int, default=STEAL_RETRIES,
                         help=f"most extra attempts per cell (default {STEAL_RETRIES}; 0: never again)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
+    parser.add_argument("--autoencoders", type=Path, default=AUTOENCODERS,
+                        help="bench.autoencoder's trained baselines (default: the committed ones)")
     args = parser.parse_args(argv)
+    if args.repetitions < 3:
+        parser.error(f"--repetitions: at least 3 (a significance needs repetitions), not {args.repetitions}")
     if not 0.0 <= args.steal_gate <= 1.0:
         parser.error(f"--steal-gate is a share of CPU time between 0 and 1, not {args.steal_gate}")
     if args.steal_retries < 0:
@@ -164,4 +197,6 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.json, doc)
     args.json.with_suffix(".md").write_text(markdown(doc))
     plot(doc, args.json.with_suffix(".png"))
+    for m in args.model:
+        decision_map(doc, m, args.json.with_name(f"{args.json.stem}-map-{m}.png"))
     print(markdown(doc))

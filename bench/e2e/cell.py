@@ -13,8 +13,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+import torch
 
 from bench.device_clock import ReferenceClock
+from bench.e2e.baselines import ENCODER_PREFIX, Baseline, profile
+from bench.e2e.baselines import predict as predict_baseline
+from bench.e2e.baselines import run_once as run_baseline
 from bench.e2e.config import CLOCK, DEMAND, STRATEGIES
 from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
 from qpart.kernels.coding import Coding
@@ -121,72 +125,114 @@ def run_rounds(once: Callable[[str, int], dict[str, float]], patterns: list[str]
     return runs, speeds
 
 
-def run_cell(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
-             preset: str, link: Link, held: set[str], images: np.ndarray,
-             reps: tuple[int, int, float], clock: ReferenceClock) -> tuple[dict[str, Any], set[str]]:
-    """Every strategy in one cell; returns the cell's strategies and the segments downloaded."""
-    # The server prices tails with what recent requests took: the same figures price the rest.
-    model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
-    inputs = _inputs(device, preset, link, held)
+def forced_cuts(model: ModelView, inputs: PlanInputs) -> dict[str, dict[str, Any]]:
+    """``cut-k``: at every legal cut k, the planner's own cheapest pattern there among those it may
+    offer for the demand (level at most :data:`DEMAND`), so that every cut's prediction is checked."""
+    allowed = [p for p in model.patterns if p["level"] <= DEMAND]
+    out = {}
+    for k in range(model.cuts):
+        options = [p for p in allowed if p["cut"] == k]
+        if options:
+            best = min(options, key=lambda p: (_predict(model, p, inputs)["objective"], p["level"]))
+            out[f"cut-{k}"] = model.plan_of(best)
+    return out
+
+
+def _plan(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, preset: str,
+          link: Link, held: set[str]) -> tuple[dict[str, Any], float]:
     body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
             "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_rate_bps": link.upload_rate_bps,
             "upload_codings": sorted(Coding), "weights": preset,
-            "device": device.model_dump(mode="json"), "held_segments": sorted(held)}
+            "device": device.model_dump(mode="json"),
+            "held_segments": sorted(h for h in held if not h.startswith(ENCODER_PREFIX))}
     start = time.perf_counter()
     plan = client.post(f"{url}/v1/plan", json=body)
     plan_s = time.perf_counter() - start
     plan.raise_for_status()
     qplan = plan.json()
     qplan["pattern_id"] = qplan["plan_id"].split("/", 1)[1]  # plan_id = model@version/pattern_id
-    plans = {"qpart": qplan} | {s: model.plan_of(choose_fixed(model, s, inputs)) for s in STRATEGIES[1:]}
-    for s in STRATEGIES[1:]:  # every strategy sends its packet the way the cost model prices cheaper
-        plans[s]["upload_encoding"] = _predict(model, plans[s], inputs)["upload_encoding"]
-    downloaded: set[str] = set()
-    download_s: dict[str, float] = {}
-    fetched: dict[str, float] = {}  # segment id -> download seconds in this cell
-    heads = {}
-    for s, p in plans.items():
-        seg = p.get("segment")
-        download_s[s] = 0.0
-        if seg and seg["id"] not in held:  # not on the device: download it (once per cell)
-            if seg["id"] not in fetched:
-                link.wire.quiet()
-                start = time.perf_counter()
-                r = client.get(url + seg["url"])
-                fetched[seg["id"]] = time.perf_counter() - start
-                r.raise_for_status()
-                model.segments[seg["id"]] = r.content
-                downloaded.add(seg["id"])
-            download_s[s] = fetched[seg["id"]]  # each strategy is charged its own download
-        heads[s] = _head(model, p, model.segments[seg["id"]] if seg else None)
-    # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
-    # repetition and its runs count for every strategy that chose it (otherwise two names for one
-    # plan would differ by measurement noise alone).
-    # (A pattern sent raw, deflated or zstd-compressed is three plans.)
-    def key(p: dict[str, Any]) -> str:
-        return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
+    return qplan, plan_s
 
-    by_pattern = {key(p): s for s, p in reversed(plans.items())}
+
+def _fetch(client: httpx.Client, url: str, path: str, link: Link) -> tuple[bytes, float]:
+    link.wire.quiet()
+    start = time.perf_counter()
+    r = client.get(url + path)
+    seconds = time.perf_counter() - start
+    r.raise_for_status()
+    return r.content, seconds
+
+
+def _downloads(client: httpx.Client, url: str, model: ModelView, plans: dict[str, dict[str, Any]],
+               baselines: list[Baseline], held: set[str], link: Link,
+               ) -> tuple[dict[str, float], set[str], dict[str, torch.nn.Module]]:
+    """Each strategy's download seconds (a segment not held is fetched once per cell and charged to
+    every strategy that needs it), the segments fetched, and the heads."""
+    fetched: dict[str, float] = {}  # segment id -> download seconds in this cell
+
+    def segment(seg: dict[str, Any] | None) -> float:
+        if not seg or seg["id"] in held:
+            return 0.0
+        if seg["id"] not in fetched:
+            model.segments[seg["id"]], fetched[seg["id"]] = _fetch(client, url, seg["url"], link)
+        return fetched[seg["id"]]
+
+    download_s, heads = {}, {}
+    for s, p in plans.items():
+        download_s[s] = segment(p.get("segment"))
+        heads[s] = _head(model, p, model.segments[p["segment"]["id"]] if p.get("segment") else None)
+    for b in baselines:
+        if b.kind != "ae":
+            download_s[b.name] = 0.0
+            continue
+        lossless = model.plan_of(next(p for p in model.patterns if p["level"] == 0 and p["cut"] == b.cut))
+        download_s[b.name] = segment(lossless["segment"])
+        model.heads[f"ae-head-{b.cut}"] = _head(model, lossless, model.segments[lossless["segment"]["id"]])
+        encoder = f"{ENCODER_PREFIX}{model.name}-{b.cut}"  # held as a segment is
+        if encoder not in held:
+            download_s[b.name] += fetched.get(encoder) or fetched.setdefault(
+                encoder, _fetch(client, url, f"/bench/ae/{model.name}/{b.cut}/encoder", link)[1])
+    return download_s, set(fetched), heads
+
+
+def _key(p: dict[str, Any]) -> str:
+    return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
+
+
+def run_cell(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
+             preset: str, link: Link, held: set[str], images: np.ndarray, pixels: np.ndarray,
+             baselines: list[Baseline], reps: tuple[int, int, float], clock: ReferenceClock,
+             ) -> tuple[dict[str, Any], set[str]]:
+    """Every strategy in one cell (one repetition); returns its record and the segments downloaded."""
+    # The server prices tails with what recent requests took: the same figures price the rest.
+    model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
+    inputs = _inputs(device, preset, link, held)
+    qplan, plan_s = _plan(client, url, model, device, preset, link, held)
+    plans = ({"qpart": qplan} | {s: model.plan_of(choose_fixed(model, s, inputs)) for s in STRATEGIES[1:]}
+             | forced_cuts(model, inputs))
+    for s in list(plans)[1:]:  # every strategy sends its packet the way the cost model prices cheaper
+        plans[s]["upload_encoding"] = _predict(model, plans[s], inputs)["upload_encoding"]
+    download_s, downloaded, heads = _downloads(client, url, model, plans, baselines, held, link)
+    for b in baselines:
+        profile(b, model, pixels, images[:1])
+    # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
+    # round and its runs count for every strategy that chose it (otherwise two names for one plan
+    # would differ by measurement noise alone). A pattern sent raw, deflated or zstd-compressed is
+    # three plans.
+    by_key = {_key(p): s for s, p in reversed(plans.items())} | {b.name: b.name for b in baselines}
+    named = {b.name: b for b in baselines}
 
     def once(pid: str, i: int) -> dict[str, float]:
-        s = by_pattern[pid]
+        if pid in named:
+            return run_baseline(client, url, model, named[pid], pixels[i], images[i : i + 1], ratio, link)
+        s = by_key[pid]
         return run_once(client, url, model, plans[s], heads[s], images[i : i + 1], ratio, link)
 
     rng = random.Random(f"{model.name}/{device.name}/{link.rate_mbps}/{preset}/{sorted(held)}")
-    runs, speeds = run_rounds(once, list(by_pattern), len(images), clock, model.reference_s, rng, reps)
-    out = {}
-    for s, p in plans.items():
-        predicted = qplan["predicted"] if s == "qpart" else _predict(model, p, inputs)
-        flops = model.artifact.cuts[p["cut"]].head_flops
-        m = measured_j(device, preset, flops, download_s[s], runs[key(p)])
-        out[s] = {"predicted_J": predicted["objective"], "predicted_time_s": predicted["time_s"]["total"],
-                  "predicted_local_s": predicted["time_s"]["local"],
-                  "predicted_transfer_s": predicted["time_s"]["transfer"],
-                  "predicted_server_s": predicted["time_s"]["server"],
-                  **m, "cut": p["cut"], "pattern_id": p["pattern_id"], "meets_demand": meets_demand(s, p),
-                  "transfer_bytes": predicted["transfer_bytes"], "download_s": download_s[s]}
+    runs, speeds = run_rounds(once, list(by_key), len(images), clock, model.reference_s, rng, reps)
+    out = _results(model, device, preset, inputs, ratio, qplan, plans, baselines, download_s, runs)
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
-    exchanged = {key(p): p for p in plans.values() if p["cut"] < model.cuts - 1}
+    exchanged = {_key(p): p for p in plans.values() if p["cut"] < model.cuts - 1}
     cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds),
             "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)},
             "best_any": min(out, key=lambda s: out[s]["measured_J"]),
@@ -196,3 +242,37 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
             "qpart_plan_check": math.isclose(_predict(model, qplan, inputs)["objective"],
                                              qplan["predicted"]["objective"], rel_tol=1e-9)}
     return cell, downloaded
+
+
+def _results(model: ModelView, device: DeviceProfile, preset: str, inputs: PlanInputs, ratio: float,
+             qplan: dict[str, Any], plans: dict[str, dict[str, Any]], baselines: list[Baseline],
+             download_s: dict[str, float], runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Every strategy's prediction beside its measurement (the runs of its pattern or baseline)."""
+    def flops(cut: int) -> float:
+        return model.artifact.cuts[cut].head_flops
+
+    out = {}
+    for s, p in plans.items():
+        predicted = qplan["predicted"] if s == "qpart" else _predict(model, p, inputs)
+        measured = measured_j(device, preset, flops(p["cut"]), download_s[s], runs[_key(p)])
+        out[s] = _record(predicted, p["cut"], measured, pattern_id=p["pattern_id"],
+                         meets_demand=meets_demand(s, p), test_drop=p.get("test_drop"),
+                         download_s=download_s[s])
+    for b in baselines:
+        lossless = next(p for p in model.patterns if p["level"] == 0 and p["cut"] == b.cut)
+        predicted = predict_baseline(b, model, device, inputs, ratio,
+                                     lossless["segment"] if b.kind == "ae" else None)
+        measured = measured_j(device, preset, flops(b.cut), download_s[b.name], runs[b.name])
+        out[b.name] = _record(predicted, b.cut, measured, pattern_id=b.name, meets_demand=b.meets_demand,
+                              test_drop=b.test_drop, download_s=download_s[b.name],
+                              upload_bytes=b.upload_bytes)
+    return out
+
+
+def _record(predicted: dict[str, Any], cut: int, measured: dict[str, float], **extra: Any) -> dict[str, Any]:
+    """One strategy's entry in a cell: the cost model's prediction beside the measurement."""
+    return {"predicted_J": predicted["objective"], "predicted_time_s": predicted["time_s"]["total"],
+            "predicted_local_s": predicted["time_s"]["local"],
+            "predicted_transfer_s": predicted["time_s"]["transfer"],
+            "predicted_server_s": predicted["time_s"]["server"],
+            **measured, "cut": cut, "transfer_bytes": predicted["transfer_bytes"], **extra}

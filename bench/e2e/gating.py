@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from bench.e2e.repetitions import merge
 from bench.e2e.report import _progress, summarize
 from bench.exchange import ExchangeProbe
 
@@ -72,7 +73,10 @@ def first_attempts(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each cell as first measured, before :func:`steal_gated` measured any again. Not an ungated
     run: the cells after a retried one follow from its kept attempt (held segments, the link's
     probe and overhead windows, the time they ran at)."""
-    return [c["discarded"][0] if c.get("discarded") else c for c in cells]
+    def first(c: dict[str, Any]) -> dict[str, Any]:
+        return c["discarded"][0] if c.get("discarded") else c
+
+    return [merge([first(r) for r in c["repetitions"]]) if c.get("repetitions") else first(c) for c in cells]
 
 
 def gated_summary(cells: list[dict[str, Any]], gate: float) -> dict[str, Any]:
@@ -80,7 +84,8 @@ def gated_summary(cells: list[dict[str, Any]], gate: float) -> dict[str, Any]:
     many cells were measured again or stayed over the steal gate."""
     over = [c for c in cells if over_gate(c, gate)]
     return {**summarize(cells), "steal_gate": gate,
-            "cells_measured_again": sum(1 for c in cells if c.get("discarded")),
+            "cells_measured_again": sum(1 for c in cells if c.get("discarded") or any(
+                r.get("discarded") for r in c.get("repetitions", []))),
             "cells_over_steal_gate": len(over),
             "cells_over_steal_gate_regret_over_5pct": sum(1 for c in over if c["qpart_regret"] > 0.05),
             "first_attempts": summarize(first_attempts(cells))}

@@ -10,6 +10,7 @@ import random
 import sys
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from bench import cpu_ticks, steal_fraction
 from bench.device_clock import ReferenceClock
 from bench.e2e.artifacts import write_artifacts
+from bench.e2e.baselines import Baseline, load_baselines
 from bench.e2e.cell import run_cell
 from bench.e2e.config import (
     DEMAND,
@@ -35,11 +37,12 @@ from bench.e2e.config import (
 from bench.e2e.device import Link, ModelView, device_profile, host_flops_per_s, reprofile
 from bench.e2e.gating import cold_then_warm, gated_summary
 from bench.e2e.probes import fit_link, measure_link, probe_exchange, probe_rtt
+from bench.e2e.repetitions import merge
 from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, Server, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
-from qpart.models.data import Split, load_split
+from qpart.models.data import Split, load_split, load_split_pixels
 from qpart.profiles.artifacts import load_artifact
 
 
@@ -54,7 +57,8 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
 
 
 def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str, model: ModelView,
-                  device: str, preset: str, link: Link, images: np.ndarray, reps: tuple[int, int, float],
+                  device: str, preset: str, link: Link, images: np.ndarray, pixels: np.ndarray,
+                  baselines: list[Baseline], reps: tuple[int, int, float],
                   clock: ReferenceClock, probes: deque[ExchangeProbe], implied: deque[float],
                   probe_rng: random.Random) -> dict[str, Any]:
     """One cell, with its record: the segments it downloaded under ``"downloaded"``."""
@@ -68,7 +72,7 @@ def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str,
     fitted, link.upload_rate_bps = fit_link(model, link, probes)
     link.rtt_s = overhead(fitted, implied)
     cell, got = run_cell(client, url, model, profile, ratios[model.name], preset, link, held, images,
-                         reps, clock)
+                         pixels, baselines, reps, clock)
     return {"device": device, "rate_mbps": link.rate_mbps, "model": model.name, "preset": preset,
             "cache": cache, "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
             "probe_rtt_s": fitted,
@@ -79,17 +83,17 @@ def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str,
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The grid; returns the JSON document."""
-    devices = QUICK_DEVICES if args.quick else DEVICES
     rates = args.rate or (QUICK_RATES_MBPS if args.quick else RATES_MBPS)
-    presets = QUICK_PRESETS if args.quick else PRESET_NAMES
     images = load_split(Split.TEST, limit=args.max_reps).images
-    reps = (args.reps, args.max_reps, args.cell_seconds)
+    pixels = load_split_pixels(Split.TEST, limit=args.max_reps)[0]  # what the device holds: the IDX bytes
+    baselines = {m: load_baselines(m, autoencoders=args.autoencoders) for m in args.model}
     cells: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
         write_artifacts(args.artifacts, list(args.model), Path(tmp))
         env = {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1", CONTROL_PORT_ENV: str(FILLER_PORT),
                "QPART_SEGMENT_CACHE_BYTES": str(256 << 20)}
-        server: Server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp],
+        server: Server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp,
+                                       "--autoencoders", str(args.autoencoders)],
                                       f"http://127.0.0.1:{PORT}", "/v2/health/ready", env)
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
         wire = ShapedLink(server_control_port=FILLER_PORT)
@@ -105,22 +109,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s",
                           file=sys.stderr)
                     for model in views:
-                        # A full window from the start: the first cells smooth as the later do.
-                        probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
-                                        for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
-                        implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
-                        for d in devices:
-                            for preset in presets:
-                                measure = functools.partial(
-                                    _measure_cell, client=client, url=url, model=model, device=d,
-                                    preset=preset, link=link, images=images, reps=reps, clock=clock,
-                                    probes=probes, implied=implied, probe_rng=probe_rng)
-                                cells += cold_then_warm(measure, probes, implied, args.steal_gate,
-                                                        args.steal_retries)
+                        measure = functools.partial(
+                            _measure_cell, client=client, url=url, model=model, link=link, images=images,
+                            pixels=pixels, baselines=baselines[model.name],
+                            reps=(args.reps, args.max_reps, args.cell_seconds), clock=clock,
+                            probe_rng=probe_rng)
+                        cells += _model_cells(args, measure, client, url, model, link, images, probe_rng)
         finally:
             wire.set_rate(None)
             wire.close()
             server.stop()
     return {"cells": cells, "summary": gated_summary(cells, args.steal_gate), "demand": DEMAND,
             "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
-            "quick": args.quick, "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}
+            "repetitions": args.repetitions, "quick": args.quick,
+            "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}
+
+
+def _model_cells(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], client: httpx.Client,
+                 url: str, model: ModelView, link: Link, images: np.ndarray,
+                 probe_rng: random.Random) -> list[dict[str, Any]]:
+    """One rate and model: every device and preset, cold then warm, ``args.repetitions`` times
+    interleaved (repetition r of every cell before repetition r + 1 of any); merged per cell."""
+    devices = QUICK_DEVICES if args.quick else DEVICES
+    presets = QUICK_PRESETS if args.quick else PRESET_NAMES
+    # A full window from the start: the first cells smooth as the later do.
+    probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
+                    for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
+    implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
+    reps: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in range(args.repetitions):
+        for d in devices:
+            for preset in presets:
+                one = functools.partial(measure, device=d, preset=preset, probes=probes, implied=implied)
+                for cell in cold_then_warm(one, probes, implied, args.steal_gate, args.steal_retries):
+                    reps.setdefault((d, preset, cell["cache"]), []).append({**cell, "repetition": r})
+    return [merge(v) for v in reps.values()]

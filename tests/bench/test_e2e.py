@@ -54,7 +54,7 @@ def test_a_published_pattern_competes_only_if_its_test_drop_keeps_the_demand():
 def test_the_table_names_each_cells_repetitions():
     cell = {"model": "m", "device": "d", "rate_mbps": 1.0, "preset": "p", "cache": "cold", "reps": 37,
             "best": "qpart", "qpart_regret": 0.0,
-            "strategies": {s: {"measured_J": 1.0, "cut": 0} for s in STRATEGIES}}
+            "strategies": {s: {"measured_J": 1.0, "cut": 0, "meets_demand": True} for s in STRATEGIES}}
     summary = {"cells": 1, "max_regret": 0.0, "cells_regret_over_5pct": 0, "median_time_error": 0.1,
                "cells_qpart_beats": {}}
     row = markdown({"cells": [cell], "summary": summary}).splitlines()[2]
@@ -75,7 +75,7 @@ def _cell(steal: float | None, regret: float) -> dict[str, object]:
     return {"model": "m", "device": "d", "rate_mbps": 1.0, "preset": "p", "cache": "cold", "best": "qpart",
             "qpart_regret": regret, "qpart_plan_check": True, "cpu_steal": steal,
             "strategies": {s: {"measured_J": 1.0, "predicted_J": 1.0, "cut": 0, "predicted_time_s": 1.0,
-                               "measured_time_s": 1.0} for s in STRATEGIES}}
+                               "measured_time_s": 1.0, "meets_demand": True} for s in STRATEGIES}}
 
 
 def test_a_cell_run_under_steal_is_measured_again_and_its_first_attempt_kept():
@@ -158,8 +158,9 @@ def test_the_gated_summary_reports_the_raw_grid_and_what_stayed_over_the_gate():
     assert sm["cells_over_steal_gate_regret_over_5pct"] == 1
     assert sm["first_attempts"]["max_regret"] == 0.2 and sm["first_attempts"]["cells_regret_over_5pct"] == 2
     text = markdown({"cells": [], "summary": sm})
-    assert ("After the steal gate (each cell's last attempt): Cells: 3; max regret +7.0%; "
-            "cells over 5%: 1") in text
+    assert ("After the steal gate (each cell's last attempt): Cells: 3; mean regret +3.33%; "
+            "95th percentile +7.0%; max regret +7.0%; cells over 5%: 1; significant losses (95% interval "
+            "above +5%): 0;") in text
     assert "Steal gate 5%: 2 cells measured again; 1 stayed over the gate" in text
     assert "As first measured: max regret +20.0%; cells over 5%: 2;" in text
 
@@ -167,7 +168,7 @@ def test_the_gated_summary_reports_the_raw_grid_and_what_stayed_over_the_gate():
 def test_the_table_shows_each_cells_steal_and_discarded_attempts():
     cell = {"model": "m", "device": "d", "rate_mbps": 1.0, "preset": "p", "cache": "cold", "reps": 37,
             "best": "qpart", "qpart_regret": 0.0, "cpu_steal": 0.031,
-            "strategies": {s: {"measured_J": 1.0, "cut": 0} for s in STRATEGIES},
+            "strategies": {s: {"measured_J": 1.0, "cut": 0, "meets_demand": True} for s in STRATEGIES},
             "discarded": [_cell(0.12, 0.081)]}
     sm = gated_summary([{**_cell(0.031, 0.0), "discarded": cell["discarded"]}], 0.05)
     row = markdown({"cells": [cell], "summary": sm}).splitlines()[2]

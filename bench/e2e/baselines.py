@@ -1,0 +1,188 @@
+"""The naive baselines of issue 27, as devices in a cell run them and as the cost model prices them.
+
+- ``input-<codec>`` (``input-png``, ``input-webp@75`` ...): the device compresses the input image
+  it holds (the IDX file's 28x28 grayscale pixels, before any preprocessing) with Pillow and
+  uploads it; the server decodes it, preprocesses it as the card declares and runs the float
+  model (:mod:`bench.baseline_routes`). Its test drop is the one :mod:`bench.input_codecs`
+  measured on the whole test split (``bench/results/input_codecs.json``).
+- ``autoencoder@k``: the device runs the float head to cut ``k`` (the lossless pattern's segment)
+  and :mod:`bench.autoencoder`'s encoder (its weights downloaded once, like a segment), quantizes
+  the bottleneck into an activation packet and uploads it; the server decodes it, runs the decoder
+  and the float tail. Test drop: the autoencoder's ``meta.json``.
+
+Both are priced with the planner's own :func:`qpart.server.planner.price_upload`: the baseline is
+a pattern at its cut whose activation bytes are the upload's (the mean over the cell's images of
+the encoded sizes; the autoencoder's packed bottleneck with its scales), whose device encode time
+is what this host measured for the baseline's own device work (scaled to the device, as every
+device time is), and whose server time is the tail's plus this host's decoding time. The
+autoencoder's encoder download adds its bytes to the head segment's and one more exchange.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from bench import REPO, autoencoder
+from bench.baseline_routes import decode_image
+from bench.device_clock import ENCODE_RUNS, HEAD_RUNS
+from bench.e2e.config import DEMAND
+from bench.e2e.device import Link, ModelView
+from bench.input_codecs import encode
+from qpart.kernels.packing import packed_size
+from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
+from qpart.models.preprocess import preprocess_image
+from qpart.models.registry import get_model
+from qpart.models.timing import median_latency, median_seconds
+from qpart.profiles.devices import DeviceProfile
+from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
+
+CODECS = ("png", "webp@75", "webp@90", "jpeg@90")
+CODEC_RESULTS = REPO / "bench" / "results" / "input_codecs.json"
+AUTOENCODERS = REPO / "bench" / "results" / "autoencoder"
+ENCODER_PREFIX = "ae-encoder-"  # what a device that holds an autoencoder's encoder lists as held
+TIMING_SECONDS = 0.3  # host timing of a baseline's device and server work, per cell
+
+
+@dataclass
+class Baseline:
+    """One naive baseline of one model: what it sends and what it measured on test."""
+
+    name: str
+    kind: str  # "codec" or "ae"
+    cut: int
+    test_drop: float
+    codec: str = ""
+    encoder: torch.nn.Module | None = None
+    decoder: torch.nn.Module | None = None
+    meta: autoencoder.AutoencoderMeta | None = None
+    encoder_bytes: bytes = b""
+    host_local_s: float = 0.0  # this host's device work beyond the head (encode; encoder + quantize)
+    host_server_s: float = 0.0  # this host's server work beyond the tail (decode, preprocess; decoder)
+    upload_bytes: float = 0.0  # priced body bytes
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def meets_demand(self) -> bool:
+        return self.test_drop <= DEMAND
+
+
+def load_baselines(model: str, codecs: tuple[str, ...] = CODECS, autoencoders: Path = AUTOENCODERS,
+                   codec_results: Path = CODEC_RESULTS) -> list[Baseline]:
+    """The model's codec baselines (with their recorded test drops) and its autoencoders."""
+    recorded = json.loads(codec_results.read_text())["models"][model]["codecs"]
+    out = [Baseline(f"input-{c}", "codec", 0, float(recorded[c]["test_drop"]), codec=c) for c in codecs]
+    for folder in sorted(autoencoders.glob(f"{model}-c*")):
+        enc, dec, meta = autoencoder.load(folder)
+        out.append(Baseline(f"autoencoder@{meta.cut}", "ae", meta.cut, meta.test_drop, encoder=enc,
+                            decoder=dec, meta=meta,
+                            encoder_bytes=(folder / "encoder.safetensors").read_bytes()))
+    return out
+
+
+def _bottleneck(b: Baseline, act: torch.Tensor) -> bytes:
+    assert b.encoder is not None and b.meta is not None
+    with torch.inference_mode():
+        z = b.encoder(act).numpy()
+    return encode_quantized_activation(z, b.meta.bits, b.meta.group_size)
+
+
+def _packet_bytes(meta: autoencoder.AutoencoderMeta) -> int:
+    """The bottleneck's codes and scales, as a pattern's ``activation_bytes`` counts them."""
+    n = int(np.prod(meta.bottleneck_shape))
+    return packed_size(n, meta.bits) + 8 * (n // meta.group_size)
+
+
+def profile(b: Baseline, model: ModelView, pixels: np.ndarray, image: np.ndarray) -> None:
+    """This host's times for the baseline's own device and server work, and its upload bytes."""
+    if b.kind == "codec":
+        spec = get_model(model.name).preprocess
+        assert spec is not None
+        b.sizes = [len(encode(p, b.codec)) for p in pixels]
+        body = encode(pixels[0], b.codec)
+        b.host_local_s = _timed(lambda: encode(pixels[0], b.codec))
+        b.host_server_s = _timed(lambda: preprocess_image(decode_image(body), spec))
+        b.upload_bytes = float(np.mean(b.sizes))
+        return
+    assert b.meta is not None and b.decoder is not None
+    head = model.heads[f"ae-head-{b.cut}"]
+    with torch.inference_mode():
+        act = head(torch.from_numpy(image))
+    packet = _bottleneck(b, act)
+    b.host_local_s = _timed(lambda: _bottleneck(b, act))
+    decoder = b.decoder
+
+    def server() -> None:
+        with torch.inference_mode():
+            decoder(torch.from_numpy(decode_activation_array(packet)[0]))
+
+    b.host_server_s = _timed(server)
+    b.upload_bytes = float(_packet_bytes(b.meta))
+
+
+def _timed(fn: Any) -> float:
+    runs, start, times = 0, time.perf_counter(), []
+    while runs < 5 or time.perf_counter() - start < TIMING_SECONDS:
+        times.append(median_seconds(fn, warmup=ENCODE_RUNS["settle"], repeats=ENCODE_RUNS["burst"]))
+        runs += 1
+    return float(np.median(times))
+
+
+def predict(b: Baseline, model: ModelView, device: DeviceProfile, inputs: PlanInputs, ratio: float,
+            segment: dict[str, Any] | None) -> dict[str, Any]:
+    """The cost model's price of the baseline (see the module's docstring)."""
+    lossless = next(p for p in model.artifact.patterns if p.level == 0 and p.cut == b.cut)
+    pseudo = lossless.model_copy(update={"activation_bits": 8, "activation_bytes": b.upload_bytes})
+    measured = device.measured[model.name]
+    encode_s = list(measured.encode_s)
+    encode_s[b.cut] = b.host_local_s * ratio
+    dev = device.model_copy(update={"measured": {
+        **device.measured, model.name: measured.model_copy(update={"encode_s": encode_s})}})
+    seg_bytes = (segment["size_bytes"] if segment else 0) + len(b.encoder_bytes)
+    costs = price_upload(model.artifact, pseudo, segment["id"] if segment else None, seg_bytes,
+                         dataclasses.replace(inputs, device=dev, upload_codings=frozenset()),
+                         model.tail_s[b.cut] + b.host_server_s, model.answer_bytes).model_dump()
+    if b.encoder_bytes and segment and segment["id"] not in inputs.held:  # the encoder's own exchange
+        extra = inputs.rtt_s + HTTP_EXCHANGE_BYTES * 8 / inputs.rate_bps
+        w = inputs.weights
+        costs["time_s"]["transfer"] += extra
+        costs["time_s"]["total"] += extra
+        costs["energy_j"]["transfer"] += device.power_tx_w * extra
+        costs["energy_j"]["total"] += device.power_tx_w * extra
+        costs["objective"] += w.time * extra + w.energy * device.power_tx_w * extra
+        costs["transfer_bytes"] += HTTP_EXCHANGE_BYTES
+    return costs
+
+
+def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixels: np.ndarray,
+             image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
+    """One inference of the baseline: its device work (timed, scaled), upload, server answer."""
+    if b.kind == "codec":
+        host = median_seconds(lambda: encode(pixels, b.codec), warmup=ENCODE_RUNS["settle"],
+                              repeats=ENCODE_RUNS["burst"])
+        body, path = encode(pixels, b.codec), f"/bench/input/{model.name}"
+    else:
+        head = model.heads[f"ae-head-{b.cut}"]
+        x = torch.from_numpy(image)
+        host = median_latency(head, x, warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
+        with torch.inference_mode():
+            act = head(x)
+        host += median_seconds(lambda: _bottleneck(b, act), warmup=ENCODE_RUNS["settle"],
+                               repeats=ENCODE_RUNS["burst"])
+        body, path = _bottleneck(b, act), f"/bench/ae/{model.name}/{b.cut}"
+    link.wire.quiet()
+    start = time.perf_counter()
+    r = client.post(url + path, content=body)
+    round_trip = time.perf_counter() - start
+    r.raise_for_status()
+    answer = r.json()
+    return {"local": host * ratio, "round_trip": round_trip,
+            "server": answer["queue_s"] + answer["compute_s"]}

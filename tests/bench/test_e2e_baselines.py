@@ -1,0 +1,73 @@
+"""bench.e2e's naive baselines and forced cuts are priced by the planner's own cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.e2e import ModelView, _predict
+from bench.e2e.baselines import Baseline, predict
+from bench.e2e.cell import forced_cuts
+from bench.e2e.config import DEMAND
+from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.devices import MeasuredHeads, get_device
+from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs
+from qpart.server.schemas import PRESETS, WeightPreset
+
+
+def _view(artifacts_dir) -> ModelView:
+    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    cuts = len(artifact.cuts)
+    patterns = [{"pattern_id": p.pattern_id, "cut": p.cut, "level": p.level, "test_drop": p.test_drop,
+                 "segment": None if p.cut == 0 else {"id": f"seg-{p.pattern_id}", "size_bytes": 1000 * p.cut}}
+                for p in artifact.patterns]
+    return ModelView("fmnist-cnn", artifact.version, cuts, [1e-3] * cuts, patterns, artifact, [], [], 200)
+
+
+def _inputs(model: ModelView, held: frozenset[str] = frozenset()) -> PlanInputs:
+    measured = MeasuredHeads(version=model.version, head_s=[0.002 * k for k in range(model.cuts)],
+                             encode_s=[1e-5] * model.cuts, warmup=1, repeats=1)
+    device = get_device("raspberry-pi-4").model_copy(update={"measured": {model.name: measured}})
+    return PlanInputs(device, PRESETS[WeightPreset.LATENCY_FIRST], 5e6, 1e-3, 1, 1.0, held,
+                      upload_rate_bps=4e6)
+
+
+def test_a_codec_is_priced_as_its_bytes_its_encode_and_its_decode(artifacts_dir):
+    model = _view(artifacts_dir)
+    inputs = _inputs(model)
+    codec = Baseline("input-png", "codec", 0, 0.0, codec="png", host_local_s=1e-4, host_server_s=2e-4,
+                     upload_bytes=500.0)
+    one = predict(codec, model, inputs.device, inputs, ratio=3.0, segment=None)
+    assert one["time_s"]["local"] == pytest.approx(3e-4)  # host encode x device ratio
+    assert one["time_s"]["server"] == pytest.approx(1e-3 + 2e-4)  # tail + decoding
+    more = predict(dataclasses.replace(codec, upload_bytes=1500.0), model, inputs.device, inputs, 3.0, None)
+    assert more["time_s"]["transfer"] - one["time_s"]["transfer"] == pytest.approx(1000 * 8 / 4e6)
+    assert one["transfer_bytes"] == more["transfer_bytes"] - 1000
+
+
+def test_an_autoencoder_pays_its_head_its_encoder_download_and_its_exchange_only_when_cold(artifacts_dir):
+    model = _view(artifacts_dir)
+    ae = Baseline("autoencoder@3", "ae", 3, 0.008, encoder_bytes=bytes(4000), host_local_s=1e-4,
+                  host_server_s=1e-4, upload_bytes=212.0)
+    segment = {"id": "seg-x", "size_bytes": 10_000}
+    cold = predict(ae, model, _inputs(model).device, _inputs(model), 2.0, segment)
+    warm = predict(ae, model, _inputs(model).device, _inputs(model, frozenset({"seg-x"})), 2.0, segment)
+    assert cold["time_s"]["local"] == pytest.approx(0.006 + 2e-4) == warm["time_s"]["local"]
+    gap = cold["time_s"]["transfer"] - warm["time_s"]["transfer"]
+    # the segment and the encoder (one exchange each) at 5 Mbit/s
+    assert gap == pytest.approx((14_000 + 2 * HTTP_EXCHANGE_BYTES) * 8 / 5e6 + 2 * 1e-3)
+    assert cold["objective"] > warm["objective"]
+
+
+def test_every_cut_is_forced_with_the_planners_own_cheapest_pattern_for_the_demand(artifacts_dir):
+    model = _view(artifacts_dir)
+    inputs = _inputs(model)
+    forced = forced_cuts(model, inputs)
+    assert sorted(forced) == sorted(f"cut-{k}" for k in range(model.cuts))
+    for name, plan in forced.items():
+        k = int(name.removeprefix("cut-"))
+        options = [p for p in model.patterns if p["cut"] == k and p["level"] <= DEMAND]
+        assert plan["cut"] == k and plan["level"] <= DEMAND
+        assert _predict(model, plan, inputs)["objective"] == min(
+            _predict(model, p, inputs)["objective"] for p in options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ import torch
 from torch import fx
 
 from qpart.models.partition import split
+from qpart.models.timing import interleaved_medians
 from qpart.server.answers import TailRows, tail_json, tail_rows
 from qpart.server.batching import Batcher, BatchReport
 from qpart.server.catalog import LoadedModel
@@ -22,6 +23,9 @@ from qpart.server.errors import DeadlineExceededError
 from qpart.server.metrics import Metrics
 from qpart.server.settings import ServerSettings
 from qpart.server.tail_times import TailTimes
+
+TAIL_PROFILE_SECONDS = 0.5
+"""Least seconds of interleaved rounds in a model version's start-up tail profile."""
 
 
 @dataclass(frozen=True)
@@ -141,22 +145,21 @@ class TailPool:
                              version=model.version, rows=rows, top_k=5, queue_s=0.000123456789,
                              compute_s=0.000123456789, names=model.labels))
 
-    def _measure_tails(self, model: LoadedModel, warmup: int = 2, repeats: int = 7) -> list[float]:
-        # ElasticTrainer's profiler recipe: a few warm-up runs, then the median of timed ones,
-        # through the worker pool as requests run (the hand-over to the thread and back is part
-        # of what a request waits).
-        times = []
+    def _measure_tails(self, model: LoadedModel, warmup: int = 2, repeats: int = 9,
+                       min_seconds: float = TAIL_PROFILE_SECONDS) -> list[float]:
+        # ElasticTrainer's profiler recipe (warm-up runs, then the median of timed ones), through
+        # the worker pool as requests run (the hand-over to the thread and back is part of what a
+        # request waits), in rounds that run every cut's tail in turn (models.timing): timed one
+        # cut after another, a slow spell of the host fell on a few cuts only, and one extra
+        # (server.tail_times) cannot correct cuts that are wrong by different amounts. Seen in the
+        # end-to-end grid at c416ed2: fmnist-mobilenet's tails at cuts 4 and 10 profiled at 12.6-13.7
+        # and 10.2-11.3 ms where they took 5.1-5.5 and 4.7-5.1 ms, cut 0 within 1.4 ms.
+        fns = []
         for cut in model.cuts[:-1]:
             run = self.runner(model, cut.index)
             x = np.zeros((1, *cut.shape), dtype=np.float32)
-            for _ in range(warmup):
-                self._pool.submit(run, x).result()
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                self._pool.submit(run, x).result()
-                samples.append(time.perf_counter() - start)
-            times.append(float(np.median(samples)))
+            fns.append(functools.partial(lambda r, v: self._pool.submit(r, v).result(), run, x))
+        times = interleaved_medians(fns, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
         return [*times, 0.0]  # the last cut has no tail
 
     def _record_batch(self, report: BatchReport[TailKey]) -> None:

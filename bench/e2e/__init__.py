@@ -115,6 +115,7 @@ from bench.e2e.config import (
     PORT,
     PRESET_NAMES,
     QUICK_DEVICES,
+    QUICK_MODELS,
     QUICK_PRESETS,
     QUICK_RATES_MBPS,
     RATES_MBPS,
@@ -147,7 +148,8 @@ from bench.loadgen import enter_private_network
 
 __all__ = [
     "CLOCK", "DEMAND", "DEVICES", "EXTRA_LEVEL", "FILLER_PORT", "MODELS", "PORT", "PRESET_NAMES",
-    "PROFILE_SECONDS", "QUICK_DEVICES", "QUICK_PRESETS", "QUICK_RATES_MBPS", "RATES_MBPS", "STEAL_GATE",
+    "PROFILE_SECONDS", "QUICK_DEVICES", "QUICK_MODELS", "QUICK_PRESETS", "QUICK_RATES_MBPS", "RATES_MBPS",
+    "STEAL_GATE",
     "STEAL_RETRIES", "STRATEGIES", "Choice", "Link", "ModelView", "_predict", "choose_fixed",
     "cold_then_warm", "decision_map", "device_profile", "first_attempts", "fit_link", "gated_summary",
     "host_flops_per_s",
@@ -164,8 +166,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, required=True, help="write results here (plus .md and .png)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"subset: devices {QUICK_DEVICES}, rates {QUICK_RATES_MBPS} Mbit/s, "
-                             f"preset {QUICK_PRESETS} (both models, cold and warm)")
+                        help=f"subset (about 8 minutes): models {QUICK_MODELS}, devices {QUICK_DEVICES}, "
+                             f"rates {QUICK_RATES_MBPS} Mbit/s, preset {QUICK_PRESETS}, cold and warm")
     parser.add_argument("--repetitions", type=int, default=3,
                         help="interleaved repetitions of every cell (default 3; regret and significance "
                              "come from their medians)")
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cell-seconds", type=float, default=2.0,
                         help="keep measuring a repetition's strategies for at least this long (default 2)")
     parser.add_argument("--max-reps", type=int, default=400, help="most rounds per repetition")
-    parser.add_argument("--model", action="append", choices=MODELS, help="model(s) (default: both)")
+    parser.add_argument("--model", action="append", choices=MODELS,
+                        help="model(s) (default: all three; --quick: "
+                        f"{', '.join(QUICK_MODELS)})")
     parser.add_argument("--rate", action="append", type=float, help="rate(s) in Mbit/s (default: the grid's)")
     parser.add_argument("--steal-gate", type=float, default=STEAL_GATE,
                         help="measure a cell again when the CPU steal it ran under exceeds this share "
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--steal-gate is a share of CPU time between 0 and 1, not {args.steal_gate}")
     if args.steal_retries < 0:
         parser.error(f"--steal-retries counts extra attempts: 0 or more, not {args.steal_retries}")
-    args.model = args.model or list(MODELS)
+    args.model = args.model or list(QUICK_MODELS if args.quick else MODELS)
     enter_private_network("bench.e2e", argv, tools=("tc",), mtu=1500)
     doc = run(args)
     write_json(args.json, doc)

@@ -212,9 +212,12 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
              | forced_cuts(model, inputs))
     for s in list(plans)[1:]:  # every strategy sends its packet the way the cost model prices cheaper
         plans[s]["upload_encoding"] = _predict(model, plans[s], inputs)["upload_encoding"]
+    started = time.perf_counter()
     download_s, downloaded, heads = _downloads(client, url, model, plans, baselines, held, link)
+    fetched = time.perf_counter()
     for b in baselines:
         profile(b, model, pixels, images[:1])
+    profiled = time.perf_counter()
     # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
     # round and its runs count for every strategy that chose it (otherwise two names for one plan
     # would differ by measurement noise alone). A pattern sent raw, deflated or zstd-compressed is
@@ -230,10 +233,12 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
 
     rng = random.Random(f"{model.name}/{device.name}/{link.rate_mbps}/{preset}/{sorted(held)}")
     runs, speeds = run_rounds(once, list(by_key), len(images), clock, model.reference_s, rng, reps)
+    wall_s = {"downloads": fetched - started, "baseline_profiles": profiled - fetched,
+              "rounds": time.perf_counter() - profiled}
     out = _results(model, device, preset, inputs, ratio, qplan, plans, baselines, download_s, runs)
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
     exchanged = {_key(p): p for p in plans.values() if p["cut"] < model.cuts - 1}
-    cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds),
+    cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds), "wall_s": wall_s,
             "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)},
             "best_any": min(out, key=lambda s: out[s]["measured_J"]),
             "implied_rtt_s": implied_rtt(model, exchanged, runs, inputs),

@@ -13,7 +13,8 @@ def _progress(cell: dict[str, Any], prefix: str = "") -> None:
     print(f"{prefix}{cell['model']:<14} {cell['device']:<15} {cell['rate_mbps']:>5g} Mb/s "
           f"{cell['preset']:<14} "
           f"{cell['cache']:<4}  qpart cut {q['cut']}  J {q['measured_J']:.4g} (pred {q['predicted_J']:.4g})  "
-          f"best {cell['best']:<12} regret {cell['qpart_regret']:+.1%}  steal {_pct(cell.get('cpu_steal'))}",
+          f"best {cell['best']:<12} regret {cell['qpart_regret']:+.1%}  steal {_pct(cell.get('cpu_steal'))}"
+          + "".join(f" {k} {v:.1f}s" for k, v in (cell.get("wall_s") or {}).items()),
           file=sys.stderr)
 
 
@@ -49,7 +50,11 @@ def time_errors(cells: list[dict[str, Any]]) -> dict[str, float]:
             if e is not None:
                 key = f"{c.get('model', '?')} {name}" if name.startswith("cut-") else name
                 by.setdefault(key, []).append(e)
-    return {k: statistics.median(v) for k, v in sorted(by.items())}
+    def order(key: str) -> tuple[str, int, str]:
+        model, _, cut = key.partition(" cut-")
+        return (model, int(cut), "") if cut else ("", 0, key)
+
+    return {k: statistics.median(by[k]) for k in sorted(by, key=order)}
 
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,12 +90,12 @@ def _where(c: dict[str, Any]) -> str:
 
 
 def best_baselines(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model and rate, the baseline nearest the planner: the one whose median (over the
-    rate's cells) of the planner's J over its J is highest (nearest 1, or above it), among those
-    that keep the demand."""
+    """Per model, rate and cache state, the baseline nearest the planner: the one whose median
+    (over those cells: devices and presets) of the planner's J over its J is highest (nearest 1, or
+    above it), among those that keep the demand."""
     rows = []
-    for model, rate in sorted({(c["model"], c["rate_mbps"]) for c in cells}):
-        group = [c for c in cells if c["model"] == model and c["rate_mbps"] == rate]
+    for model, rate, cache in sorted({(c["model"], c["rate_mbps"], c["cache"]) for c in cells}):
+        group = [c for c in cells if (c["model"], c["rate_mbps"], c["cache"]) == (model, rate, cache)]
         ratios: dict[str, list[float]] = {}
         for c in group:
             q = c["strategies"]["qpart"]["measured_J"]
@@ -98,8 +103,8 @@ def best_baselines(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if is_baseline(name) and s["meets_demand"]:
                     ratios.setdefault(name, []).append(q / s["measured_J"])
         name = max(ratios, key=lambda n: statistics.median(ratios[n]))
-        rows.append({"model": model, "rate_mbps": rate, "best_baseline": name, "cells": len(group),
-                     "qpart_over_baseline_median": statistics.median(ratios[name]),
+        rows.append({"model": model, "rate_mbps": rate, "cache": cache, "best_baseline": name,
+                     "cells": len(group), "qpart_over_baseline_median": statistics.median(ratios[name]),
                      "qpart_over_baseline_max": max(ratios[name]),
                      "cells_qpart_strictly_beats": sum(1 for r in ratios[name] if r < 1)})
     return rows
@@ -136,9 +141,10 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", "| strategy | median time error |", "|---|---|"]
         lines += [f"| {k} | {v:.1%} |" for k, v in sm["median_time_error_by_strategy"].items()]
     if doc["cells"] and "versus" in doc["cells"][0]:
-        lines += ["", "| model | Mbit/s | best baseline | cells | planner J / its J (median, max) | "
-                  "planner strictly better |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['rate_mbps']:g} | {r['best_baseline']} | {r['cells']} | "
+        lines += ["", "| model | Mbit/s | cache | best baseline | cells | planner J / its J (median, max) | "
+                  "planner strictly better |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['rate_mbps']:g} | {r['cache']} | {r['best_baseline']} | "
+                  f"{r['cells']} | "
                   f"{r['qpart_over_baseline_median']:.3f}, {r['qpart_over_baseline_max']:.3f} | "
                   f"{r['cells_qpart_strictly_beats']} |" for r in best_baselines(doc["cells"])]
     return "\n".join(lines) + "\n"

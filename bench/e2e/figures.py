@@ -46,7 +46,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                      [max(0.0, 100 * hi - r) for r, (_, hi) in zip(regrets, ci, strict=True)]])
     b.axhline(5, color="r", lw=0.8, ls="--")
     b.set(xlabel="cell", ylabel="planner regret (%)",
-          title="Median J of the plan vs the best's, 95% bootstrap interval (red: significant loss)")
+          title="Planner vs best (medians), 95% bootstrap interval; red: significant")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,11 +1,11 @@
-"""Lone requests' measured tail times move the prices of every cut by one extra; batches, cuts
-without a tail and stalls do not run away with it."""
+"""Lone requests' measured tail times move the prices of every cut by one extra, and of a cut they
+ran by its own; batches, cuts without a tail and stalls do not run away with it."""
 
 from __future__ import annotations
 
 import pytest
 
-from qpart.server.tail_times import ALPHA, MAX_EXTRA_S, TailTimes
+from qpart.server.tail_times import ALPHA, CUT_MIN_SAMPLES, MAX_EXTRA_S, TailTimes
 
 
 def test_no_profile_no_figures():
@@ -44,3 +44,28 @@ def test_one_stalled_run_moves_the_extra_by_a_bounded_step_and_fast_runs_cannot_
     for _ in range(200):
         times.observe("m", "1", 0, 1, 0.0)
     assert times.seconds("m", "1")[0] >= 0.0
+
+
+def test_a_cut_lone_requests_ran_is_priced_by_its_own_samples_and_the_others_by_the_shared_extra():
+    times = TailTimes()
+    times.set_profile("m", "1", [0.002, 0.006, 0.001, 0.0])  # cut 1's profile 5 ms too high
+    for _ in range(30):  # interleaved, as every cut runs in the end-to-end grid
+        times.observe("m", "1", 0, 1, 0.0025)
+        times.observe("m", "1", 1, 1, 0.001)
+    got = times.seconds("m", "1")
+    assert got[0] == pytest.approx(0.0025) and got[1] == pytest.approx(0.001)  # each what it took
+    # cut 2 never ran: its profile plus the shared extra, which mixes the others' samples
+    assert got[2] == pytest.approx(max(0.0, 0.001 + times.extra("m", "1")))
+    assert got[3] == 0.0
+
+
+def test_a_cuts_own_price_needs_a_few_samples_and_ignores_one_stall():
+    times = TailTimes()
+    times.set_profile("m", "1", [0.002, 0.0])
+    for _ in range(CUT_MIN_SAMPLES - 1):
+        times.observe("m", "1", 0, 1, 0.001)
+    assert times.seconds("m", "1")[0] == pytest.approx(0.002 + times.extra("m", "1"))  # not yet its own
+    times.observe("m", "1", 0, 1, 0.001)
+    assert times.seconds("m", "1")[0] == pytest.approx(0.001)
+    times.observe("m", "1", 0, 1, 10.0)  # one stall: the median of the window does not move
+    assert times.seconds("m", "1")[0] == pytest.approx(0.001)

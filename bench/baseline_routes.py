@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bench import autoencoder
 from qpart.kernels.wire import decode_activation_array
+from qpart.models.errors import PreprocessError
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from qpart.server.answers import TailAnswer
@@ -55,22 +56,37 @@ def decode_image(body: bytes) -> Image.Image:
     return image
 
 
+def input_tensor(model: str, body: bytes) -> np.ndarray:
+    """``[1, C, H, W]``: the image in ``body`` through ``model``'s card's preprocessing; ValueError
+    naming why not (not an allowed image, or one the preprocessing cannot take), LookupError for
+    a card that declares none."""
+    spec = get_model(model).preprocess
+    if spec is None:
+        raise LookupError(f"{model}'s card declares no preprocessing")
+    try:
+        return preprocess_image(decode_image(body), spec)[None]
+    except PreprocessError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 class BaselineRoutes:
     """ASGI layer: the baselines' routes; everything else goes to the product's app (``.app``)."""
 
     def __init__(self, app: ASGIApp, autoencoders: Path | None) -> None:
         self.app = app
         self.autoencoders = autoencoders
-        self._decoders: dict[tuple[str, int], tuple[torch.nn.Module, bytes]] = {}
+        self._decoders: dict[tuple[str, int], tuple[torch.nn.Module, bytes, tuple[int, ...]]] = {}
 
-    def _autoencoder(self, model: str, cut: int) -> tuple[torch.nn.Module, bytes]:
+    def _autoencoder(self, model: str, cut: int) -> tuple[torch.nn.Module, bytes, tuple[int, ...]]:
+        """The decoder, the encoder's file and the bottleneck's shape of ``model`` at ``cut``."""
         key = (model, cut)
         if key not in self._decoders:
             folder = (self.autoencoders or Path("/nonexistent")) / f"{model}-c{cut}"
             if not (folder / "meta.json").is_file():
                 raise LookupError(f"no autoencoder for {model} at cut {cut}")
-            _, dec, _ = autoencoder.load(folder)
-            self._decoders[key] = (dec, (folder / "encoder.safetensors").read_bytes())
+            _, dec, meta = autoencoder.load(folder)
+            self._decoders[key] = (dec, (folder / "encoder.safetensors").read_bytes(),
+                                   (1, *meta.bottleneck_shape))
         return self._decoders[key]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -114,16 +130,16 @@ class BaselineRoutes:
                           compute_s=compute_s + prepare_s, names=loaded.labels)
 
     async def _input(self, model: str, body: bytes) -> TailAnswer:
-        spec = get_model(model).preprocess
-        if spec is None:
-            raise LookupError(f"{model}'s card declares no preprocessing")
-        return await self._run(model, 0, lambda: preprocess_image(decode_image(body), spec)[None])
+        return await self._run(model, 0, lambda: input_tensor(model, body))
 
     async def _ae(self, model: str, cut: int, body: bytes) -> TailAnswer:
-        dec, _ = self._autoencoder(model, cut)
+        dec, _, shape = self._autoencoder(model, cut)
 
         def decoded() -> np.ndarray:
-            z = decode_activation_array(body)[0]
+            z = decode_activation_array(body, max_elements=int(np.prod(shape)))[0]
+            if tuple(z.shape) != shape:
+                raise ValueError(f"the bottleneck packet holds shape {list(z.shape)}; this autoencoder's is "
+                                 f"{list(shape)}")
             with torch.inference_mode():
                 return dec(torch.from_numpy(np.ascontiguousarray(z, np.float32))).numpy()  # type: ignore[no-any-return]
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from bench import autoencoder
-from bench.baseline_routes import decode_image
+from bench.baseline_routes import decode_image, input_tensor
 from bench.input_codecs import encode
 from qpart.kernels.wire import encode_quantized_activation
 from qpart.models.data import Split, load_split_pixels
@@ -91,14 +91,26 @@ def test_an_autoencoder_packet_is_decoded_and_run_through_decoder_and_tail(basel
 @pytest.mark.parametrize(("path", "body", "status", "words"), [
     ("/bench/input/fmnist-cnn", b"not an image", 400, "not a PNG, WebP or JPEG"),
     ("/bench/input/no-such-model", b"x", 404, "no-such-model"),
-    ("/bench/ae/fmnist-cnn/3", b"QPAX" + bytes(40), 400, ""),
+    ("/bench/ae/fmnist-cnn/3", b"QPAX" + bytes(40), 400, "not an activation packet"),
+    ("/bench/ae/fmnist-cnn/3", encode_quantized_activation(np.ones((1, 4, 7, 7), np.float32), 4, 196), 400,
+     "this autoencoder's is [1, 8, 7, 7]"),
+    ("/bench/ae/fmnist-cnn/3", encode_quantized_activation(np.ones((1, 8, 100, 100), np.float32), 4, 200),
+     400, "allowed 1..392"),  # refused by its declared size before decoding
     ("/bench/ae/fmnist-cnn/5", b"x", 404, "no autoencoder"),
     ("/bench/nothing", b"", 404, "no baseline route"),
 ])
 def test_bytes_the_routes_cannot_read_are_a_4xx_naming_why(baseline_server, path, body, status, words):
     r = httpx.post(baseline_server + path, content=body)
-    assert r.status_code == status and words in r.json()["error"]
+    assert r.status_code == status and words in r.json()["error"], r.text
     assert httpx.get(f"{baseline_server}/v2/health/ready").status_code == 200  # nothing wedged
+
+
+def test_an_image_the_cards_preprocessing_cannot_take_is_a_value_error_the_route_answers_400():
+    buf = io.BytesIO()
+    Image.new("L", (20000, 1)).save(buf, "PNG")  # 64 on its short side would be 1.28 M pixels long
+    with pytest.raises(ValueError, match="resiz"):
+        input_tensor("fmnist-mobilenet", buf.getvalue())
+    assert input_tensor("fmnist-cnn", buf.getvalue()).shape == (1, 1, 28, 28)  # an exact resize takes it
 
 
 def test_only_png_webp_and_jpeg_are_decoded_and_huge_images_are_refused_before_decoding():

@@ -58,3 +58,19 @@ def test_first_attempts_merge_each_repetitions_first_measurement():
     raw = first_attempts([cell])[0]
     assert raw["strategies"]["qpart"]["J_repetitions"] == [2.0, 1.0, 1.0]
     assert gated_summary([cell], 0.05)["cells_measured_again"] == 1
+
+
+def test_the_resamples_are_paired_so_a_drift_both_strategies_share_cancels():
+    # the host ran slower in each repetition for both: paired, the ratio is 1.1 in every resample;
+    # resampled apart it would range from 1.1 x 1/3 to 1.1 x 3
+    assert bootstrap_ratio([1.1, 2.2, 3.3], [1.0, 2.0, 3.0]) == pytest.approx((1.1, 1.1))
+
+
+def test_regret_is_the_ratio_of_the_medians_and_a_loss_to_any_strategy_counts_from_5pct():
+    cell = merge([_rep({"qpart": 1.0, "a": 1.0}), _rep({"qpart": 1.2, "a": 1.0}),
+                  _rep({"qpart": 1.5, "a": 1.4})])
+    assert cell["qpart_regret"] == pytest.approx(0.2)  # median 1.2 over median 1.0, not a median of ratios
+    steady = merge([_rep({"qpart": 1.03, "a": 1.0, "b": 0.97})] * 3)
+    assert not steady["versus"]["a"]["significant_loss"]  # a steady 3% is under the 5% line
+    assert steady["versus"]["b"]["significant_loss"]  # 6.2%
+    assert steady["best"] == "b" and steady["significant_loss"]

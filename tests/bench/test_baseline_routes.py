@@ -29,6 +29,8 @@ from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.integration  # a bench.shaped_server process on loopback
+
 AE = Path(__file__).parents[2] / "bench" / "results" / "autoencoder" / "fmnist-cnn-c3"
 
 

@@ -13,7 +13,10 @@ cut's requests then misprices them all: in issue 27's grid, where every cut runs
 cut-30 tail took 1.0-1.6 ms and was priced at 1.4-5.4 ms as the extra followed the other cuts. So each cut
 that lone requests ran at least CUT_MIN_SAMPLES times is priced with an extra of its own instead,
 the median of its last CUT_WINDOW samples (one stall moves no median): a cut the planner uses
-converges to what it takes, a cut no request ran keeps profile + the shared extra. Batches of
+converges to what it takes, a cut no request ran keeps profile + the shared extra. A cut's own price
+lapses back to the shared one once CUT_STALE_AFTER lone samples of other cuts came after its newest:
+the planner stops choosing a cut priced too high (say, sampled under load), so its samples would
+never be corrected. Batches of
 several samples run at another per-sample cost and leave both alone. Lone requests under load
 also carry waits for the interpreter lock; those are real too.
 """
@@ -28,6 +31,7 @@ ALPHA = 0.2  # weight of the newest lone request in the extra
 MAX_EXTRA_S = 0.05  # one stalled run moves the extra by at most ALPHA x this
 CUT_WINDOW = 9  # a cut's own extra: the median of its last this many lone samples
 CUT_MIN_SAMPLES = 3  # ... once it has at least this many
+CUT_STALE_AFTER = 64  # ... and while its newest is among the model version's last this many lone samples
 
 
 @dataclass
@@ -35,10 +39,15 @@ class _Model:
     profile: list[float]
     extra_s: float = 0.0
     cut_deltas: dict[int, deque[float]] = field(default_factory=dict)  # the cuts lone requests ran
+    lone: int = 0  # lone samples seen, every cut
+    cut_last: dict[int, int] = field(default_factory=dict)  # per cut, ``lone`` at its newest sample
 
     def extra_at(self, cut: int) -> float:
         own = self.cut_deltas.get(cut)
-        return statistics.median(own) if own is not None and len(own) >= CUT_MIN_SAMPLES else self.extra_s
+        fresh = self.lone - self.cut_last.get(cut, -CUT_STALE_AFTER) < CUT_STALE_AFTER
+        if own is not None and len(own) >= CUT_MIN_SAMPLES and fresh:
+            return statistics.median(own)
+        return self.extra_s
 
 
 @dataclass
@@ -76,5 +85,7 @@ class TailTimes:
         if entry is None or samples != 1 or not 0 <= cut < len(entry.profile) or entry.profile[cut] <= 0:
             return
         delta = min(MAX_EXTRA_S, max(-entry.profile[cut], compute_s - entry.profile[cut]))
+        entry.lone += 1
         entry.cut_deltas.setdefault(cut, deque(maxlen=CUT_WINDOW)).append(delta)
+        entry.cut_last[cut] = entry.lone
         entry.extra_s += ALPHA * (delta - entry.extra_s)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from qpart.server.tail_times import ALPHA, CUT_MIN_SAMPLES, MAX_EXTRA_S, TailTimes
+from qpart.server.tail_times import (
+    ALPHA,
+    CUT_MIN_SAMPLES,
+    CUT_STALE_AFTER,
+    CUT_WINDOW,
+    MAX_EXTRA_S,
+    TailTimes,
+)
 
 
 def test_no_profile_no_figures():
@@ -69,3 +76,22 @@ def test_a_cuts_own_price_needs_a_few_samples_and_ignores_one_stall():
     assert times.seconds("m", "1")[0] == pytest.approx(0.001)
     times.observe("m", "1", 0, 1, 10.0)  # one stall: the median of the window does not move
     assert times.seconds("m", "1")[0] == pytest.approx(0.001)
+
+
+def test_a_cuts_own_price_keeps_its_last_window_clamped_and_lapses_when_no_request_runs_it():
+    times = TailTimes()
+    times.set_profile("m", "1", [0.002, 0.003, 0.0])
+    times.observe("m", "1", 1, 1, 0.030)
+    times.observe("m", "1", 1, 1, 10.0)  # stalls: each clamped to MAX_EXTRA_S over the profile
+    times.observe("m", "1", 1, 1, 10.0)
+    assert times.seconds("m", "1")[1] == pytest.approx(0.003 + MAX_EXTRA_S)
+    for _ in range(CUT_WINDOW):  # under load, then quiet: only the last window counts
+        times.observe("m", "1", 1, 1, 0.030)
+    for _ in range(CUT_WINDOW):
+        times.observe("m", "1", 1, 1, 0.004)
+    assert times.seconds("m", "1")[1] == pytest.approx(0.004)
+    for _ in range(3):
+        times.observe("m", "1", 1, 1, 0.030)
+    for _ in range(CUT_STALE_AFTER):  # quiet requests at cut 0 only: cut 1 is not chosen any more
+        times.observe("m", "1", 0, 1, 0.002)
+    assert times.seconds("m", "1")[1] == pytest.approx(0.003 + times.extra("m", "1"))  # back to shared

@@ -124,7 +124,11 @@ class BaselineRoutes:
         start = time.perf_counter()
         x = prepare()
         prepare_s = time.perf_counter() - start
+        if not np.isfinite(x).all():  # a packet with finite scales can still decode to infinity
+            raise ValueError("the upload decodes to NaN or infinity")
         rows, queue_s, compute_s = await engine.tails.run(loaded, cut, x)
+        if not rows.finite.all():
+            raise ValueError("the model produced non-finite logits for this upload")
         return TailAnswer(plan_id=f"{model}@{loaded.version}/bench-c{cut}", model=model,
                           version=loaded.version, rows=rows, top_k=5, queue_s=queue_s,
                           compute_s=compute_s + prepare_s, names=loaded.labels)

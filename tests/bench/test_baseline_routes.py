@@ -22,6 +22,7 @@ from PIL import Image
 from bench import autoencoder
 from bench.baseline_routes import decode_image, input_tensor
 from bench.input_codecs import encode
+from qpart.kernels import wire
 from qpart.kernels.wire import encode_quantized_activation
 from qpart.models.data import Split, load_split_pixels
 from qpart.models.partition import cuts_of, prepare, split
@@ -32,6 +33,15 @@ from tests.conftest import free_port
 pytestmark = pytest.mark.integration  # a bench.shaped_server process on loopback
 
 AE = Path(__file__).parents[2] / "bench" / "results" / "autoencoder" / "fmnist-cnn-c3"
+
+
+def _huge_scales() -> bytes:
+    """A well-formed bottleneck packet whose finite scales (3e38) decode its top codes to infinity."""
+    z = np.linspace(0, 1, 392, dtype=np.float32).reshape(1, 8, 7, 7)
+    packet = bytearray(encode_quantized_activation(z, 8, 196))
+    scales_at = wire._HEAD.size + 4 * 4
+    packet[scales_at : scales_at + 8] = np.full(2, 3e38, "<f4").tobytes()
+    return bytes(packet)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +104,7 @@ def test_an_autoencoder_packet_is_decoded_and_run_through_decoder_and_tail(basel
     ("/bench/input/fmnist-cnn", b"not an image", 400, "not a PNG, WebP or JPEG"),
     ("/bench/input/no-such-model", b"x", 404, "no-such-model"),
     ("/bench/ae/fmnist-cnn/3", b"QPAX" + bytes(40), 400, "not an activation packet"),
+    ("/bench/ae/fmnist-cnn/3", _huge_scales(), 400, "NaN or infinity"),
     ("/bench/ae/fmnist-cnn/3", encode_quantized_activation(np.ones((1, 4, 7, 7), np.float32), 4, 196), 400,
      "this autoencoder's is [1, 8, 7, 7]"),
     ("/bench/ae/fmnist-cnn/3", encode_quantized_activation(np.ones((1, 8, 100, 100), np.float32), 4, 200),

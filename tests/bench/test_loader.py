@@ -11,8 +11,8 @@ def test_the_generated_folder_streams_and_is_measured(tmp_path):
     assert generate_folder(folder, 5) > 0
     source = ImageFolderSource(folder, IMAGENET_SPEC)
     assert len(source) == 5 and len(source.class_names) == 5
-    # in its own process, as the benchmark measures: ru_maxrss of this test process is the peak of
-    # every test before it (1.7 GB after tests/server in one session), not the loader's
+    # in its own process, as the benchmark measures (this test process's peak is every earlier
+    # test's: 1.7 GB after tests/server in one session)
     row = _run_isolated(folder, workers=0, batch=2)
     assert row["images"] == 5 and row["images_per_s"] > 0 and row["first_batch_s"] is not None
     assert row["peak_rss_bytes"] > 0 and row["within_bound"] is True

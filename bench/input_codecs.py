@@ -30,6 +30,7 @@ import torch
 from PIL import Image
 
 from bench import REPO, write_json
+from bench.baseline_routes import decode_image
 from qpart.models.data import Split, load_split_pixels
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
@@ -52,13 +53,6 @@ def encode(pixels: npt.NDArray[np.uint8], codec: str) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels, "L").save(buf, fmt, **options)
     return buf.getvalue()
-
-
-def decode(data: bytes) -> Image.Image:
-    """The image back, fully loaded."""
-    image = Image.open(io.BytesIO(data))
-    image.load()
-    return image
 
 
 def correct(model: torch.nn.Module, images: list[Image.Image], labels: npt.NDArray[np.int64],
@@ -105,13 +99,13 @@ def measure_model(name: str, limit: int | None, artifacts: Path) -> dict[str, An
     codecs = {}
     for codec in CODECS:
         data = [encode(p, codec) for p in pixels]
-        hits = correct(model, [decode(d) for d in data], labels, name)
+        hits = correct(model, [decode_image(d) for d in data], labels, name)
         sizes = [len(d) for d in data]
         codecs[codec] = {"bytes_mean": float(np.mean(sizes)), "bytes_median": float(np.median(sizes)),
                          "bytes_p95": float(np.percentile(sizes, 95)), "correct": hits,
                          "test_drop": (base - hits) / len(labels),
                          "encode_us": _median_us(lambda p, c=codec: encode(p, c), list(pixels[:TIMED])),
-                         "decode_us": _median_us(decode, data[:TIMED])}
+                         "decode_us": _median_us(decode_image, data[:TIMED])}
         print(f"{name:<17} {codec:<8} {codecs[codec]['bytes_mean']:7.1f} B  drop "
               f"{codecs[codec]['test_drop']:+.4f}", file=sys.stderr)
     return {"images": len(labels), "float_correct": base, "codecs": codecs,

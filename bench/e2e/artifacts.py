@@ -14,7 +14,13 @@ def _act_bytes(artifact: CalibrationArtifact, cut: int, bits: int, group: int) -
     if cut == len(artifact.cuts) - 1:
         return 0
     n = artifact.cuts[cut].activation_numel
-    return 4 * n if bits >= 32 else packed_size(n, bits) + 8 * (n // group)
+    return 4 * n if bits >= 32 else packet_bytes(n, bits, group)
+
+
+def packet_bytes(n: int, bits: int, group: int) -> int:
+    """A quantized activation's codes and per-group scale and minimum, as patterns count
+    ``activation_bytes`` (no packet header)."""
+    return packed_size(n, bits) + 8 * (n // group)
 
 
 def with_baselines(artifact: CalibrationArtifact) -> CalibrationArtifact:

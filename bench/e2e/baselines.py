@@ -34,10 +34,10 @@ import torch
 from bench import REPO, autoencoder
 from bench.baseline_routes import decode_image
 from bench.device_clock import ENCODE_RUNS, HEAD_RUNS
+from bench.e2e.artifacts import packet_bytes
 from bench.e2e.config import DEMAND
 from bench.e2e.device import Link, ModelView
 from bench.input_codecs import encode
-from qpart.kernels.packing import packed_size
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
@@ -97,8 +97,7 @@ def _bottleneck(b: Baseline, act: torch.Tensor) -> bytes:
 
 def _packet_bytes(meta: autoencoder.AutoencoderMeta) -> int:
     """The bottleneck's codes and scales, as a pattern's ``activation_bytes`` counts them."""
-    n = int(np.prod(meta.bottleneck_shape))
-    return packed_size(n, meta.bits) + 8 * (n // meta.group_size)
+    return packet_bytes(int(np.prod(meta.bottleneck_shape)), meta.bits, meta.group_size)
 
 
 def profile(b: Baseline, model: ModelView, pixels: np.ndarray, image: np.ndarray) -> None:

@@ -190,8 +190,9 @@ def _downloads(client: httpx.Client, url: str, model: ModelView, plans: dict[str
         model.heads[f"ae-head-{b.cut}"] = _head(model, lossless, model.segments[lossless["segment"]["id"]])
         encoder = f"{ENCODER_PREFIX}{model.name}-{b.cut}"  # held as a segment is
         if encoder not in held:
-            download_s[b.name] += fetched.get(encoder) or fetched.setdefault(
-                encoder, _fetch(client, url, f"/bench/ae/{model.name}/{b.cut}/encoder", link)[1])
+            if encoder not in fetched:
+                fetched[encoder] = _fetch(client, url, f"/bench/ae/{model.name}/{b.cut}/encoder", link)[1]
+            download_s[b.name] += fetched[encoder]
     return download_s, set(fetched), heads
 
 

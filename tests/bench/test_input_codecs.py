@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from bench.input_codecs import CODECS, decode, encode, main
+from bench.baseline_routes import decode_image as decode
+from bench.input_codecs import CODECS, encode, main
 from qpart.models.data import Split, load_split_pixels
 
 

@@ -47,7 +47,9 @@ def tail_rows(logits: np.ndarray) -> TailRows:
     shifted = np.exp(wide - wide.max(axis=1, keepdims=True))
     # Summed left to right, as Python's sum() did (numpy's sum is pairwise past 8 terms).
     total = np.add.accumulate(shifted, axis=1)[:, -1:]
-    order = np.argsort(-shifted, axis=1, kind="stable")  # ranked before dividing, as before
+    # Ranked by the logits themselves: exp rounds logits less than an ulp apart to one value
+    # (the replaced code then ranked such near-ties by index, against the larger logit).
+    order = np.argsort(-wide, axis=1, kind="stable")
     probability = shifted[np.arange(len(order))[:, None], order] / total
     return TailRows(logits=logits, finite=finite, order=order, probability=probability)
 

@@ -23,7 +23,7 @@ def _plain(values: list[float], k: int) -> list[tuple[int, float]]:
     top = max(values)
     shifted = [math.exp(v - top) for v in values]
     total = sum(shifted)
-    order = sorted(range(len(values)), key=lambda i: (-shifted[i], i))
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))  # exp may round near-ties equal
     return [(i, shifted[i] / total) for i in order[:k]]
 
 

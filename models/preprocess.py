@@ -134,6 +134,23 @@ def _resized_size(size: tuple[int, int], spec: PreprocessSpec) -> tuple[int, int
     return (spec.resize, new_long) if width <= height else (new_long, spec.resize)
 
 
+def output_size(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int]:
+    """``(H, W)`` of the input made from a ``width`` x ``height`` image, from its size alone.
+
+    Raises:
+        PreprocessError: the preprocessing cannot take an image of that size.
+    """
+    new_w, new_h = _resized_size((width, height), spec)
+    if spec.center_crop is None:
+        return new_h, new_w
+    crop_h, crop_w = spec.center_crop
+    if crop_h > new_h or crop_w > new_w:
+        raise PreprocessError(
+            f"image is {new_w}x{new_h} after resizing, smaller than the center crop {crop_w}x{crop_h}; "
+            f"resize to at least the crop size first")
+    return crop_h, crop_w
+
+
 def to_pixels(image: Image.Image, spec: PreprocessSpec) -> npt.NDArray[np.uint8]:
     """Color conversion, resize and center crop: the 8-bit pixels the model's input is made of.
 

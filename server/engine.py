@@ -16,10 +16,20 @@ from qpart.profiles.errors import ProfileError
 from qpart.server.answers import TailAnswer
 from qpart.server.catalog import Catalog, LoadedModel
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
+from qpart.server.images import INPUT_PNG, decode_seconds, finish_png, image_fits, open_png, probe_png
 from qpart.server.metrics import Metrics
 from qpart.server.packets import decode_activation, packet_limit
-from qpart.server.planner import Candidate, PlanInputs, allowed_patterns, best_at_cut, choose, price_options
-from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
+from qpart.server.planner import (
+    Candidate,
+    PlanInputs,
+    allowed_patterns,
+    best_at_cut,
+    choose,
+    image_pattern,
+    price_image,
+    price_options,
+)
+from qpart.server.schemas import PRESETS, InputImage, PlanRequest, WeightPreset
 from qpart.server.segment_index import SegmentEntry, SegmentIndex
 from qpart.server.segments import SegmentStore
 from qpart.server.settings import ServerSettings
@@ -28,6 +38,7 @@ from qpart.server.tail_pool import TailPool
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
 _INLINE_DECODE_BYTES = 64 << 10
+_INLINE_IMAGE_PIXELS = 256 * 256  # the same for input images (ADR 0014), by their header's size
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,8 @@ class Engine:
         self.draining = False
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)
+        # Per model version: seconds to decode and preprocess an input image, and its pixels.
+        self._image_s: dict[tuple[str, str], tuple[float, int]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -88,6 +101,23 @@ class Engine:
                 for pattern in entry.model.artifact.patterns:
                     self.segments.for_pattern(entry.model, pattern)
                 self.tails.warm_up(entry.model)
+                self._time_images(entry.model)
+
+    def _time_images(self, model: LoadedModel) -> None:
+        """Time decoding and preprocessing an input image of the model's input size (ADR 0014)."""
+        spec, shape = model.preprocess, tuple(model.artifact.input_shape)
+        if spec is not None and probe_png(spec, shape) is not None:
+            self._image_s[(model.name, model.version)] = (
+                decode_seconds(spec, shape, self.settings.max_image_pixels), int(np.prod(shape[1:])))
+
+    def image_seconds(self, model: LoadedModel, pixels: int) -> float | None:
+        """Predicted seconds to decode and preprocess an input image of ``pixels`` pixels: the
+        start-up figure, in proportion above its size (None: the model takes no input image)."""
+        timed = self._image_s.get((model.name, model.version))
+        if timed is None:
+            return None
+        seconds, probe_pixels = timed
+        return seconds * max(1.0, pixels / probe_pixels)
 
     @property
     def ready(self) -> bool:
@@ -156,6 +186,10 @@ class Engine:
             tail = tail_s[pattern.cut]
             options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
             candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
+        image = self._image_candidate(model, req, inputs, tail_s[0], answer)
+        if image is not None:
+            segments[INPUT_PNG] = None
+            candidates.append(image)
         _require_finite(candidates)
         chosen = choose(candidates, req.deadline_s)
         choice = PlanChoice(model, chosen, segments[chosen.pattern.pattern_id], best_at_cut(candidates, 0),
@@ -164,6 +198,21 @@ class Engine:
         self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)
         return choice
+
+    def _image_candidate(self, model: LoadedModel, req: PlanRequest, inputs: PlanInputs, tail_s: float,
+                         answer_bytes: int) -> Candidate | None:
+        """The input-image plan (ADR 0014), when the request offers an image this model takes."""
+        image: InputImage | None = req.input_image
+        if image is None or req.batch != 1 or model.preprocess is None:
+            return None
+        decode_s = self.image_seconds(model, image.width * image.height)
+        if decode_s is None or image.png_bytes > self.settings.max_body_bytes or image_fits(
+                image.width, image.height, model.preprocess, tuple(model.artifact.input_shape),
+                self.settings.max_image_pixels) is not None:
+            return None
+        pattern = image_pattern(model.artifact, INPUT_PNG, image.png_bytes)
+        return Candidate(pattern, None, 0, price_image(model.artifact, pattern, image.encode_s, inputs,
+                                                       tail_s + decode_s, answer_bytes))
 
     # ---- inference ------------------------------------------------------------------------
 
@@ -193,6 +242,27 @@ class Engine:
                                      "its values are out of the range the model was calibrated on")
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s,
+                          names=model.labels)
+
+    async def infer_image(self, name: str, version: str, body: bytes, top_k: int = 5) -> TailAnswer:
+        """Run the whole model on an input image the device uploaded as a PNG (ADR 0014)."""
+        model = self.catalog.get(name, version)
+        spec, shape = model.preprocess, tuple(model.artifact.input_shape)
+        if spec is None or (model.name, model.version) not in self._image_s:
+            raise NotFoundError(f"model '{name}' version '{version}' has no input-image plan: its card "
+                                "declares no preprocessing that makes an image into its input")
+        started = time.perf_counter()
+        image = open_png(body, spec, shape, self.settings.max_image_pixels)
+        if image.width * image.height <= _INLINE_IMAGE_PIXELS:
+            x = finish_png(image, spec, shape)
+        else:  # a large image: keep the event loop free while it decodes
+            x = await asyncio.to_thread(finish_png, image, spec, shape)
+        decode_s = time.perf_counter() - started
+        rows, queue_s, compute_s = await self.tails.run(model, 0, x)
+        if not rows.finite.all():
+            raise UnprocessableError("the model produced non-finite logits for this image")
+        return TailAnswer(plan_id=f"{name}@{version}/{INPUT_PNG}", model=name, version=version,
+                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s + decode_s,
                           names=model.labels)
 
     async def infer_full(

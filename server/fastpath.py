@@ -96,10 +96,12 @@ class InferFastPath:
             model, version, pattern_id = params["model"], params["version"], params["pattern_id"]
 
             encoding = _all(headers, b"content-encoding")
+            content_type = _first(headers, b"content-type")
 
             async def tail(receive: Receive) -> Response:
                 body = await read(receive)
-                return await tail_infer_response(engine, model, version, pattern_id, body, top_k, encoding)
+                return await tail_infer_response(engine, model, version, pattern_id, body, top_k, encoding,
+                                                 content_type)
 
             return tail
         if (params := paths.V2_INFER.match(path) or paths.V2_INFER_VERSION.match(path)) is not None:

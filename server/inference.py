@@ -19,7 +19,8 @@ from qpart.server.catalog import LoadedModel
 from qpart.server.classification import class_count, classify
 from qpart.server.content import content_coding, decode_content, identity_only
 from qpart.server.engine import Engine
-from qpart.server.errors import BadRequestError, NotFoundError
+from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMediaTypeError
+from qpart.server.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.oip_codec import decode_request, encode_response
 from qpart.server.schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
 
@@ -98,9 +99,28 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
 
 
 async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
-                              top_k: int, content_encoding: list[str] | None = None) -> Response:
+                              top_k: int, content_encoding: list[str] | None = None,
+                              content_type: str | None = None) -> Response:
     """The QPART tail route after parsing; ``content_encoding``: the request's Content-Encoding
-    field values."""
+    field values; ``content_type``: its Content-Type (``image/png`` for the input-image plan
+    only, ADR 0014)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if pattern_id == INPUT_PNG:
+        engine.catalog.get(model, version)  # unknown model or version: 404 before the type is looked at
+        if media != CONTENT_TYPE:
+            raise UnsupportedMediaTypeError(f"the input-image plan takes the image as '{CONTENT_TYPE}', "
+                                            f"not '{media or 'no Content-Type'}'")
+        codings = [c.strip().lower() for v in content_encoding or [] for c in v.split(",")]
+        if any(c not in ("", "identity") for c in codings):
+            raise UnsupportedMediaTypeError("the input-image plan takes the PNG as is (no Content-Encoding: "
+                                            "a PNG is compressed already)")
+        answer = await engine.infer_image(model, version, body, top_k)
+        return Response(answer.json(), media_type="application/json")
+    if media == CONTENT_TYPE:
+        engine.pattern_of(model, version, pattern_id)  # unknown model or pattern: 404 first
+        raise UnsupportedMediaTypeError(f"pattern '{pattern_id[:64]}' takes an activation packet "
+                                        "(application/octet-stream); an image goes to the input-image "
+                                        f"plan's URL (pattern '{INPUT_PNG}')")
     if content_encoding:  # unknown model or pattern: 404 before the coding is looked at
         loaded, pattern = engine.pattern_of(model, version, pattern_id)
         body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))

@@ -8,7 +8,7 @@ enumeration of cuts × levels no looser than the demand, each priced with the re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qpart.kernels.coding import Coding
 from qpart.profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
@@ -167,6 +167,25 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
         server_cost=cost, objective=objective, transfer_bytes=round(sent),
         upload_encoding="identity" if coding is None else coding,
     )
+
+
+def image_pattern(artifact: CalibrationArtifact, pattern_id: str, png_bytes: int) -> Pattern:
+    """The input-image plan (ADR 0014) as a pattern: cut 0, lossless (the server preprocesses the
+    device's own image exactly as the card declares), no head segment, ``png_bytes`` uploaded."""
+    return Pattern(pattern_id=pattern_id, cut=0, level=0.0, weight_bits={}, activation_bits=8,
+                   group_size=1, predicted_noise=0.0, predicted_drop=0.0, calib_drop=None,
+                   calib_drop_ub=None, test_drop=None, weight_bytes=0, fp32_weight_bytes=0,
+                   activation_bytes=png_bytes)
+
+
+def price_image(artifact: CalibrationArtifact, pattern: Pattern, encode_s: float, inputs: PlanInputs,
+                server_s: float, answer_bytes: int = 0) -> CostBreakdown:
+    """The input-image plan priced as :func:`price_upload` prices cut 0: the device's time is its
+    own figure for encoding the PNG (no head, no quantization), the upload the PNG's bytes, the
+    server's time ``server_s`` (decoding and preprocessing, then the whole model)."""
+    device = inputs.device.model_copy(update={"measured": {}})  # no measured head or encode at cut 0
+    return price_upload(artifact, pattern, None, 0,
+                        replace(inputs, device=device), server_s, answer_bytes, extra_local_s=encode_s)
 
 
 def allowed_patterns(artifact: CalibrationArtifact, demand: float) -> list[Pattern]:

@@ -7,6 +7,7 @@ from qpart.profiles.artifacts import Pattern
 from qpart.server import paths
 from qpart.server.catalog import LoadedModel
 from qpart.server.engine import ModelView, PlanChoice
+from qpart.server.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.schemas import ModelInfo, PatternInfo, PlanResponse, SegmentRef
 from qpart.server.segment_index import SegmentEntry
 
@@ -48,6 +49,7 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
         predicted=chosen.costs, all_server=choice.all_server.costs, all_device=choice.all_device.costs,
         segment=links.segment_ref(choice.segment, held), infer_url=links.tail_infer(model, p),
         upload_encoding=chosen.costs.upload_encoding,
+        upload_content_type=CONTENT_TYPE if p.pattern_id == INPUT_PNG else "application/octet-stream",
     )
 
 

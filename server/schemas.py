@@ -55,6 +55,17 @@ PRESETS: dict[WeightPreset, ObjectiveWeights] = {
 }
 
 
+MAX_IMAGE_SIDE = 1 << 16
+
+
+class InputImage(_Strict):
+    """The image the device holds, before any preprocessing, encoded as a PNG (ADR 0014)."""
+
+    png_bytes: JsonInt = Field(ge=1, le=1 << 30, description="The PNG's size in bytes.")
+    width: JsonInt = Field(ge=1, le=MAX_IMAGE_SIDE, description="The image's width in pixels.")
+    height: JsonInt = Field(ge=1, le=MAX_IMAGE_SIDE, description="The image's height in pixels.")
+    encode_s: float = Field(0.0, ge=0, le=60, description="Seconds the device took to encode it "
+                            "(measured on the device; counted as its local time).")
 
 
 class PlanRequest(_Strict):
@@ -95,6 +106,11 @@ class PlanRequest(_Strict):
         "plan's segment: 'torch' (safetensors tensors for the device's own model code, ADR 0003) or "
         "'onnx' (the head's whole ONNX graph, its weights packed and dequantized in the graph, "
         "ADR 0012).")
+    input_image: InputImage | None = Field(
+        None, description="The device can upload its input image itself, as a PNG of this size, "
+        "for the server to preprocess as the model card declares and run the whole model on "
+        "(ADR 0014). The planner then prices that plan too (pattern 'input-png', cut 0, lossless) "
+        "for a batch of 1, when the card declares preprocessing that takes such an image.")
 
     def offered_codings(self) -> frozenset[Coding]:
         """The codings the device offers, from both fields."""
@@ -171,6 +187,10 @@ class PlanResponse(_Strict):
         description="How to send the packet: as is, or compressed with 'Content-Encoding: deflate' "
         "or 'zstd' "
         "(only when the request allowed it and it was priced so).")
+    upload_content_type: Literal["application/octet-stream", "image/png"] = Field(
+        "application/octet-stream", description="What to POST to infer_url: the activation packet "
+        "(application/octet-stream), or, for the input-image plan ('input-png', only when the "
+        "request offered input_image), the device's input image as a PNG (image/png).")
 
 
 class PatternInfo(_Strict):

@@ -19,6 +19,10 @@ class ServerSettings(BaseSettings):
     auth_token: SecretStr | None = Field(None, description="Bearer token required on inference routes.")
     admin_token: SecretStr | None = Field(None, description="Bearer token of /v1/admin (unset: disabled).")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest accepted request body (413 above).")
+    max_image_pixels: int = Field(
+        4096 * 4096, ge=1, le=1 << 26, description="Most pixels of an input image (ADR 0014) the "
+        "server decodes; a larger one is refused from its PNG header, and never planned (at most "
+        "2^26, under Pillow's own decompression-bomb bound).")
     body_timeout_s: float = Field(10.0, gt=0, description="Time allowed to receive a request body (408).")
     request_timeout_s: float = Field(30.0, gt=0, description="Per-request processing timeout (504).")
     segment_cache_bytes: int = Field(64 << 20, ge=0, description="Byte budget of cached head segments.")

@@ -1,0 +1,152 @@
+"""The input-image plan's one parser of outside bytes (ADR 0014): a PNG the device uploads instead
+of its model input, made into that input by the model card's preprocessing.
+
+Only Pillow's PNG plugin is tried; the image's size from its header is checked against
+:func:`image_fits` (the card's preprocessing must turn it into the model's input, and it must be
+under the server's pixel bound) before a pixel is decoded; every failure is a
+:class:`~server.errors.BadRequestError` naming why.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import time
+import zlib
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image, PngImagePlugin, UnidentifiedImageError
+
+from qpart.models.errors import PreprocessError
+from qpart.models.preprocess import PreprocessSpec, output_size, preprocess_image
+from qpart.server.errors import BadRequestError
+
+INPUT_PNG = "input-png"
+"""The pattern id of the input-image plan (calibrated patterns are ``c<cut>-<digest>``)."""
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CONTENT_TYPE: Literal["image/png"] = "image/png"
+PROBE_RUNS = 31  # start-up timing of decoding and preprocessing: the median of this many runs
+
+# Pillow's own caps: text chunks (decompressed) are held to these, so a PNG of a few kB cannot
+# make the server inflate megabytes of metadata before its pixels.
+PngImagePlugin.MAX_TEXT_CHUNK = 64 << 10
+PngImagePlugin.MAX_TEXT_MEMORY = 256 << 10
+
+
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error,
+               Image.DecompressionBombError)
+"""What Pillow raises on bytes it cannot read (UnidentifiedImageError is an OSError)."""
+
+
+def image_fits(width: int, height: int, spec: PreprocessSpec, input_shape: tuple[int, ...],
+               max_pixels: int) -> str | None:
+    """Why an image of ``width`` x ``height`` cannot be the model's input (None: it can)."""
+    if width < 1 or height < 1:
+        return f"the image is {width}x{height}; it has no pixels"
+    if width * height > max_pixels:
+        return f"the image is {width}x{height}, over the server's bound of {max_pixels} pixels"
+    try:
+        out_h, out_w = output_size(width, height, spec)
+    except PreprocessError as exc:
+        return str(exc)
+    want = (spec.channels, out_h, out_w)  # CHW, the one layout a spec has
+    if tuple(input_shape) != want:
+        return (f"the model card's preprocessing makes a {width}x{height} image into "
+                f"{list(want)}, not the model's input {list(input_shape)}")
+    return None
+
+
+def png_size(body: bytes) -> tuple[int, int]:
+    """``(width, height)`` from a PNG's signature and IHDR chunk (its first 24 bytes), read before
+    Pillow sees the body.
+
+    Raises:
+        BadRequestError: the body does not start as a PNG does.
+    """
+    if len(body) < 24 or body[:8] != PNG_SIGNATURE or body[12:16] != b"IHDR":
+        raise BadRequestError("the body is not a PNG image: it lacks the PNG signature and IHDR "
+                              "chunk; send the input image as a PNG")
+    width, height = struct.unpack(">II", body[16:24])
+    return int(width), int(height)
+
+
+def open_png(body: bytes, spec: PreprocessSpec, input_shape: tuple[int, ...],
+             max_pixels: int) -> Image.Image:
+    """The PNG in ``body``, its header read and its size checked (:func:`image_fits`), no pixel
+    decoded yet.
+
+    Raises:
+        BadRequestError: not a PNG, or a size the preprocessing cannot make the input of, or more
+            pixels than ``max_pixels``.
+    """
+    if not body:
+        raise BadRequestError("the body is empty; send the input image as a PNG")
+    width, height = png_size(body)
+    why = image_fits(width, height, spec, input_shape, max_pixels)
+    if why is not None:
+        raise BadRequestError(f"{why}; send an image the model card's preprocessing takes")
+    try:
+        image = Image.open(io.BytesIO(body), formats=["PNG"])
+    except UnidentifiedImageError as exc:
+        raise BadRequestError("the body is not a PNG image: it lacks the PNG signature, or its header "
+                              "chunk is damaged") from exc
+    except _PIL_ERRORS as exc:
+        raise BadRequestError(f"the body is not a PNG image: {exc}") from exc
+    if image.size != (width, height):  # Pillow read the same header; a guard, not a path
+        raise BadRequestError("the PNG's header does not read the same twice")
+    return image
+
+
+def finish_png(image: Image.Image, spec: PreprocessSpec,
+               input_shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
+    """``[1, *input_shape]``: an :func:`open_png` image decoded and preprocessed.
+
+    Raises:
+        BadRequestError: the stream fails to decode.
+    """
+    try:
+        image.load()
+        x = preprocess_image(image, spec)
+    except (*_PIL_ERRORS, PreprocessError) as exc:
+        raise BadRequestError(f"the PNG image does not decode: {exc}") from exc
+    if tuple(x.shape) != tuple(input_shape):  # image_fits agreed; a guard, not a path
+        raise BadRequestError(f"the image became {list(x.shape)}, not the model's input {list(input_shape)}")
+    return x[None]
+
+
+def decode_png(body: bytes, spec: PreprocessSpec, input_shape: tuple[int, ...],
+               max_pixels: int) -> npt.NDArray[np.float32]:
+    """:func:`open_png` then :func:`finish_png`."""
+    return finish_png(open_png(body, spec, input_shape, max_pixels), spec, input_shape)
+
+
+def probe_png(spec: PreprocessSpec, input_shape: tuple[int, ...]) -> bytes | None:
+    """A PNG of noise that the card's preprocessing makes into the model's input at no resize (its
+    output size, its color mode), or None if no such image exists (e.g. a resize of the shorter
+    side without a crop to square)."""
+    if len(input_shape) != 3:
+        return None
+    h, w = input_shape[1:]
+    if image_fits(w, h, spec, input_shape, max_pixels=w * h) is not None:
+        return None
+    rng = np.random.default_rng(0)
+    shape = (h, w) if spec.color == "L" else (h, w, 3)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), spec.color).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def decode_seconds(spec: PreprocessSpec, input_shape: tuple[int, ...], max_pixels: int) -> float:
+    """This server's time to decode and preprocess :func:`probe_png`'s image (median of
+    :data:`PROBE_RUNS`); 0 when there is none."""
+    body = probe_png(spec, input_shape)
+    if body is None:
+        return 0.0
+    times = []
+    for _ in range(PROBE_RUNS):
+        start = time.perf_counter()
+        decode_png(body, spec, input_shape, max_pixels)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

@@ -1,0 +1,151 @@
+"""The input-image plan's PNG parser (ADR 0014): exact against the card's preprocessing, bounded
+before decoding, and fuzzed: hostile bytes are a BadRequestError, never another exception."""
+
+from __future__ import annotations
+
+import io
+import struct
+import time
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image, PngImagePlugin
+
+from qpart.models.preprocess import PreprocessSpec, preprocess_image
+from qpart.server.errors import BadRequestError
+from qpart.server.images import decode_png, decode_seconds, image_fits, open_png, probe_png
+
+GRAY = PreprocessSpec(color="L", resize=(28, 28), mean=(0.0,), std=(1.0,))
+RGB = PreprocessSpec(color="RGB", resize=64, center_crop=(64, 64), mean=(0.3, 0.3, 0.3),
+                     std=(0.35, 0.35, 0.35))
+CROP = PreprocessSpec(color="L", center_crop=(20, 20), mean=(0.5,), std=(0.5,))
+CASES = [(GRAY, (1, 28, 28)), (RGB, (3, 64, 64)), (CROP, (1, 20, 20))]
+BOUND = 4096 * 4096
+
+
+def _png(pixels: np.ndarray, **save: object) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG", **save)
+    return buffer.getvalue()
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def _header_only(width: int, height: int, idat: bytes = b"") -> bytes:
+    """A PNG whose IHDR claims ``width`` x ``height`` 8-bit gray, with ``idat`` as its pixel data."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(("spec", "shape"), CASES)
+@pytest.mark.parametrize("size", [(28, 28), (41, 33), (64, 100)])
+def test_a_png_becomes_exactly_what_the_card_makes_of_the_image(spec, shape, size):
+    rng = np.random.default_rng(size[0])
+    pixels = rng.integers(0, 256, (size[1], size[0], *(() if spec.color == "L" else (3,))), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    x = decode_png(_png(pixels), spec, shape, BOUND)
+    assert x.shape == (1, *shape) and x.dtype == np.float32
+    np.testing.assert_array_equal(x[0], preprocess_image(image, spec))
+
+
+def test_the_size_is_checked_before_a_pixel_is_decoded():
+    # 5000 x 5000 claimed (25 M pixels) behind a 40-byte stream: refused from the header at once
+    start = time.perf_counter()
+    with pytest.raises(BadRequestError, match="over the server's bound"):
+        open_png(_header_only(5000, 5000, zlib.compress(b"\x00" * 1000)), GRAY, (1, 28, 28), BOUND)
+    with pytest.raises(BadRequestError, match="over the server's bound"):  # never reaches Pillow's bound
+        open_png(_header_only(60_000, 60_000, zlib.compress(b"\x00" * 1000)), GRAY, (1, 28, 28), BOUND)
+    assert time.perf_counter() - start < 0.1
+    with pytest.raises(BadRequestError, match="over the server's bound of 100 pixels"):
+        decode_png(_png(np.zeros((28, 28), np.uint8)), GRAY, (1, 28, 28), max_pixels=100)
+
+
+def test_image_fits_names_what_is_wrong():
+    assert image_fits(28, 28, GRAY, (1, 28, 28), BOUND) is None
+    assert image_fits(500, 300, RGB, (3, 64, 64), BOUND) is None
+    assert "over the server's bound" in (image_fits(5000, 5000, RGB, (3, 64, 64), BOUND) or "")
+    assert "smaller than the center crop" in (image_fits(10, 30, CROP, (1, 20, 20), BOUND) or "")
+    assert "not the model's input [1, 20, 20]" in (image_fits(28, 28, GRAY, (1, 20, 20), BOUND) or "")
+
+
+@pytest.mark.parametrize("form", ["JPEG", "WEBP", "GIF", "BMP", "TIFF"])
+def test_only_png_is_read(form):
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(buffer, form)
+    with pytest.raises(BadRequestError, match="not a PNG"):
+        decode_png(buffer.getvalue(), GRAY, (1, 28, 28), BOUND)
+
+
+def test_a_text_chunk_bomb_is_refused_not_inflated():
+    pixels = np.zeros((28, 28), np.uint8)
+    info = PngImagePlugin.PngInfo()
+    info.add_text("bomb", "A" * (32 << 20), zip=True)  # 32 MB of text in about 32 kB
+    body = _png(pixels, pnginfo=info)
+    assert len(body) < 100_000
+    with pytest.raises(BadRequestError):
+        decode_png(body, GRAY, (1, 28, 28), BOUND)
+
+
+def test_a_truncated_stream_is_a_bad_request():
+    body = _png(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8))
+    for cut in (0, 8, 20, 40, len(body) // 2):
+        with pytest.raises(BadRequestError):
+            decode_png(body[:cut], GRAY, (1, 28, 28), BOUND)
+    # every pixel there, only the IEND trailer missing: Pillow reads it, and so may the server
+    np.testing.assert_array_equal(decode_png(body[:-12], GRAY, (1, 28, 28), BOUND),
+                                  decode_png(body, GRAY, (1, 28, 28), BOUND))
+
+
+def test_the_probe_image_and_its_time():
+    for spec, shape in CASES:
+        body = probe_png(spec, shape)
+        assert body is not None
+        assert decode_png(body, spec, shape, BOUND).shape == (1, *shape)
+        assert 0 < decode_seconds(spec, shape, BOUND) < 0.5
+    assert probe_png(GRAY, (1, 28)) is None  # not an image input
+
+
+VALID = _png(np.random.default_rng(1).integers(0, 256, (28, 28), dtype=np.uint8))
+
+
+def _never_other_errors(body: bytes, spec: PreprocessSpec, shape: tuple[int, ...]) -> None:
+    try:
+        x = decode_png(body, spec, shape, BOUND)
+    except BadRequestError:
+        return
+    assert x.shape == (1, *shape) and x.dtype == np.float32
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.binary(max_size=2000))
+def test_fuzz_random_bytes(body):
+    _never_other_errors(body, GRAY, (1, 28, 28))
+    _never_other_errors(b"\x89PNG\r\n\x1a\n" + body, RGB, (3, 64, 64))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzz_a_valid_png_mutated(data):
+    body = bytearray(VALID)
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(0, len(body) - 1))
+        body[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        body = body[: data.draw(st.integers(0, len(body)))]
+    _never_other_errors(bytes(body), GRAY, (1, 28, 28))
+    _never_other_errors(bytes(body), RGB, (3, 64, 64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(width=st.integers(0, 1 << 31), height=st.integers(0, 1 << 31),
+       depth=st.sampled_from([1, 2, 4, 8, 16, 3]),
+       color=st.sampled_from([0, 2, 3, 4, 6, 5]), idat=st.binary(max_size=200))
+def test_fuzz_headers(width, height, depth, color, idat):
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
+    body = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+    _never_other_errors(body, GRAY, (1, 28, 28))

@@ -156,9 +156,15 @@ def infer(
         with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
                       disable=as_json) as bar:
             task = bar.add_task("segment", total=None)
-            run = runtime.infer(x, model, demand, rate_bps=rate_mbps * 1e6 if rate_mbps else None,
-                                preset=preset, deadline_s=deadline_s,
-                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+            options: dict[str, Any] = {
+                "rate_bps": rate_mbps * 1e6 if rate_mbps else None, "preset": preset,
+                "deadline_s": deadline_s,
+                "progress": lambda done, total: bar.update(task, completed=done, total=total)}
+            files = (images or [])[:limit] if limit else images or []
+            if idx is None and len(files) == 1 and settings.offer_input_image:  # offer the image (ADR 0014)
+                run = runtime.infer_file(files[0], x, model, demand, **options)
+            else:
+                run = runtime.infer(x, model, demand, **options)
         names = card.labels
     except DeviceError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -171,9 +177,13 @@ def infer(
         typer.echo(json.dumps(_document(run, accuracy, names)))
         return
     p = run.plan
-    typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
-               f"{p.activation_bits} bits; downloaded {run.downloaded_bytes} B, "
-               f"uploaded {run.uploaded_bytes} B")
+    if p.upload_content_type == "image/png":
+        typer.echo(f"plan: the input image itself (PNG, preprocessed and run on the server); "
+                   f"uploaded {run.uploaded_bytes} B")
+    else:
+        typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
+                   f"{p.activation_bits} bits; downloaded {run.downloaded_bytes} B, "
+                   f"uploaded {run.uploaded_bytes} B")
     typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted.total:.3f} s")
     if accuracy is not None:
         typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")

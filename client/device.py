@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qpart.client.errors import ServerRejectedError
-from qpart.client.inputs import read_image_files
+from qpart.client.inputs import png_of_file, read_image_files
 from qpart.client.plans import ModelMetadata, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
@@ -29,6 +29,7 @@ from qpart.profiles.devices import DeviceProfile
 FLOAT_BITS = 32
 DEFAULT_RATE_BPS = 10e6
 MAX_UPLOAD_BATCH = 64
+IMAGE_PNG = "image/png"  # the input-image plan's upload (ADR 0014)
 
 HeadFunction = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 """A head: float32 ``[N, *input_shape]`` → float32 ``[N, *activation_shape]``."""
@@ -88,8 +89,12 @@ class DeviceClient:
         self.close()
 
     def plan(self, model: str, demand: float, *, rate_bps: float | None = None, batch: int = 1,
-             preset: str | None = None, deadline_s: float | None = None) -> Plan:
-        """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s."""
+             preset: str | None = None, deadline_s: float | None = None,
+             input_image: dict[str, float] | None = None) -> Plan:
+        """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s.
+        ``input_image`` (``png_bytes``, ``width``, ``height``, ``encode_s``) offers the image itself
+        (ADR 0014); a server from before that plan refuses the field (422), and is asked again
+        without it."""
         body: dict[str, Any] = {
             "model": model, "accuracy_demand": demand, "batch": batch,
             "rate_bps": rate_bps or self.transport.rate.rate_bps or DEFAULT_RATE_BPS,
@@ -110,6 +115,18 @@ class DeviceClient:
             body["weights"] = preset
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
+        return self._ask(body, input_image)
+
+    def _ask(self, body: dict[str, Any], input_image: dict[str, float] | None) -> Plan:
+        """POST the plan request, offering ``input_image`` where given (again without it to a
+        server that refuses the field)."""
+        if input_image is not None:
+            try:
+                return parse_answer(Plan, self.transport.request(
+                    "POST", "/v1/plan", json={**body, "input_image": input_image}).content)
+            except ServerRejectedError as exc:
+                if exc.status != 422 or "input_image" not in str(exc):
+                    raise
         return parse_answer(Plan, self.transport.request("POST", "/v1/plan", json=body).content)
 
     def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
@@ -154,11 +171,43 @@ class DeviceClient:
         """
         return read_image_files(paths, self.metadata(model).input_spec)
 
-    def infer_images(self, paths: list[Path], model: str, demand: float,
-                     **options: Any) -> InferenceRun:
+    def infer_images(self, paths: list[Path], model: str, demand: float, *, rate_bps: float | None = None,
+                     preset: str | None = None, deadline_s: float | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> InferenceRun:
         """:meth:`infer` on image files, preprocessed as ``model``'s card declares
-        (:meth:`read_images`); ``options`` are :meth:`infer`'s."""
-        return self.infer(self.read_images(paths, model), model, demand, **options)
+        (:meth:`read_images`). One file, with ``offer_input_image`` set: the plan request offers
+        the image itself as a PNG (ADR 0014), and where the planner prefers that, the PNG is
+        uploaded and the server preprocesses it and runs the whole model."""
+        images = self.read_images(paths, model)
+        if len(paths) != 1 or not self.settings.offer_input_image:
+            return self.infer(images, model, demand, rate_bps=rate_bps, preset=preset, deadline_s=deadline_s,
+                              progress=progress)
+        return self.infer_file(paths[0], images, model, demand, rate_bps=rate_bps, preset=preset,
+                               deadline_s=deadline_s, progress=progress)
+
+    def infer_file(self, path: Path, images: np.ndarray, model: str, demand: float, *,
+                   rate_bps: float | None = None, preset: str | None = None, deadline_s: float | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> InferenceRun:
+        """One image file (``images``: its model input, one row) with the image itself offered as
+        a PNG (ADR 0014): uploaded where the plan says so, else the plan is carried out on
+        ``images``."""
+        png, width, height, encode_s = png_of_file(path)
+        t0 = time.perf_counter()
+        plan = self.plan(model, demand, rate_bps=rate_bps, batch=1, preset=preset, deadline_s=deadline_s,
+                         input_image={"png_bytes": len(png), "width": width, "height": height,
+                                      "encode_s": encode_s})
+        if plan.upload_content_type != IMAGE_PNG:
+            return self._run(plan, images, t0, progress)
+        run = InferenceRun(plan)
+        t1 = time.perf_counter()
+        answer = self._post(plan, png, {"Content-Type": IMAGE_PNG})
+        run.uploaded_bytes = len(png)
+        run.results.extend(answer.results)
+        run.predictions.extend(int(np.argmax(r.logits)) for r in answer.results)
+        t2 = time.perf_counter()
+        run.timings_s = {"plan": t1 - t0, "download": 0.0, "head": encode_s, "upload_and_tail": t2 - t1,
+                         "total": t2 - t0 + encode_s}
+        return run
 
     def fetch_segment(
         self, plan: Plan, progress: Callable[[int, int], None] | None = None
@@ -211,6 +260,11 @@ class DeviceClient:
         t0 = time.perf_counter()
         plan = self.plan(model, demand, rate_bps=rate_bps, batch=len(images), preset=preset,
                          deadline_s=deadline_s)
+        return self._run(plan, images, t0, progress)
+
+    def _run(self, plan: Plan, images: np.ndarray, t0: float,
+             progress: Callable[[int, int], None] | None) -> InferenceRun:
+        """A plan carried out on ``images``: segment, head, uploads (``t0``: when planning began)."""
         run = InferenceRun(plan)
         t1 = time.perf_counter()
         segment, run.downloaded_bytes = self.fetch_segment(plan, progress)

@@ -95,6 +95,9 @@ class Plan(HeadSpec, PacketFormat):
     all_device: Costs | None = None
     segment: Segment | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None: all-device).")
+    upload_content_type: Literal["application/octet-stream", "image/png"] = Field(
+        "application/octet-stream", description="What to POST to infer_url: the packet, or for the "
+        "input-image plan (ADR 0014; servers before it never send it) the image as a PNG.")
 
 
 class TopK(_Wire):

@@ -33,6 +33,11 @@ class DeviceSettings(BaseSettings):
         tuple(Coding), description="Upload codings to offer (the plan says which pays); "
         "empty: always upload packets as is.")
 
+    offer_input_image: bool = Field(
+        True, description="When classifying one image file, offer the server the image itself as a "
+        "PNG (ADR 0014): the planner may then choose to have it uploaded and preprocessed on the "
+        "server, when that costs less than running a head here; false: never.")
+
     @field_validator("upload_codings")
     @classmethod
     def _once_each(cls, codings: tuple[Coding, ...]) -> tuple[Coding, ...]:

@@ -3,7 +3,8 @@
 - ``input-<codec>`` (``input-png``, ``input-webp@75`` ...): the device compresses the input image
   it holds (the IDX file's 28x28 grayscale pixels, before any preprocessing) with Pillow and
   uploads it; the server decodes it, preprocesses it as the card declares and runs the float
-  model (:mod:`bench.baseline_routes`). Its test drop is the one :mod:`bench.input_codecs`
+  model (``input-png``: the product's input-image plan, ADR 0014; the others:
+  :mod:`bench.baseline_routes`). Its test drop is the one :mod:`bench.input_codecs`
   measured on the whole test split (``bench/results/input_codecs.json``).
 - ``autoencoder@k``: the device runs the float head to cut ``k`` (the lossless pattern's segment)
   and :mod:`bench.autoencoder`'s encoder (its weights downloaded once, like a segment), quantizes
@@ -43,6 +44,7 @@ from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from qpart.models.timing import median_latency, median_seconds
 from qpart.profiles.devices import DeviceProfile
+from qpart.server.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
 
 CODECS = ("png", "webp@75", "webp@90", "jpeg@90")
@@ -162,13 +164,23 @@ def predict(b: Baseline, model: ModelView, device: DeviceProfile, inputs: PlanIn
     return costs
 
 
+def image_route(model: ModelView) -> str:
+    """The tail route of the product's input-image plan (ADR 0014) for ``model``."""
+    return f"/v1/models/{model.name}/versions/{model.version}/patterns/{INPUT_PNG}/infer"
+
+
 def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixels: np.ndarray,
              image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
-    """One inference of the baseline: its device work (timed, scaled), upload, server answer."""
+    """One inference of the baseline: its device work (timed, scaled), upload, server answer.
+    ``input-png`` goes to the product's input-image plan, the other codecs and the autoencoders to
+    :mod:`bench.baseline_routes`."""
+    headers: dict[str, str] = {}
     if b.kind == "codec":
         host = median_seconds(lambda: encode(pixels, b.codec), warmup=ENCODE_RUNS["settle"],
                               repeats=ENCODE_RUNS["burst"])
         body, path = encode(pixels, b.codec), f"/bench/input/{model.name}"
+        if b.codec == "png":  # the product's own input-image plan (ADR 0014) takes it
+            path, headers = image_route(model), {"Content-Type": CONTENT_TYPE}
     else:
         head = model.heads[f"ae-head-{b.cut}"]
         x = torch.from_numpy(image)
@@ -180,7 +192,7 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
         body, path = _bottleneck(b, act), f"/bench/ae/{model.name}/{b.cut}"
     link.wire.quiet()
     start = time.perf_counter()
-    r = client.post(url + path, content=body)
+    r = client.post(url + path, content=body, headers=headers)
     round_trip = time.perf_counter() - start
     r.raise_for_status()
     answer = r.json()

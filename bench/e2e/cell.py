@@ -23,7 +23,8 @@ from bench.e2e.config import CLOCK, DEMAND, STRATEGIES
 from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
 from qpart.kernels.coding import Coding
 from qpart.profiles.devices import DeviceProfile
-from qpart.server.planner import PlanInputs, price
+from qpart.server.images import INPUT_PNG
+from qpart.server.planner import PlanInputs, image_pattern, price, price_image
 from qpart.server.schemas import PRESETS, WeightPreset
 
 
@@ -41,6 +42,11 @@ def _inputs(device: DeviceProfile, preset: str, link: Link, held: set[str]) -> P
 
 
 def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[str, Any]:
+    if p["pattern_id"] == INPUT_PNG:  # the input-image plan: priced by the server's own figures
+        image, predicted = p["input_image"], p["predicted"]
+        pattern = image_pattern(model.artifact, INPUT_PNG, image["png_bytes"])
+        return price_image(model.artifact, pattern, image["encode_s"], inputs, predicted["time_s"]["server"],
+                           model.answer_bytes).model_dump()
     seg = p["segment"]
     pattern = model.pattern(p["pattern_id"])
     costs = price(model.artifact, pattern, seg["id"] if seg else None, seg["size_bytes"] if seg else 0,
@@ -139,19 +145,36 @@ def forced_cuts(model: ModelView, inputs: PlanInputs) -> dict[str, dict[str, Any
 
 
 def _plan(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, preset: str,
-          link: Link, held: set[str]) -> tuple[dict[str, Any], float]:
-    body = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
+          link: Link, held: set[str], image: dict[str, Any] | None) -> tuple[dict[str, Any], float]:
+    body: dict[str, Any] = {"model": model.name, "version": model.version, "accuracy_demand": DEMAND,
             "rate_bps": link.goodput_bps, "rtt_s": link.rtt_s, "upload_rate_bps": link.upload_rate_bps,
             "upload_codings": sorted(Coding), "weights": preset,
             "device": device.model_dump(mode="json"),
             "held_segments": sorted(h for h in held if not h.startswith(ENCODER_PREFIX))}
+    if image is not None:
+        body["input_image"] = image
     start = time.perf_counter()
     plan = client.post(f"{url}/v1/plan", json=body)
     plan_s = time.perf_counter() - start
     plan.raise_for_status()
     qplan = plan.json()
     qplan["pattern_id"] = qplan["plan_id"].split("/", 1)[1]  # plan_id = model@version/pattern_id
+    qplan["input_image"] = image
     return qplan, plan_s
+
+
+def image_offer(baselines: list[Baseline], model: ModelView, pixels: np.ndarray, images: np.ndarray,
+                ratio: float) -> dict[str, Any] | None:
+    """What the device offers the planner of its input image (ADR 0014), from the ``input-png``
+    baseline's figures (None without that baseline): the mean PNG size of the cell's images, and
+    this host's encode time scaled to the device, as that baseline is priced and run."""
+    png = next((b for b in baselines if b.name == INPUT_PNG), None)
+    if png is None:
+        return None
+    profile(png, model, pixels, images[:1])
+    height, width = pixels.shape[-2:]
+    return {"png_bytes": round(png.upload_bytes), "width": int(width), "height": int(height),
+            "encode_s": png.host_local_s * ratio}
 
 
 def _fetch(client: httpx.Client, url: str, path: str, link: Link) -> tuple[bytes, float]:
@@ -180,6 +203,8 @@ def _downloads(client: httpx.Client, url: str, model: ModelView, plans: dict[str
     download_s, heads = {}, {}
     for s, p in plans.items():
         download_s[s] = segment(p.get("segment"))
+        if p["pattern_id"] == INPUT_PNG:  # the device runs no head: it uploads its image
+            continue
         heads[s] = _head(model, p, model.segments[p["segment"]["id"]] if p.get("segment") else None)
     for b in baselines:
         if b.kind != "ae":
@@ -197,6 +222,10 @@ def _downloads(client: httpx.Client, url: str, model: ModelView, plans: dict[str
 
 
 def _key(p: dict[str, Any]) -> str:
+    """The runs a plan shares: its pattern and upload coding; the input-image plan is the
+    ``input-png`` baseline's request to the product's route, so it shares that baseline's runs."""
+    if p["pattern_id"] == INPUT_PNG:
+        return INPUT_PNG
     return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
 
 
@@ -208,7 +237,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     # The server prices tails with what recent requests took: the same figures price the rest.
     model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
     inputs = _inputs(device, preset, link, held)
-    qplan, plan_s = _plan(client, url, model, device, preset, link, held)
+    image = image_offer(baselines, model, pixels, images, ratio)
+    qplan, plan_s = _plan(client, url, model, device, preset, link, held, image)
     plans = ({"qpart": qplan} | {s: model.plan_of(choose_fixed(model, s, inputs)) for s in STRATEGIES[1:]}
              | forced_cuts(model, inputs))
     for s in list(plans)[1:]:  # every strategy sends its packet the way the cost model prices cheaper
@@ -217,7 +247,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
     download_s, downloaded, heads = _downloads(client, url, model, plans, baselines, held, link)
     fetched = time.perf_counter()
     for b in baselines:
-        profile(b, model, pixels, images[:1])
+        if not (b.name == INPUT_PNG and image is not None):  # profiled once, for the offer
+            profile(b, model, pixels, images[:1])
     profiled = time.perf_counter()
     # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
     # round and its runs count for every strategy that chose it (otherwise two names for one plan
@@ -238,7 +269,8 @@ def run_cell(client: httpx.Client, url: str, model: ModelView, device: DevicePro
               "rounds": time.perf_counter() - profiled}
     out = _results(model, device, preset, inputs, ratio, qplan, plans, baselines, download_s, runs)
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
-    exchanged = {_key(p): p for p in plans.values() if p["cut"] < model.cuts - 1}
+    exchanged = {_key(p): p for p in plans.values()
+                 if p["cut"] < model.cuts - 1 and p["pattern_id"] != INPUT_PNG}
     cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds), "wall_s": wall_s,
             "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)},
             "best_any": min(out, key=lambda s: out[s]["measured_J"]),

@@ -54,7 +54,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 def decision_map(doc: dict[str, Any], model: str, path: Path) -> None:
     """For one model, a panel per preset and cache state over channel rate x device (slowest device
-    at the bottom): the planner's cut (colour, and the number), and the strategies that beat it
+    at the bottom): the planner's cut (colour, and the number; "image" for the input-image plan of
+    ADR 0014, at cut 0), and the strategies that beat it
     there on median J while keeping the demand (baselines by name, the planner's own patterns at
     other cuts as ``cN``)."""
     import matplotlib
@@ -96,5 +97,6 @@ def _cell_text(c: dict[str, Any]) -> str:
     beat = sorted((n for n in s if n != "qpart" and s[n]["meets_demand"] and s[n]["measured_J"] < q),
                   key=lambda n: s[n]["measured_J"])
     names = [n if is_baseline(n) else "c" + n.removeprefix("cut-") for n in beat]
-    text = f"cut {s['qpart']['cut']}" + (f"\n{c['qpart_regret']:+.0%}" if c["qpart_regret"] > 0.005 else "")
+    chosen = "image" if s["qpart"].get("pattern_id") == "input-png" else f"cut {s['qpart']['cut']}"
+    text = chosen + (f"\n{c['qpart_regret']:+.0%}" if c["qpart_regret"] > 0.005 else "")
     return text + ("\n" + ",".join(names[:3]) if names else "")

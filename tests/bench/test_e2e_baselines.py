@@ -8,7 +8,7 @@ import pytest
 
 from bench.e2e import ModelView, _predict
 from bench.e2e.baselines import Baseline, predict
-from bench.e2e.cell import forced_cuts
+from bench.e2e.cell import _key, forced_cuts
 from bench.e2e.config import DEMAND
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import MeasuredHeads, get_device
@@ -71,3 +71,19 @@ def test_every_cut_is_forced_with_the_planners_own_cheapest_pattern_for_the_dema
         assert plan["cut"] == k and plan["level"] <= DEMAND
         assert _predict(model, plan, inputs)["objective"] == min(
             _predict(model, p, inputs)["objective"] for p in options)
+
+
+def test_the_planners_image_plan_is_priced_as_the_png_baseline_and_shares_its_runs(artifacts_dir):
+    model = _view(artifacts_dir)
+    inputs = _inputs(model)
+    codec = Baseline("input-png", "codec", 0, 0.0, codec="png", host_local_s=1e-4, host_server_s=2e-4,
+                     upload_bytes=500.0)
+    baseline = predict(codec, model, inputs.device, inputs, ratio=3.0, segment=None)
+    plan = {"pattern_id": "input-png", "cut": 0, "input_image": {"png_bytes": 500, "encode_s": 3e-4},
+            "predicted": {"time_s": {"server": 1e-3 + 2e-4}}}
+    planner = _predict(model, plan, inputs)
+    for key in ("objective", "transfer_bytes"):
+        assert planner[key] == pytest.approx(baseline[key], rel=1e-12)
+    assert planner["time_s"] == pytest.approx(baseline["time_s"], rel=1e-12)
+    assert _key(plan) == codec.name  # one request, measured once a round for both
+    assert _key({"pattern_id": "c0-x", "upload_encoding": "zstd"}) == "c0-x/zstd"

@@ -46,6 +46,8 @@ def test_infer_reads_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_pa
         def infer(self, *_, **__):
             raise DeviceError("stopped by the test")
 
+        infer_file = infer  # one image file: offered as itself (ADR 0014)
+
         def close(self):
             pass
 

@@ -1,0 +1,78 @@
+"""The device offers one image file itself (ADR 0014), over real HTTP to a live server: a small
+image goes up as its PNG and is answered as the float model answers its preprocessed input; an
+image whose PNG costs more than a packet is run as a plan of the model's own, as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from qpart.client.device import IMAGE_PNG
+from qpart.client.runtime import DeviceRuntime
+from qpart.client.settings import DeviceSettings
+from qpart.models.preprocess import preprocess_image
+from qpart.models.registry import get_model
+
+pytestmark = [pytest.mark.integration]
+
+
+def _float_logits(path) -> np.ndarray:
+    model = get_model("fmnist-cnn")
+    x = preprocess_image(Image.open(path), model.preprocess)[None]
+    with torch.inference_mode():
+        return model.load()(torch.from_numpy(x)).numpy()[0]
+
+
+@pytest.fixture
+def shirt(tmp_path):
+    pixels = np.zeros((28, 28), np.uint8)
+    pixels[4:24, 6:22] = 180
+    path = tmp_path / "shirt.png"
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+@pytest.fixture
+def noise(tmp_path):
+    path = tmp_path / "noise.jpg"  # about 800 B as a PNG: more than the cut-0 packet
+    pixels = np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, quality=95)
+    return path
+
+
+def _cli(server, path, cache, *env: str) -> dict:
+    cmd = [sys.executable, "-m", "qpart", "device", "infer", str(path), "--server", server.url,
+           "--cache-dir", str(cache), "--rate-mbps", "1", "--json"]
+    environ = dict(pair.split("=", 1) for pair in env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, **environ}).stdout
+    return json.loads(out)
+
+
+def test_a_small_image_goes_up_as_itself(server, shirt, tmp_path):
+    doc = _cli(server, shirt, tmp_path / "cache")
+    assert doc["plan"]["upload_content_type"] == IMAGE_PNG and doc["plan"]["plan_id"].endswith("/input-png")
+    png_bytes = len(shirt.read_bytes())  # the device re-encodes it; a PNG of the same pixels here
+    assert abs(doc["uploaded_bytes"] - png_bytes) <= 64 and doc["downloaded_bytes"] == 0
+    np.testing.assert_allclose(doc["results"][0]["logits"], _float_logits(shirt), rtol=1e-5, atol=1e-5)
+    assert doc["predictions"][0]["label"] == int(np.argmax(_float_logits(shirt)))
+
+
+def test_the_offer_can_be_turned_off(server, shirt, tmp_path):
+    doc = _cli(server, shirt, tmp_path / "cache", "QPART_DEVICE_OFFER_INPUT_IMAGE=false")
+    assert "upload_content_type" not in doc["plan"] or doc["plan"]["upload_content_type"] != IMAGE_PNG
+    assert not doc["plan"]["plan_id"].endswith("/input-png")
+
+
+def test_an_image_dearer_than_a_packet_runs_the_planned_head(server, noise, tmp_path):
+    with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
+        run = device.infer_images([noise], "fmnist-cnn", 0.01, rate_bps=1e6)
+    assert run.plan.upload_content_type != IMAGE_PNG
+    assert len(run.predictions) == 1 and run.uploaded_bytes > 0

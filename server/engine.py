@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.artifacts import Pattern
 from qpart.profiles.devices import DeviceProfile, get_device
 from qpart.profiles.errors import ProfileError
@@ -150,10 +151,11 @@ class Engine:
 
     # ---- models and planning --------------------------------------------------------------
 
-    def model_info(self, name: str, version: str | None) -> ModelView:
-        """Every pattern of a model version with its segment."""
+    def model_info(self, name: str, version: str | None,
+                   runtime: HeadRuntime = HeadRuntime.TORCH) -> ModelView:
+        """Every pattern of a model version with its segment in ``runtime``'s form."""
         model = self.catalog.get(name, version)
-        patterns = [(p, self.segments.for_pattern(model, p)) for p in model.artifact.patterns]
+        patterns = [(p, self.segments.for_pattern(model, p, runtime)) for p in model.artifact.patterns]
         return ModelView(model, patterns, self.tails.tail_seconds(model), self.tails.answer_bytes(model))
 
     def _device(self, req: PlanRequest) -> DeviceProfile:

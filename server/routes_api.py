@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from qpart.kernels.coding import Coding
+from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.server import paths
 from qpart.server.deps import (
     EngineDep,
@@ -58,9 +59,13 @@ async def plan(body: PlanRequest, engine: EngineDep, links: LinksDep, request: R
 @router.get(paths.MODEL_INFO.template, response_model=ModelInfo, responses=_ERRORS,
             dependencies=[Depends(require_model_token)], summary="A model's patterns and their segments")
 async def model_info(model: str, engine: EngineDep, links: LinksDep,
-                     version: Annotated[str | None, Query(max_length=64)] = None) -> ModelInfo:
-    """Every precomputed (cut, level) pattern of the newest (or given) version, with segment links."""
-    return model_info_response(engine.model_info(model, version), links)
+                     version: Annotated[str | None, Query(max_length=64)] = None,
+                     runtime: Annotated[HeadRuntime, Query(description="The segments' form: 'torch' "
+                                                           "(default) or 'onnx' (ADR 0012).")]
+                     = HeadRuntime.TORCH) -> ModelInfo:
+    """Every precomputed (cut, level) pattern of the newest (or given) version, with segment links
+    in ``runtime``'s form (what a prefetching device of that runtime downloads)."""
+    return model_info_response(engine.model_info(model, version, runtime), links)
 
 
 def _position(digits: str, size: int) -> int:

@@ -81,3 +81,18 @@ def test_onnx_segments_are_no_bigger_than_1_05x_for_every_pattern_of_the_referen
                                                                                   model.version, p))
     assert {name for name, _ in ratios} == {"fmnist-cnn", "fmnist-resnet", "fmnist-mobilenet"}
     assert max(ratios.values()) <= 1.05, max(ratios.items(), key=lambda kv: kv[1])
+
+
+def test_the_model_listing_links_each_patterns_segment_in_the_runtime_asked_for(client):
+    torch_info = client.get("/v1/models/fmnist-cnn").json()
+    onnx_info = client.get("/v1/models/fmnist-cnn", params={"runtime": "onnx"}).json()
+    pairs = list(zip(torch_info["patterns"], onnx_info["patterns"], strict=True))
+    with_segments = [(t, o) for t, o in pairs if t["segment"]]
+    assert with_segments and all(t["pattern_id"] == o["pattern_id"] for t, o in pairs)
+    for t, o in with_segments:
+        assert (t["segment"]["runtime"], o["segment"]["runtime"]) == ("torch", "onnx")
+        assert o["segment"]["id"] != t["segment"]["id"]
+    plan = _plan(client, "onnx")  # the plan links the listing's segment for its pattern
+    chosen = next(o for _, o in pairs if plan["plan_id"].endswith("/" + o["pattern_id"]))
+    assert chosen["segment"] == plan["segment"]
+    assert client.get("/v1/models/fmnist-cnn", params={"runtime": "tflite"}).status_code == 422

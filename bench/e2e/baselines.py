@@ -42,7 +42,7 @@ from bench.input_codecs import encode
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
-from qpart.models.timing import median_latency, median_seconds
+from qpart.models.timing import median_seconds
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
@@ -184,7 +184,7 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
     else:
         head = model.heads[f"ae-head-{b.cut}"]
         x = torch.from_numpy(image)
-        host = median_latency(head, x, warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
+        host = median_seconds(lambda: head(x), warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
         with torch.inference_mode():
             act = head(x)
         host += median_seconds(lambda: _bottleneck(b, act), warmup=ENCODE_RUNS["settle"],

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import torch
 
 from bench.device_clock import ReferenceClock
 from bench.e2e.baselines import ENCODER_PREFIX, Baseline, profile
@@ -22,6 +21,7 @@ from bench.e2e.baselines import run_once as run_baseline
 from bench.e2e.config import CLOCK, DEMAND, STRATEGIES
 from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
 from qpart.kernels.coding import Coding
+from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import INPUT_PNG
 from qpart.server.planner import PlanInputs, image_pattern, price, price_image
@@ -153,6 +153,8 @@ def _plan(client: httpx.Client, url: str, model: ModelView, device: DeviceProfil
             "held_segments": sorted(h for h in held if not h.startswith(ENCODER_PREFIX))}
     if image is not None:
         body["input_image"] = image
+    if model.runtime is not HeadRuntime.TORCH:
+        body["runtime"] = model.runtime.value
     start = time.perf_counter()
     plan = client.post(f"{url}/v1/plan", json=body)
     plan_s = time.perf_counter() - start
@@ -188,7 +190,7 @@ def _fetch(client: httpx.Client, url: str, path: str, link: Link) -> tuple[bytes
 
 def _downloads(client: httpx.Client, url: str, model: ModelView, plans: dict[str, dict[str, Any]],
                baselines: list[Baseline], held: set[str], link: Link,
-               ) -> tuple[dict[str, float], set[str], dict[str, torch.nn.Module]]:
+               ) -> tuple[dict[str, float], set[str], dict[str, Callable[..., Any]]]:
     """Each strategy's download seconds (a segment not held is fetched once per cell and charged to
     every strategy that needs it), the segments fetched, and the heads."""
     fetched: dict[str, float] = {}  # segment id -> download seconds in this cell

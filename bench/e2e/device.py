@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,13 +15,15 @@ import torch
 
 from bench.device_clock import ENCODE_RUNS, HEAD_RUNS, ReferenceClock
 from bench.link import ShapedLink
+from qpart.client.onnx_runtime import create_session
 from qpart.client.plans import HeadSpec, PacketFormat
 from qpart.client.profiler import CodingSeconds, coding_times, head_calls, measure_encodes
 from qpart.client.runtime import encode_for_plan, load_head, upload_body
 from qpart.kernels.coding import Coding
+from qpart.kernels.onnx_segment import INPUT_NAME, OUTPUT_NAME, HeadRuntime
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import get_model
-from qpart.models.timing import interleaved_medians, median_latency, median_seconds
+from qpart.models.timing import interleaved_medians, median_seconds
 from qpart.profiles.artifacts import CalibrationArtifact, Pattern
 from qpart.profiles.devices import DeviceProfile, MeasuredHeads, get_device
 from qpart.server.schemas import PRESETS, WeightPreset
@@ -49,11 +53,13 @@ class ModelView:
     host_head_s: list[float]
     host_encode_s: list[float]
     answer_bytes: int
-    heads: dict[str, torch.nn.Module] = field(default_factory=dict)
+    heads: dict[str, Callable[..., Any]] = field(default_factory=dict)
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
     host_coding_s: CodingSeconds = field(default_factory=dict)  # per coding, cut and bits
     activations: list[np.ndarray] = field(default_factory=list)  # the real image's, every cut but the last
     reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
+    runtime: HeadRuntime = HeadRuntime.TORCH  # what runs the device's heads, and so its segments' form
+    onnx_heads: list[OrtHead] = field(default_factory=list)  # runtime onnx: each cut's lossless head
 
     def plan_of(self, p: dict[str, Any]) -> dict[str, Any]:
         """A pattern in the form of a plan (what :class:`client.plans.HeadSpec` reads)."""
@@ -61,6 +67,27 @@ class ModelView:
 
     def pattern(self, pattern_id: str) -> Pattern:
         return next(p for p in self.artifact.patterns if p.pattern_id == pattern_id)
+
+
+class OrtHead:
+    """An ONNX segment's head in ONNX Runtime (one intra-op thread, as torch has here), called as
+    a torch head is: a float32 tensor in, a tensor out."""
+
+    def __init__(self, segment: bytes) -> None:
+        self.session = create_session(segment, threads=1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0])
+
+
+def load_device_head(model: ModelView, plan: dict[str, Any], segment: bytes | None) -> Callable[..., Any]:
+    """The plan's head as ``model.runtime`` runs it: the torch module from a safetensors segment
+    (:func:`qpart.client.runtime.load_head`), or an ONNX Runtime session (identity at cut 0)."""
+    if model.runtime is HeadRuntime.TORCH:
+        return load_head(HeadSpec.model_validate(plan), segment)
+    if segment is None:
+        return lambda x: x
+    return OrtHead(segment)
 
 
 def host_flops_per_s(model: ModelView) -> float:
@@ -96,10 +123,12 @@ def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> Non
     device times and the measured ones run on different clocks. The reference workload is timed in
     the same rounds: the cell's rounds scale device time by it (bench.device_clock)."""
     # the trained model on a real image: what the device runs; the reference in the same rounds
-    calls = [*head_calls(model.name, trained=True, x=torch.from_numpy(image)), clock.call]
+    x = torch.from_numpy(image)
+    heads = (head_calls(model.name, trained=True, x=x) if model.runtime is HeadRuntime.TORCH
+             else [lambda: None, *(functools.partial(h, x) for h in model.onnx_heads)])  # cut 0: no head
     with torch.inference_mode():
         *model.host_head_s, model.reference_s = interleaved_medians(
-            calls, warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"], **HEAD_RUNS)
+            [*heads, clock.call], warmup=2, repeats=3, min_seconds=PROFILE_SECONDS["head"], **HEAD_RUNS)
     model.host_encode_s = measure_encodes(model.name, warmup=2, repeats=3,
                                           min_seconds=PROFILE_SECONDS["encode"], **ENCODE_RUNS)
     if not model.activations:  # the device compresses its own packets of the real image
@@ -112,20 +141,20 @@ def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> Non
                                        min_seconds=PROFILE_SECONDS["coding"], **ENCODE_RUNS)
 
 
-def _head(model: ModelView, plan: dict[str, Any], segment: bytes | None) -> torch.nn.Module:
+def _head(model: ModelView, plan: dict[str, Any], segment: bytes | None) -> Callable[..., Any]:
     key = plan["pattern_id"]
     if key not in model.heads:
-        model.heads[key] = load_head(HeadSpec.model_validate(plan), segment)
+        model.heads[key] = load_device_head(model, plan, segment)
     return model.heads[key]
 
 
 def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, Any],
-             head: torch.nn.Module, image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
+             head: Callable[..., Any], image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
     """One inference: head on the device (timed, scaled), upload, tail on the server."""
     x = torch.from_numpy(image)
     # steady-state head time (median of 9) after 5 warm-up runs: the device just idled on the link
     # and its first runs are slow (seen: up to 1.5x). reprofile times every head the same way.
-    host_head = (median_latency(head, x, warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
+    host_head = (median_seconds(lambda: head(x), warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
                  if plan["cut"] > 0 else 0.0)
     with torch.inference_mode():
         act = head(x).numpy() if plan["cut"] > 0 else image

@@ -34,8 +34,9 @@ from bench.e2e.config import (
     QUICK_PRESETS,
     QUICK_RATES_MBPS,
     RATES_MBPS,
+    RUNTIMES,
 )
-from bench.e2e.device import Link, ModelView, device_profile, host_flops_per_s, reprofile
+from bench.e2e.device import Link, ModelView, OrtHead, device_profile, host_flops_per_s, reprofile
 from bench.e2e.gating import cold_then_warm, gated_summary
 from bench.e2e.probes import fit_link, measure_link, probe_exchange, probe_rtt
 from bench.e2e.repetitions import merge
@@ -43,6 +44,7 @@ from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, Server, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
+from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.data import Split, load_split, load_split_pixels
 from qpart.models.registry import get_model
 from qpart.models.sources import FashionMnistSource
@@ -50,13 +52,24 @@ from qpart.profiles.artifacts import load_artifact
 
 
 def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.ndarray,
-          clock: ReferenceClock) -> ModelView:
-    info = client.get(f"{url}/v1/models/{name}").json()
+          clock: ReferenceClock, runtime: HeadRuntime = HeadRuntime.TORCH) -> ModelView:
+    """The device's view of one model for one head runtime; an ONNX device loads each cut's
+    lossless ONNX segment once (unshaped, before the grid), to time its heads in every profile."""
+    info = client.get(f"{url}/v1/models/{name}", params={"runtime": runtime.value}).json()
     torch.set_num_threads(1)
     view = ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
-                     load_artifact(artifacts / name), [], [], info["answer_bytes"])
+                     load_artifact(artifacts / name), [], [], info["answer_bytes"], runtime=runtime)
+    if runtime is HeadRuntime.ONNX:
+        lossless = {p["cut"]: p for p in info["patterns"] if p["level"] == 0}
+        view.onnx_heads = [OrtHead(client.get(url + lossless[k]["segment"]["url"]).content)
+                           for k in range(1, view.cuts)]
     reprofile(view, image, clock)
     return view
+
+
+def device_runtime(device: str) -> HeadRuntime:
+    """What runs ``device``'s heads in the grid (:data:`bench.e2e.config.RUNTIMES`)."""
+    return HeadRuntime(RUNTIMES.get(device, "torch"))
 
 
 def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str, model: ModelView,
@@ -81,7 +94,8 @@ def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str,
                          pixels, baselines, reps, clock)
     cell["wall_s"] = {"profile": profiled - started, "probe": probed - profiled, **cell["wall_s"],
                       "total": time.perf_counter() - started}
-    return {"device": device, "rate_mbps": link.rate_mbps, "model": model.name, "preset": preset,
+    return {"device": device, "runtime": model.runtime.value, "rate_mbps": link.rate_mbps,
+            "model": model.name, "preset": preset,
             "cache": cache, "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
             "probe_rtt_s": fitted,
             "upload_rate_mbps": None if link.upload_rate_bps is None else link.upload_rate_bps / 1e6,
@@ -118,22 +132,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 first = images[args.model[0]]
                 # the reference workload (bench.device_clock) takes a 1x28x28 image whatever the models
                 clock = ReferenceClock(torch.from_numpy(load_split(Split.TEST, limit=1).images))
-                views = [_view(client, url, m, Path(tmp), images[m][:1], clock) for m in args.model]
+                devices = QUICK_DEVICES if args.quick else DEVICES
+                runtimes = sorted({device_runtime(d) for d in devices})
+                views = [{r: _view(client, url, m, Path(tmp), images[m][:1], clock, r) for r in runtimes}
+                         for m in args.model]
                 probe_rng = random.Random(0)  # the order within each probe's pairs
                 for rate in rates:
-                    rtt = probe_rtt(client, url, views[0], first[:1], wire, rate)  # for the goodput only
-                    link = measure_link(client, url, views[0], wire, rtt)
+                    first_view = next(iter(views[0].values()))
+                    rtt = probe_rtt(client, url, first_view, first[:1], wire, rate)  # for the goodput only
+                    link = measure_link(client, url, first_view, wire, rtt)
                     print(f"rate {rate:g} Mbit/s: goodput {link.goodput_bps / 1e6:.2f} Mbit/s",
                           file=sys.stderr)
-                    for model in views:
+                    for by_runtime in views:
+                        model = next(iter(by_runtime.values()))
                         measure = functools.partial(
-                            _measure_cell, client=client, url=url, model=model, link=link,
-                            images=images[model.name],
+                            _measure_cell, client=client, url=url, link=link, images=images[model.name],
                             pixels=pixels, baselines=baselines[model.name],
                             reps=(args.reps, args.max_reps, args.cell_seconds), clock=clock,
                             probe_rng=probe_rng)
-                        cells += _model_cells(args, measure, client, url, model, link, images[model.name],
-                                              probe_rng)
+                        cells += _model_cells(args, measure, client, url, by_runtime, link,
+                                              images[model.name], probe_rng)
         finally:
             wire.set_rate(None)
             wire.close()
@@ -141,17 +159,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"cells": cells, "summary": gated_summary(cells, args.steal_gate), "demand": DEMAND,
             "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
             "repetitions": args.repetitions, "quick": args.quick,
-            "host_flops_per_s": {v.name: host_flops_per_s(v) for v in views}}
+            "runtimes": {d: device_runtime(d).value for d in devices},
+            "host_flops_per_s": {v.name: host_flops_per_s(v) for by in views for v in by.values()
+                                 if v.runtime is HeadRuntime.TORCH}}
 
 
 def _model_cells(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], client: httpx.Client,
-                 url: str, model: ModelView, link: Link, images: np.ndarray,
+                 url: str, views: dict[HeadRuntime, ModelView], link: Link, images: np.ndarray,
                  probe_rng: random.Random) -> list[dict[str, Any]]:
     """One rate and model: every device and preset, cold then warm, ``args.repetitions`` times
     interleaved (repetition r of every cell before repetition r + 1 of any); merged per cell."""
     devices = QUICK_DEVICES if args.quick else DEVICES
     presets = QUICK_PRESETS if args.quick else PRESET_NAMES
     # A full window from the start: the first cells smooth as the later do.
+    model = next(iter(views.values()))  # the probe's cut-0 exchange is the same for every runtime
     probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
                     for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
     implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
@@ -159,7 +180,8 @@ def _model_cells(args: argparse.Namespace, measure: Callable[..., dict[str, Any]
     for r in range(args.repetitions):
         for d in devices:
             for preset in presets:
-                one = functools.partial(measure, device=d, preset=preset, probes=probes, implied=implied)
+                one = functools.partial(measure, model=views[device_runtime(d)], device=d, preset=preset,
+                                        probes=probes, implied=implied)
                 for cell in cold_then_warm(one, probes, implied, args.steal_gate, args.steal_retries):
                     reps.setdefault((d, preset, cell["cache"]), []).append({**cell, "repetition": r})
     return [merge(v) for v in reps.values()]

@@ -87,3 +87,27 @@ def test_the_planners_image_plan_is_priced_as_the_png_baseline_and_shares_its_ru
     assert planner["time_s"] == pytest.approx(baseline["time_s"], rel=1e-12)
     assert _key(plan) == codec.name  # one request, measured once a round for both
     assert _key({"pattern_id": "c0-x", "upload_encoding": "zstd"}) == "c0-x/zstd"
+
+
+def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safetensors_one(cnn_only):
+    import numpy as np
+    import torch
+
+    from bench.e2e.device import load_device_head
+    from qpart.kernels.onnx_segment import HeadRuntime
+    from tests.server.conftest import make_client
+
+    x = torch.from_numpy(np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32))
+    with make_client(cnn_only) as client:
+        outs = {}
+        for runtime in HeadRuntime:
+            info = client.get("/v1/models/fmnist-cnn", params={"runtime": runtime.value}).json()
+            view = ModelView("fmnist-cnn", info["version"], info["cuts"], [], info["patterns"], None, [], [], 0,
+                             runtime=runtime)
+            p = next(p for p in info["patterns"] if p["level"] == 0 and p["cut"] == 3)
+            head = load_device_head(view, view.plan_of(p), client.get(p["segment"]["url"]).content)
+            with torch.inference_mode():
+                outs[runtime] = head(x).numpy()
+            if runtime is HeadRuntime.ONNX:  # cut 0 has no segment: the input goes up as it is
+                assert load_device_head(view, view.plan_of({**p, "cut": 0}), None)(x) is x
+    np.testing.assert_allclose(outs[HeadRuntime.ONNX], outs[HeadRuntime.TORCH], rtol=1e-4, atol=1e-5)

@@ -17,7 +17,15 @@ from qpart.profiles.errors import ProfileError
 from qpart.server.answers import TailAnswer
 from qpart.server.catalog import Catalog, LoadedModel
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
-from qpart.server.images import INPUT_PNG, decode_seconds, finish_png, image_fits, open_png, probe_png
+from qpart.server.images import (
+    INPUT_PNG,
+    ImageTimes,
+    decode_seconds,
+    finish_png,
+    image_fits,
+    open_png,
+    probe_png,
+)
 from qpart.server.metrics import Metrics
 from qpart.server.packets import decode_activation, packet_limit
 from qpart.server.planner import (
@@ -89,8 +97,7 @@ class Engine:
         self.draining = False
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)
-        # Per model version: seconds to decode and preprocess an input image, and its pixels.
-        self._image_s: dict[tuple[str, str], tuple[float, int]] = {}
+        self.image_times = ImageTimes()  # decoding and preprocessing input images (ADR 0014)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -108,17 +115,9 @@ class Engine:
         """Time decoding and preprocessing an input image of the model's input size (ADR 0014)."""
         spec, shape = model.preprocess, tuple(model.artifact.input_shape)
         if spec is not None and probe_png(spec, shape) is not None:
-            self._image_s[(model.name, model.version)] = (
-                decode_seconds(spec, shape, self.settings.max_image_pixels), int(np.prod(shape[1:])))
-
-    def image_seconds(self, model: LoadedModel, pixels: int) -> float | None:
-        """Predicted seconds to decode and preprocess an input image of ``pixels`` pixels: the
-        start-up figure, in proportion above its size (None: the model takes no input image)."""
-        timed = self._image_s.get((model.name, model.version))
-        if timed is None:
-            return None
-        seconds, probe_pixels = timed
-        return seconds * max(1.0, pixels / probe_pixels)
+            self.image_times.set_probe((model.name, model.version),
+                                       decode_seconds(spec, shape, self.settings.max_image_pixels),
+                                       int(np.prod(shape[1:])))
 
     @property
     def ready(self) -> bool:
@@ -207,7 +206,7 @@ class Engine:
         image: InputImage | None = req.input_image
         if image is None or req.batch != 1 or model.preprocess is None:
             return None
-        decode_s = self.image_seconds(model, image.width * image.height)
+        decode_s = self.image_times.predict((model.name, model.version), image.width * image.height)
         if decode_s is None or image.png_bytes > self.settings.max_body_bytes or image_fits(
                 image.width, image.height, model.preprocess, tuple(model.artifact.input_shape),
                 self.settings.max_image_pixels) is not None:
@@ -250,7 +249,7 @@ class Engine:
         """Run the whole model on an input image the device uploaded as a PNG (ADR 0014)."""
         model = self.catalog.get(name, version)
         spec, shape = model.preprocess, tuple(model.artifact.input_shape)
-        if spec is None or (model.name, model.version) not in self._image_s:
+        if spec is None or not self.image_times.takes_images((model.name, model.version)):
             raise NotFoundError(f"model '{name}' version '{version}' has no input-image plan: its card "
                                 "declares no preprocessing that makes an image into its input")
         started = time.perf_counter()
@@ -260,6 +259,7 @@ class Engine:
         else:  # a large image: keep the event loop free while it decodes
             x = await asyncio.to_thread(finish_png, image, spec, shape)
         decode_s = time.perf_counter() - started
+        self.image_times.observe((model.name, model.version), decode_s, image.width * image.height)
         rows, queue_s, compute_s = await self.tails.run(model, 0, x)
         if not rows.finite.all():
             raise UnprocessableError("the model produced non-finite logits for this image")

@@ -157,3 +157,16 @@ def test_fuzz_the_image_route_never_5xx(client, body, signed):
         body = b"\x89PNG\r\n\x1a\n" + body
     r = client.post(_image_url(client), content=body, headers={"Content-Type": "image/png"})
     assert 400 <= r.status_code < 500 or r.status_code == 200, r.text
+
+
+def test_served_images_price_the_next_image_plans(cnn_only):
+    with make_client(cnn_only) as fresh:
+        engine = fresh.app.state.engine
+        version = fresh.get(f"/v1/models/{MODEL}").json()["version"]
+        key = (MODEL, version)
+        assert engine.image_times.samples(key) == 0
+        url = _image_url(fresh)
+        for _ in range(3):
+            answer = fresh.post(url, content=_png(NOISE), headers={"Content-Type": "image/png"})
+            assert answer.status_code == 200
+        assert engine.image_times.samples(key) == 3  # the price is now theirs (ImageTimes.LEAST)

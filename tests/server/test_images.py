@@ -149,3 +149,25 @@ def test_fuzz_headers(width, height, depth, color, idat):
     ihdr = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
     body = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
     _never_other_errors(body, GRAY, (1, 28, 28))
+
+
+def test_image_times_price_from_the_probe_then_from_served_images():
+    from qpart.server.images import ImageTimes
+
+    times, key = ImageTimes(), ("m", "1")
+    assert times.predict(key, 784) is None and not times.takes_images(key)
+    times.set_probe(key, 1e-4, 784)
+    assert times.predict(key, 100) == pytest.approx(1e-4)  # a smaller image costs what the probe's does
+    assert times.predict(key, 784 * 10) == pytest.approx(1e-3)  # a larger one in proportion
+    times.observe(key, 5e-4, 784)
+    times.observe(key, 7e-4, 784)
+    assert times.predict(key, 784) == pytest.approx(1e-4)  # two served images: still the probe
+    times.observe(key, 6e-4, 784)
+    assert times.predict(key, 784) == pytest.approx(6e-4)  # three: their median
+    assert times.predict(key, 7840) == pytest.approx(6e-3)
+    times.observe(key, 2e-3, 7840)  # per pixel, a large image counts as 2e-4 per probe-sized image
+    for _ in range(8):
+        times.observe(key, 3e-4, 784)
+    assert times.samples(key) == 9 and times.predict(key, 784) == pytest.approx(3e-4)  # the last 9 only
+    times.observe(("other", "1"), 1.0, 784)  # not probed: ignored
+    assert times.samples(("other", "1")) == 0

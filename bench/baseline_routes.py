@@ -12,7 +12,8 @@
 
 Answers are the product's tail answer (:class:`qpart.server.answers.TailAnswer`) with
 ``compute_s`` holding the server's whole work (decoding and decoder included), so the benchmark
-counts server time and answer bytes as it does for a plan. A body the route cannot read is a 400
+counts server time and answer bytes as it does for a plan; ``Server-Timing: decode;dur=<ms>``
+gives the decoding's share, as the product's input-image route does. A body the route cannot read is a 400
 naming why. These are baselines, not product routes: they run only inside the benchmark's server.
 """
 
@@ -102,9 +103,9 @@ class BaselineRoutes:
                 return
             body = await _body(receive)
             if scope["method"] == "POST" and len(parts) == 2 and parts[0] == "input":
-                answer = await self._input(parts[1], body)
+                answer, decode_s = await self._input(parts[1], body)
             elif scope["method"] == "POST" and len(parts) == 3 and parts[0] == "ae":
-                answer = await self._ae(parts[1], int(parts[2]), body)
+                answer, decode_s = await self._ae(parts[1], int(parts[2]), body)
             else:
                 await _reply(send, 404, _error(f"no baseline route {path}"))
                 return
@@ -114,9 +115,9 @@ class BaselineRoutes:
         except (LookupError, ValueError) as exc:
             await _reply(send, 400 if isinstance(exc, ValueError) else 404, _error(str(exc)))
             return
-        await _reply(send, 200, answer.json())
+        await _reply(send, 200, answer.json(), timing=decode_s)
 
-    async def _run(self, model: str, cut: int, prepare: Callable[[], np.ndarray]) -> TailAnswer:
+    async def _run(self, model: str, cut: int, prepare: Callable[[], np.ndarray]) -> tuple[TailAnswer, float]:
         engine = _engine_of(self.app)
         if engine is None:
             raise LookupError("the server is not ready")
@@ -131,12 +132,12 @@ class BaselineRoutes:
             raise ValueError("the model produced non-finite logits for this upload")
         return TailAnswer(plan_id=f"{model}@{loaded.version}/bench-c{cut}", model=model,
                           version=loaded.version, rows=rows, top_k=5, queue_s=queue_s,
-                          compute_s=compute_s + prepare_s, names=loaded.labels)
+                          compute_s=compute_s + prepare_s, names=loaded.labels), prepare_s
 
-    async def _input(self, model: str, body: bytes) -> TailAnswer:
+    async def _input(self, model: str, body: bytes) -> tuple[TailAnswer, float]:
         return await self._run(model, 0, lambda: input_tensor(model, body))
 
-    async def _ae(self, model: str, cut: int, body: bytes) -> TailAnswer:
+    async def _ae(self, model: str, cut: int, body: bytes) -> tuple[TailAnswer, float]:
         dec, _, shape = self._autoencoder(model, cut)
 
         def decoded() -> np.ndarray:
@@ -167,8 +168,13 @@ def _error(text: str) -> bytes:
     return json.dumps({"error": text}).encode()
 
 
-async def _reply(send: Send, status: int, body: bytes, content_type: str = "application/json") -> None:
+async def _reply(send: Send, status: int, body: bytes, content_type: str = "application/json",
+                 timing: float | None = None) -> None:
+    """The response; ``timing``: the decoding's seconds, as the product's image route reports them
+    (``Server-Timing: decode;dur=<ms>``)."""
     headers: list[Any] = [(b"content-type", content_type.encode()),
                           (b"content-length", str(len(body)).encode())]
+    if timing is not None:
+        headers.append((b"server-timing", f"decode;dur={timing * 1e3:.3f}".encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -245,8 +245,10 @@ class Engine:
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s,
                           names=model.labels)
 
-    async def infer_image(self, name: str, version: str, body: bytes, top_k: int = 5) -> TailAnswer:
-        """Run the whole model on an input image the device uploaded as a PNG (ADR 0014)."""
+    async def infer_image(self, name: str, version: str, body: bytes,
+                          top_k: int = 5) -> tuple[TailAnswer, float]:
+        """Run the whole model on an input image the device uploaded as a PNG (ADR 0014); the
+        answer, and the seconds decoding and preprocessing took."""
         model = self.catalog.get(name, version)
         spec, shape = model.preprocess, tuple(model.artifact.input_shape)
         if spec is None or not self.image_times.takes_images((model.name, model.version)):
@@ -265,7 +267,7 @@ class Engine:
             raise UnprocessableError("the model produced non-finite logits for this image")
         return TailAnswer(plan_id=f"{name}@{version}/{INPUT_PNG}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s + decode_s,
-                          names=model.labels)
+                          names=model.labels), decode_s
 
     async def infer_full(
         self, name: str, version: str | None, x: np.ndarray

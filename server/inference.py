@@ -114,8 +114,10 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
         if any(c not in ("", "identity") for c in codings):
             raise UnsupportedMediaTypeError("the input-image plan takes the PNG as is (no Content-Encoding: "
                                             "a PNG is compressed already)")
-        answer = await engine.infer_image(model, version, body, top_k)
-        return Response(answer.json(), media_type="application/json")
+        answer, decode_s = await engine.infer_image(model, version, body, top_k)
+        # Server-Timing (W3C): the decoding's share of compute_s, for browsers' tools and benchmarks
+        return Response(answer.json(), media_type="application/json",
+                        headers={"Server-Timing": f"decode;dur={decode_s * 1e3:.3f}"})
     if media == CONTENT_TYPE:
         engine.pattern_of(model, version, pattern_id)  # unknown model or pattern: 404 first
         raise UnsupportedMediaTypeError(f"pattern '{pattern_id[:64]}' takes an activation packet "

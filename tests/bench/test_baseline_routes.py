@@ -21,6 +21,7 @@ from PIL import Image
 
 from bench import autoencoder
 from bench.baseline_routes import decode_image, input_tensor
+from bench.e2e.baselines import server_timing
 from bench.input_codecs import encode
 from qpart.kernels import wire
 from qpart.kernels.wire import encode_quantized_activation
@@ -81,6 +82,8 @@ def test_a_compressed_image_is_answered_as_the_float_model_answers_its_decoded_p
                 want = model(x).numpy()[0]
             np.testing.assert_allclose(r.json()["results"][0]["logits"], want, rtol=1e-4, atol=1e-4)
             assert r.json()["compute_s"] > 0
+            decode_s = server_timing(r.headers.get("server-timing"))  # the decoding's share, reported
+            assert decode_s is not None and 0 < decode_s <= r.json()["compute_s"]
 
 
 def test_an_autoencoder_packet_is_decoded_and_run_through_decoder_and_tail(baseline_server):
@@ -96,6 +99,7 @@ def test_an_autoencoder_packet_is_decoded_and_run_through_decoder_and_tail(basel
     assert r.status_code == 200, r.text
     want = autoencoder.run_path(head, enc, dec, tail, x[:1], meta.bits, meta.group_size).numpy()[0]
     np.testing.assert_allclose(r.json()["results"][0]["logits"], want, rtol=1e-4, atol=1e-4)
+    assert 0 < (server_timing(r.headers.get("server-timing")) or 0) <= r.json()["compute_s"]
     encoder = httpx.get(f"{baseline_server}/bench/ae/fmnist-cnn/{meta.cut}/encoder")
     assert encoder.content == (AE / "encoder.safetensors").read_bytes()
 

@@ -102,8 +102,8 @@ def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safet
         outs = {}
         for runtime in HeadRuntime:
             info = client.get("/v1/models/fmnist-cnn", params={"runtime": runtime.value}).json()
-            view = ModelView("fmnist-cnn", info["version"], info["cuts"], [], info["patterns"], None, [], [], 0,
-                             runtime=runtime)
+            view = ModelView("fmnist-cnn", info["version"], info["cuts"], [], info["patterns"], None, [], [],
+                             0, runtime=runtime)
             p = next(p for p in info["patterns"] if p["level"] == 0 and p["cut"] == 3)
             head = load_device_head(view, view.plan_of(p), client.get(p["segment"]["url"]).content)
             with torch.inference_mode():
@@ -111,3 +111,21 @@ def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safet
             if runtime is HeadRuntime.ONNX:  # cut 0 has no segment: the input goes up as it is
                 assert load_device_head(view, view.plan_of({**p, "cut": 0}), None)(x) is x
     np.testing.assert_allclose(outs[HeadRuntime.ONNX], outs[HeadRuntime.TORCH], rtol=1e-4, atol=1e-5)
+
+
+def test_a_baselines_server_decoding_is_priced_from_what_the_server_reported_once_it_has():
+    from bench.e2e.baselines import SERVED_LEAST, _served, server_timing
+
+    assert server_timing("decode;dur=0.412") == pytest.approx(4.12e-4)
+    assert server_timing('cache;desc="x", decode;dur=1.5;desc=y') == pytest.approx(1.5e-3)
+    assert server_timing("db;dur=3") is None and server_timing(None) is None
+    b = Baseline("input-webp@75", "codec", 0, 0.005, codec="webp@75")
+    calls = []
+    assert _served(b, lambda: calls.append(1)) < 0.01 and calls  # no reports yet: timed here
+    b.served.extend([3e-4, 5e-4][: SERVED_LEAST - 1])
+    calls.clear()
+    _served(b, lambda: calls.append(1))
+    assert calls  # still too few
+    b.served.extend([4e-4] * (SERVED_LEAST - 1))
+    calls.clear()
+    assert _served(b, lambda: calls.append(1)) == pytest.approx(4e-4) and not calls

@@ -109,6 +109,8 @@ def test_the_answer_is_the_float_models_on_the_cards_preprocessing(any_client, p
     assert v2.status_code == 200, v2.text
     assert r.json()["results"][0]["logits"] == v2.json()["outputs"][0]["data"]
     assert url.endswith(r.json()["plan_id"].split("/", 1)[1] + "/infer") and r.json()["compute_s"] > 0
+    timing = r.headers["server-timing"]  # the decoding's share of compute_s, in milliseconds
+    assert timing.startswith("decode;dur=") and 0 < float(timing[11:]) / 1e3 <= r.json()["compute_s"]
 
 
 def _image_url(client: TestClient) -> str:

@@ -38,8 +38,9 @@ PngImagePlugin.MAX_TEXT_MEMORY = 256 << 10
 
 
 _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error,
-               Image.DecompressionBombError)
-"""What Pillow raises on bytes it cannot read (UnidentifiedImageError is an OSError)."""
+               Image.DecompressionBombError, IndexError, TypeError, KeyError)
+"""What Pillow raises on bytes it cannot read (UnidentifiedImageError is an OSError; its chunk
+parsers raise IndexError on a short iCCP chunk after the image data, found in review)."""
 
 
 def image_fits(width: int, height: int, spec: PreprocessSpec, input_shape: tuple[int, ...],

@@ -171,3 +171,12 @@ def test_image_times_price_from_the_probe_then_from_served_images():
     assert times.samples(key) == 9 and times.predict(key, 784) == pytest.approx(3e-4)  # the last 9 only
     times.observe(("other", "1"), 1.0, 784)  # not probed: ignored
     assert times.samples(("other", "1")) == 0
+
+
+def test_a_short_chunk_after_the_image_data_is_a_bad_request():
+    body = _png(np.zeros((28, 28), np.uint8))
+    end = body.rfind(b"IEND") - 4
+    with pytest.raises(BadRequestError):  # Pillow's iCCP parser raised IndexError here: a 500
+        decode_png(body[:end] + _chunk(b"iCCP", b"x\0") + body[end:], GRAY, (1, 28, 28), BOUND)
+    for kind, data in [(b"iCCP", b""), (b"tEXt", b"\xff"), (b"zTXt", b"k\0\1"), (b"sRGB", b"")]:
+        _never_other_errors(body[:end] + _chunk(kind, data) + body[end:], GRAY, (1, 28, 28))

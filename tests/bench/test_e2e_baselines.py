@@ -33,11 +33,14 @@ def _inputs(model: ModelView, held: frozenset[str] = frozenset()) -> PlanInputs:
                       upload_rate_bps=4e6)
 
 
+PNG = Baseline("input-png", "codec", 0, 0.0, codec="png", host_local_s=1e-4, host_server_s=2e-4,
+               upload_bytes=500.0)  # 0.1 ms to encode on the host, 0.2 ms to decode, 500 B
+
+
 def test_a_codec_is_priced_as_its_bytes_its_encode_and_its_decode(artifacts_dir):
     model = _view(artifacts_dir)
     inputs = _inputs(model)
-    codec = Baseline("input-png", "codec", 0, 0.0, codec="png", host_local_s=1e-4, host_server_s=2e-4,
-                     upload_bytes=500.0)
+    codec = PNG
     one = predict(codec, model, inputs.device, inputs, ratio=3.0, segment=None)
     assert one["time_s"]["local"] == pytest.approx(3e-4)  # host encode x device ratio
     assert one["time_s"]["server"] == pytest.approx(1e-3 + 2e-4)  # tail + decoding
@@ -76,8 +79,7 @@ def test_every_cut_is_forced_with_the_planners_own_cheapest_pattern_for_the_dema
 def test_the_planners_image_plan_is_priced_as_the_png_baseline_and_shares_its_runs(artifacts_dir):
     model = _view(artifacts_dir)
     inputs = _inputs(model)
-    codec = Baseline("input-png", "codec", 0, 0.0, codec="png", host_local_s=1e-4, host_server_s=2e-4,
-                     upload_bytes=500.0)
+    codec = PNG
     baseline = predict(codec, model, inputs.device, inputs, ratio=3.0, segment=None)
     plan = {"pattern_id": "input-png", "cut": 0, "input_image": {"png_bytes": 500, "encode_s": 3e-4},
             "predicted": {"time_s": {"server": 1e-3 + 2e-4}}}

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 # transient on this shared machine; `python -m bench.e2e --rate 5 --model fmnist-cnn
 # --cell-seconds 5`, console) and flipped the plan to all-device.
 PROBE_WINDOW = 3
-TRAFFIC_WINDOW = 2  # cells whose exchanges' implied overhead the next plan request weighs
+TRAFFIC_WINDOW = 2  # sittings whose exchanges' implied overhead the next plan request weighs
 
 
 @dataclass(frozen=True)

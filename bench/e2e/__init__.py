@@ -47,20 +47,23 @@ Every pattern strategy offers deflate and zstd uploads (ADRs 0005, 0007) and sen
 cost model prices cheapest; the device's compression time is part of its encode time (measured,
 scaled).
 
-Every cell is measured in ``--repetitions`` (at least 3) interleaved repetitions: repetition r of
-every device, preset and cache state of a rate and model before repetition r + 1 of any, each a
-whole measurement (profile, link probe, plan, rounds). A strategy's figure is the median of its
-repetitions' medians; a cell's best is the strategy with the smallest such ``J`` among those that
-keep the accuracy demand (:func:`meets_demand`; ``best_any`` ignores the demand); the planner's
-regret is its ``J`` over the best's, minus 1, and a loss is significant when the 95% bootstrap
-interval of that ratio over the repetitions lies above 1.05 (:mod:`bench.e2e.repetitions`).
+Cells are measured in sittings (:mod:`bench.e2e.sitting`): one model, device and rate, every
+preset cold and warm, from one host profile, one link probe and one set of rounds that runs every
+distinct pattern of its cells (a pattern's run is the same work whatever the preset or cache). Every
+sitting is measured in ``--repetitions`` (at least 3) interleaved repetitions: repetition r of every
+device of a rate and model before repetition r + 1 of any, each a whole measurement, with its own
+random orders of the rounds. A strategy's figure is the median of its repetitions' medians; a
+cell's best is the strategy with the smallest such ``J`` among those that keep the accuracy demand
+(:func:`meets_demand`; ``best_any`` ignores the demand); the planner's regret is its ``J`` over the
+best's, minus 1, and a loss is significant when the 95% bootstrap interval of that ratio over the
+repetitions lies above 1.05 (:mod:`bench.e2e.repetitions`).
 
 Fixed strategies pick their cut with the same cost model and inputs as the planner. Their bit
 patterns are served by the same server: the benchmark writes a copy of the artifacts with extra
 patterns at level 1.0, which no demand (< 1) ever admits, so the planner never sees them.
 
-Cold cache: the device holds no segment, downloads count. Warm: it holds every segment it
-downloaded in the cold pass of the same cell. A plan is fetched once per cell and not counted
+Cold cache: the device holds no segment, downloads count. Warm: it holds every segment the cold
+cells of the same sitting downloaded. A plan is fetched once per cell and not counted
 (devices reuse plans while conditions hold). The strategies run in rounds, one inference each on
 the round's test image, in a fresh random order per round, until at least ``--reps`` rounds and
 ``--cell-seconds`` have passed (at most ``--max-reps`` rounds), in each repetition; a repetition's
@@ -69,7 +72,7 @@ where strategies differ by a tenth of a millisecond in a few milliseconds of noi
 too few rounds.)
 
 CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
-A repetition that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
+A sitting that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
 ``--steal-retries`` (2) more times (:func:`steal_gated`); the decision reads the steal, never a
 result. An attempt over the gate, kept or not, leaves nothing in the link windows that price the
 cells after it. The JSON keeps every discarded attempt inside its cell, and the summary gives the grid as
@@ -102,7 +105,6 @@ from bench.e2e.cell import (
     choose_fixed,
     implied_rtt,
     meets_demand,
-    run_cell,
     run_rounds,
 )
 from bench.e2e.config import (
@@ -135,27 +137,68 @@ from bench.e2e.figures import decision_map, plot
 from bench.e2e.gating import (
     STEAL_GATE,
     STEAL_RETRIES,
-    cold_then_warm,
     first_attempts,
     gated_summary,
     over_gate,
+    sitting_cells,
     steal_gated,
 )
 from bench.e2e.grid import run
 from bench.e2e.probes import fit_link, measure_link, measure_rtt, probe_exchange, probe_rtt
 from bench.e2e.report import markdown, summarize
+from bench.e2e.sitting import run_sitting
 from bench.loadgen import enter_private_network
 
 __all__ = [
-    "CLOCK", "DEMAND", "DEVICES", "EXTRA_LEVEL", "FILLER_PORT", "MODELS", "PORT", "PRESET_NAMES",
-    "PROFILE_SECONDS", "QUICK_DEVICES", "QUICK_MODELS", "QUICK_PRESETS", "QUICK_RATES_MBPS", "RATES_MBPS",
+    "CLOCK",
+    "DEMAND",
+    "DEVICES",
+    "EXTRA_LEVEL",
+    "FILLER_PORT",
+    "MODELS",
+    "PORT",
+    "PRESET_NAMES",
+    "PROFILE_SECONDS",
+    "QUICK_DEVICES",
+    "QUICK_MODELS",
+    "QUICK_PRESETS",
+    "QUICK_RATES_MBPS",
+    "RATES_MBPS",
     "STEAL_GATE",
-    "STEAL_RETRIES", "STRATEGIES", "Choice", "Link", "ModelView", "_predict", "choose_fixed",
-    "cold_then_warm", "decision_map", "device_profile", "first_attempts", "fit_link", "gated_summary",
+    "STEAL_RETRIES",
+    "STRATEGIES",
+    "Choice",
+    "Link",
+    "ModelView",
+    "_predict",
+    "choose_fixed",
+    "decision_map",
+    "device_profile",
+    "first_attempts",
+    "fit_link",
+    "gated_summary",
     "host_flops_per_s",
-    "implied_rtt", "main", "markdown", "measure_link", "measure_rtt", "measured_j", "meets_demand",
-    "over_gate", "plot", "probe_exchange", "probe_rtt", "reprofile", "run", "run_cell", "run_once",
-    "run_rounds", "steal_gated", "summarize", "with_baselines", "write_artifacts",
+    "implied_rtt",
+    "main",
+    "markdown",
+    "measure_link",
+    "measure_rtt",
+    "measured_j",
+    "meets_demand",
+    "over_gate",
+    "plot",
+    "probe_exchange",
+    "probe_rtt",
+    "reprofile",
+    "run",
+    "run_once",
+    "run_rounds",
+    "run_sitting",
+    "sitting_cells",
+    "steal_gated",
+    "summarize",
+    "with_baselines",
+    "write_artifacts",
 ]
 
 
@@ -166,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, required=True, help="write results here (plus .md and .png)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"subset (about 8 minutes): models {QUICK_MODELS}, devices {QUICK_DEVICES}, "
+                        help=f"subset (about 6 minutes): models {QUICK_MODELS}, devices {QUICK_DEVICES}, "
                              f"rates {QUICK_RATES_MBPS} Mbit/s, preset {QUICK_PRESETS}, cold and warm")
     parser.add_argument("--repetitions", type=int, default=3,
                         help="interleaved repetitions of every cell (default 3; regret and significance "

@@ -1,9 +1,9 @@
-"""One cell: every strategy's plan, priced by the cost model and measured in interleaved rounds."""
+"""A cell's strategies: each one's plan, its price by the cost model, its runs in interleaved rounds,
+and its record beside the measurement (:mod:`bench.e2e.sitting` measures the cells of a sitting)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import statistics
 import time
@@ -17,9 +17,8 @@ import numpy as np
 from bench.device_clock import ReferenceClock
 from bench.e2e.baselines import ENCODER_PREFIX, Baseline, profile
 from bench.e2e.baselines import predict as predict_baseline
-from bench.e2e.baselines import run_once as run_baseline
-from bench.e2e.config import CLOCK, DEMAND, STRATEGIES
-from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
+from bench.e2e.config import CLOCK, DEMAND
+from bench.e2e.device import Link, ModelView, measured_j
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.devices import DeviceProfile
@@ -179,122 +178,18 @@ def image_offer(baselines: list[Baseline], model: ModelView, pixels: np.ndarray,
             "encode_s": png.host_local_s * ratio}
 
 
-def _fetch(client: httpx.Client, url: str, path: str, link: Link) -> tuple[bytes, float]:
-    link.wire.quiet()
-    start = time.perf_counter()
-    r = client.get(url + path)
-    seconds = time.perf_counter() - start
-    r.raise_for_status()
-    return r.content, seconds
-
-
-def _downloads(client: httpx.Client, url: str, model: ModelView, plans: dict[str, dict[str, Any]],
-               baselines: list[Baseline], held: set[str], link: Link,
-               ) -> tuple[dict[str, float], set[str], dict[str, Callable[..., Any]]]:
-    """Each strategy's download seconds (a segment not held is fetched once per cell and charged to
-    every strategy that needs it), the segments fetched, and the heads."""
-    fetched: dict[str, float] = {}  # segment id -> download seconds in this cell
-
-    def segment(seg: dict[str, Any] | None) -> float:
-        if not seg or seg["id"] in held:
-            return 0.0
-        if seg["id"] not in fetched:
-            model.segments[seg["id"]], fetched[seg["id"]] = _fetch(client, url, seg["url"], link)
-        return fetched[seg["id"]]
-
-    download_s, heads = {}, {}
-    for s, p in plans.items():
-        download_s[s] = segment(p.get("segment"))
-        if p["pattern_id"] == INPUT_PNG:  # the device runs no head: it uploads its image
-            continue
-        heads[s] = _head(model, p, model.segments[p["segment"]["id"]] if p.get("segment") else None)
-    for b in baselines:
-        if b.kind != "ae":
-            download_s[b.name] = 0.0
-            continue
-        lossless = model.plan_of(next(p for p in model.patterns if p["level"] == 0 and p["cut"] == b.cut))
-        download_s[b.name] = segment(lossless["segment"])
-        model.heads[f"ae-head-{b.cut}"] = _head(model, lossless, model.segments[lossless["segment"]["id"]])
-        encoder = f"{ENCODER_PREFIX}{model.name}-{b.cut}"  # held as a segment is
-        if encoder not in held:
-            if encoder not in fetched:
-                fetched[encoder] = _fetch(client, url, f"/bench/ae/{model.name}/{b.cut}/encoder", link)[1]
-            download_s[b.name] += fetched[encoder]
-    return download_s, set(fetched), heads
-
-
-def _key(p: dict[str, Any]) -> str:
-    """The runs a plan shares: its pattern and upload coding; the input-image plan is the
-    ``input-png`` baseline's request to the product's route, so it shares that baseline's runs."""
-    if p["pattern_id"] == INPUT_PNG:
-        return INPUT_PNG
-    return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
-
-
-def run_cell(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
-             preset: str, link: Link, held: set[str], images: np.ndarray, pixels: np.ndarray,
-             baselines: list[Baseline], reps: tuple[int, int, float], clock: ReferenceClock,
-             ) -> tuple[dict[str, Any], set[str]]:
-    """Every strategy in one cell (one repetition); returns its record and the segments downloaded."""
-    # The server prices tails with what recent requests took: the same figures price the rest.
-    model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
-    inputs = _inputs(device, preset, link, held)
-    image = image_offer(baselines, model, pixels, images, ratio)
-    qplan, plan_s = _plan(client, url, model, device, preset, link, held, image)
-    plans = ({"qpart": qplan} | {s: model.plan_of(choose_fixed(model, s, inputs)) for s in STRATEGIES[1:]}
-             | forced_cuts(model, inputs))
-    for s in list(plans)[1:]:  # every strategy sends its packet the way the cost model prices cheaper
-        plans[s]["upload_encoding"] = _predict(model, plans[s], inputs)["upload_encoding"]
-    started = time.perf_counter()
-    download_s, downloaded, heads = _downloads(client, url, model, plans, baselines, held, link)
-    fetched = time.perf_counter()
-    for b in baselines:
-        if not (b.name == INPUT_PNG and image is not None):  # profiled once, for the offer
-            profile(b, model, pixels, images[:1])
-    profiled = time.perf_counter()
-    # Strategies that chose the same pattern do the same thing: each distinct pattern runs once per
-    # round and its runs count for every strategy that chose it (otherwise two names for one plan
-    # would differ by measurement noise alone). A pattern sent raw, deflated or zstd-compressed is
-    # three plans.
-    by_key = {_key(p): s for s, p in reversed(plans.items())} | {b.name: b.name for b in baselines}
-    named = {b.name: b for b in baselines}
-
-    def once(pid: str, i: int) -> dict[str, float]:
-        if pid in named:
-            return run_baseline(client, url, model, named[pid], pixels[i], images[i : i + 1], ratio, link)
-        s = by_key[pid]
-        return run_once(client, url, model, plans[s], heads[s], images[i : i + 1], ratio, link)
-
-    rng = random.Random(f"{model.name}/{device.name}/{link.rate_mbps}/{preset}/{sorted(held)}")
-    runs, speeds = run_rounds(once, list(by_key), len(images), clock, model.reference_s, rng, reps)
-    wall_s = {"downloads": fetched - started, "baseline_profiles": profiled - fetched,
-              "rounds": time.perf_counter() - profiled}
-    out = _results(model, device, preset, inputs, ratio, qplan, plans, baselines, download_s, runs)
-    best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
-    exchanged = {_key(p): p for p in plans.values()
-                 if p["cut"] < model.cuts - 1 and p["pattern_id"] != INPUT_PNG}
-    cell = {"strategies": out, "best": best, "plan_s": plan_s, "reps": len(speeds), "wall_s": wall_s,
-            "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)},
-            "best_any": min(out, key=lambda s: out[s]["measured_J"]),
-            "implied_rtt_s": implied_rtt(model, exchanged, runs, inputs),
-            "qpart_regret": out["qpart"]["measured_J"] / out[best]["measured_J"] - 1.0,
-            # the server's prediction for its plan equals this benchmark's pricing of it
-            "qpart_plan_check": math.isclose(_predict(model, qplan, inputs)["objective"],
-                                             qplan["predicted"]["objective"], rel_tol=1e-9)}
-    return cell, downloaded
-
-
 def _results(model: ModelView, device: DeviceProfile, preset: str, inputs: PlanInputs, ratio: float,
              qplan: dict[str, Any], plans: dict[str, dict[str, Any]], baselines: list[Baseline],
              download_s: dict[str, float], runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
-    """Every strategy's prediction beside its measurement (the runs of its pattern or baseline)."""
+    """Every strategy's prediction beside its measurement (``runs``: each strategy's and baseline's,
+    by name: the runs of its pattern or baseline)."""
     def flops(cut: int) -> float:
         return model.artifact.cuts[cut].head_flops
 
     out = {}
     for s, p in plans.items():
         predicted = qplan["predicted"] if s == "qpart" else _predict(model, p, inputs)
-        measured = measured_j(device, preset, flops(p["cut"]), download_s[s], runs[_key(p)])
+        measured = measured_j(device, preset, flops(p["cut"]), download_s[s], runs[s])
         out[s] = _record(predicted, p["cut"], measured, pattern_id=p["pattern_id"],
                          meets_demand=meets_demand(s, p), test_drop=p.get("test_drop"),
                          download_s=download_s[s])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -47,24 +46,24 @@ def steal_gated(measure: Callable[[], dict[str, Any]], probes: deque[ExchangePro
             probes.extend(kept)
         if not stolen or len(discarded) >= retries:
             return {**cell, "discarded": discarded}
-        _progress(cell, f"discarded (steal over {gate:.0%}): ")
+        for one in cell.get("cells", [cell]):  # a sitting's cells, or one cell
+            _progress(one, f"discarded (steal over {gate:.0%}): ")
         discarded.append(cell)
 
 
-def cold_then_warm(measure: Callable[..., dict[str, Any]], probes: deque[ExchangeProbe],
-                   implied: deque[float], gate: float, retries: int) -> list[dict[str, Any]]:
-    """One device and preset's two cells, each :func:`steal_gated`: cold (the device holds no
-    segment), then warm (it holds what the cold cell's kept attempt downloaded).
-    ``measure(cache=..., held=...)`` measures one cell; only a kept attempt's traffic, and only
-    one within the gate (or of unknown steal), enters the overhead window (``implied``)."""
-    held: set[str] = set()
-    cells = []
-    for cache in ("cold", "warm"):
-        cell = steal_gated(functools.partial(measure, cache=cache, held=set(held)), probes, gate, retries)
-        held |= set(cell.pop("downloaded"))
-        if cell["implied_rtt_s"] is not None and not over_gate(cell, gate):
-            implied.append(cell["implied_rtt_s"])
-        cells.append(cell)
+def sitting_cells(measure: Callable[[], dict[str, Any]], probes: deque[ExchangeProbe],
+                  implied: deque[float], gate: float, retries: int) -> list[dict[str, Any]]:
+    """One sitting's cells (:mod:`bench.e2e.sitting`: a device's presets, cold and warm), the sitting
+    :func:`steal_gated` as one measurement: each cell carries the same cell of every discarded
+    attempt under ``"discarded"``. ``measure()`` returns ``{"cells": [...], "cpu_steal": ...,
+    "implied_rtt_s": ..., "downloaded": [...]}``; only a kept attempt's traffic, and only one within
+    the gate (or of unknown steal), enters the overhead window (``implied``)."""
+    sitting = steal_gated(measure, probes, gate, retries)
+    if sitting["implied_rtt_s"] is not None and not over_gate(sitting, gate):
+        implied.append(sitting["implied_rtt_s"])
+    cells = [{**cell, "discarded": [d["cells"][i] for d in sitting["discarded"]]}
+             for i, cell in enumerate(sitting["cells"])]
+    for cell in cells:
         _progress(cell)
     return cells
 

@@ -23,7 +23,6 @@ from bench import cpu_ticks, steal_fraction
 from bench.device_clock import ReferenceClock
 from bench.e2e.artifacts import write_artifacts
 from bench.e2e.baselines import Baseline, load_baselines
-from bench.e2e.cell import run_cell
 from bench.e2e.config import (
     DEMAND,
     DEVICES,
@@ -37,9 +36,10 @@ from bench.e2e.config import (
     RUNTIMES,
 )
 from bench.e2e.device import Link, ModelView, OrtHead, device_profile, host_flops_per_s, reprofile
-from bench.e2e.gating import cold_then_warm, gated_summary
+from bench.e2e.gating import gated_summary, sitting_cells
 from bench.e2e.probes import fit_link, measure_link, probe_exchange, probe_rtt
 from bench.e2e.repetitions import merge
+from bench.e2e.sitting import run_sitting
 from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, Server, start_server
@@ -72,13 +72,14 @@ def device_runtime(device: str) -> HeadRuntime:
     return HeadRuntime(RUNTIMES.get(device, "torch"))
 
 
-def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str, model: ModelView,
-                  device: str, preset: str, link: Link, images: np.ndarray, pixels: np.ndarray,
-                  baselines: list[Baseline], reps: tuple[int, int, float],
-                  clock: ReferenceClock, probes: deque[ExchangeProbe], implied: deque[float],
-                  probe_rng: random.Random) -> dict[str, Any]:
-    """One cell, with its record: the segments it downloaded under ``"downloaded"``."""
-    # Before every cell, one clock for prediction and measurement: host head times (an all-device
+def _measure_sitting(*, client: httpx.Client, url: str, model: ModelView, device: str,
+                     presets: tuple[str, ...], link: Link, images: np.ndarray, pixels: np.ndarray,
+                     baselines: list[Baseline], reps: tuple[int, int, float], clock: ReferenceClock,
+                     probes: deque[ExchangeProbe], probe_rng: random.Random, repetition: int,
+                     implied: deque[float]) -> dict[str, Any]:
+    """One sitting (:mod:`bench.e2e.sitting`): its cells' records under ``"cells"``, with the CPU
+    steal it ran under, the overhead its traffic implied and the segments it downloaded."""
+    # Before every sitting, one clock for prediction and measurement: host head times (an all-device
     # run took 2.25 ms where its profile, taken three cells earlier, said 1.62) and the exchange's
     # overhead and upload rate (one cut-0 exchange took 2.1 to 3.1 ms across one rate's cells).
     ticks = cpu_ticks()
@@ -90,17 +91,19 @@ def _measure_cell(*, cache: str, held: set[str], client: httpx.Client, url: str,
     fitted, link.upload_rate_bps = fit_link(model, link, probes)
     link.rtt_s = overhead(fitted, implied)
     probed = time.perf_counter()
-    cell, got = run_cell(client, url, model, profile, ratios[model.name], preset, link, held, images,
-                         pixels, baselines, reps, clock)
-    cell["wall_s"] = {"profile": profiled - started, "probe": probed - profiled, **cell["wall_s"],
-                      "total": time.perf_counter() - started}
-    return {"device": device, "runtime": model.runtime.value, "rate_mbps": link.rate_mbps,
-            "model": model.name, "preset": preset,
-            "cache": cache, "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
-            "probe_rtt_s": fitted,
-            "upload_rate_mbps": None if link.upload_rate_bps is None else link.upload_rate_bps / 1e6,
-            "probe": dataclasses.asdict(probes[-1]), "speed_ratio": ratios[model.name], **cell,
-            "cpu_steal": steal_fraction(ticks, cpu_ticks()), "downloaded": sorted(got)}
+    records, implied_s, got = run_sitting(client, url, model, profile, ratios[model.name], presets, link,
+                                          images, pixels, baselines, reps, clock, repetition)
+    steal = steal_fraction(ticks, cpu_ticks())
+    wall = {"profile": profiled - started, "probe": probed - profiled}
+    common = {"device": device, "runtime": model.runtime.value, "rate_mbps": link.rate_mbps,
+              "model": model.name, "goodput_mbps": link.goodput_bps / 1e6, "rtt_s": link.rtt_s,
+              "probe_rtt_s": fitted,
+              "upload_rate_mbps": None if link.upload_rate_bps is None else link.upload_rate_bps / 1e6,
+              "probe": dataclasses.asdict(probes[-1]), "speed_ratio": ratios[model.name],
+              "cpu_steal": steal}
+    total = time.perf_counter() - started
+    cells = [{**common, **r, "wall_s": {**wall, **r["wall_s"], "total": total}} for r in records]
+    return {"cells": cells, "cpu_steal": steal, "implied_rtt_s": implied_s, "downloaded": sorted(got)}
 
 
 def model_images(model: str, n: int) -> np.ndarray:
@@ -146,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for by_runtime in views:
                         model = next(iter(by_runtime.values()))
                         measure = functools.partial(
-                            _measure_cell, client=client, url=url, link=link, images=images[model.name],
+                            _measure_sitting, client=client, url=url, link=link, images=images[model.name],
                             pixels=pixels, baselines=baselines[model.name],
                             reps=(args.reps, args.max_reps, args.cell_seconds), clock=clock,
                             probe_rng=probe_rng)
@@ -167,21 +170,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _model_cells(args: argparse.Namespace, measure: Callable[..., dict[str, Any]], client: httpx.Client,
                  url: str, views: dict[HeadRuntime, ModelView], link: Link, images: np.ndarray,
                  probe_rng: random.Random) -> list[dict[str, Any]]:
-    """One rate and model: every device and preset, cold then warm, ``args.repetitions`` times
-    interleaved (repetition r of every cell before repetition r + 1 of any); merged per cell."""
+    """One rate and model: a sitting per device (every preset, cold and warm), ``args.repetitions``
+    times interleaved (repetition r of every device before repetition r + 1 of any); merged per cell."""
     devices = QUICK_DEVICES if args.quick else DEVICES
     presets = QUICK_PRESETS if args.quick else PRESET_NAMES
     # A full window from the start: the first cells smooth as the later do.
     model = next(iter(views.values()))  # the probe's cut-0 exchange is the same for every runtime
     probes = deque((probe_exchange(client, url, model, images[:1], link, probe_rng)
                     for _ in range(PROBE_WINDOW)), maxlen=PROBE_WINDOW)
-    implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the cells' traffic
+    implied: deque[float] = deque(maxlen=TRAFFIC_WINDOW)  # from the sittings' traffic
     reps: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in range(args.repetitions):
         for d in devices:
-            for preset in presets:
-                one = functools.partial(measure, model=views[device_runtime(d)], device=d, preset=preset,
-                                        probes=probes, implied=implied)
-                for cell in cold_then_warm(one, probes, implied, args.steal_gate, args.steal_retries):
-                    reps.setdefault((d, preset, cell["cache"]), []).append({**cell, "repetition": r})
+            one = functools.partial(measure, model=views[device_runtime(d)], device=d, presets=tuple(presets),
+                                    probes=probes, implied=implied, repetition=r)
+            for cell in sitting_cells(one, probes, implied, args.steal_gate, args.steal_retries):
+                reps.setdefault((d, cell["preset"], cell["cache"]), []).append({**cell, "repetition": r})
     return [merge(v) for v in reps.values()]

@@ -11,12 +11,12 @@ from bench.e2e import (
     STRATEGIES,
     ModelView,
     _predict,
-    cold_then_warm,
     first_attempts,
     gated_summary,
     implied_rtt,
     markdown,
     meets_demand,
+    sitting_cells,
     steal_gated,
     summarize,
     with_baselines,
@@ -121,31 +121,33 @@ def test_the_gate_reads_only_steal_and_gives_up_after_its_retries():
     assert unknown["discarded"] == []  # no reading, no retry
 
 
-def test_warm_holds_what_the_kept_cold_attempt_downloaded_and_only_kept_traffic_is_remembered():
-    seen = []
-    steals = iter([0.3, 0.01, 0.01])  # cold: discarded then kept; warm: kept
-    implied_of = iter([9.0, 1.0, 2.0])
+def test_a_sitting_is_gated_as_one_measurement_and_only_its_kept_traffic_is_remembered():
+    steals = iter([0.3, 0.01])  # the first attempt over the gate, the second kept
+    implied_of = iter([9.0, 1.0])
+    attempts = []
 
-    def measure(*, cache, held):
-        seen.append((cache, sorted(held)))
-        n = len(seen)
-        return {**_cell(next(steals), 0.0), "implied_rtt_s": next(implied_of), "downloaded": [f"seg{n}"],
-                "cache": cache}
+    def measure():
+        steal, implied_s = next(steals), next(implied_of)
+        cells = [{**_cell(steal, 0.01 * i), "preset": p, "cache": c, "attempt": len(attempts)}
+                 for i, (p, c) in enumerate([("a", "cold"), ("a", "warm"), ("b", "cold"), ("b", "warm")])]
+        attempts.append(1)
+        return {"cells": cells, "cpu_steal": steal, "implied_rtt_s": implied_s, "downloaded": ["seg"]}
 
     implied = deque(maxlen=2)
-    cells = cold_then_warm(measure, deque(), implied, gate=0.05, retries=2)
-    assert seen == [("cold", []), ("cold", []), ("warm", ["seg2"])]  # the retry starts cold again
-    assert [c["cache"] for c in cells] == ["cold", "warm"]
-    assert list(implied) == [1.0, 2.0]  # not the discarded attempt's 9.0
+    cells = sitting_cells(measure, deque(), implied, gate=0.05, retries=2)
+    assert [(c["preset"], c["cache"]) for c in cells] == [("a", "cold"), ("a", "warm"), ("b", "cold"),
+                                                          ("b", "warm")]
+    assert all(c["attempt"] == 1 for c in cells)  # every cell from the kept attempt
+    # each cell carries its own cell of the discarded attempt, for the raw summary
+    assert [[(d["preset"], d["cache"], d["attempt"]) for d in c["discarded"]] for c in cells] == [
+        [("a", "cold", 0)], [("a", "warm", 0)], [("b", "cold", 0)], [("b", "warm", 0)]]
+    assert list(implied) == [1.0]  # one figure a sitting, not the discarded attempt's 9.0
     assert all("downloaded" not in c for c in cells)
-    # a cell kept over the gate (retries spent) prices no later cell with its traffic
-    over = iter([0.3, 0.01])
+    # a sitting kept over the gate (retries spent) prices no later sitting with its traffic
+    steals, implied_of = iter([0.3]), iter([7.0])
     implied.clear()
-    seen.clear()
-    steals = over
-    implied_of = iter([7.0, 3.0])
-    cold_then_warm(measure, deque(), implied, gate=0.05, retries=0)
-    assert list(implied) == [3.0]
+    sitting_cells(measure, deque(), implied, gate=0.05, retries=0)
+    assert list(implied) == []
 
 
 def test_the_gated_summary_reports_the_raw_grid_and_what_stayed_over_the_gate():

@@ -8,8 +8,9 @@ import pytest
 
 from bench.e2e import ModelView, _predict
 from bench.e2e.baselines import Baseline, predict
-from bench.e2e.cell import _key, forced_cuts
+from bench.e2e.cell import forced_cuts
 from bench.e2e.config import DEMAND
+from bench.e2e.sitting import _key
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import MeasuredHeads, get_device
 from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs

@@ -190,8 +190,12 @@ class DeviceClient:
                    progress: Callable[[int, int], None] | None = None) -> InferenceRun:
         """One image file (``images``: its model input, one row) with the image itself offered as
         a PNG (ADR 0014): uploaded where the plan says so, else the plan is carried out on
-        ``images``."""
-        png, width, height, encode_s = png_of_file(path)
+        ``images``; a file no PNG can carry exactly (:func:`png_of_file`) is not offered."""
+        offer = png_of_file(path, self.metadata(model).input_spec, images[0])
+        if offer is None:  # no PNG of this file gives the server the same input: send the input
+            return self.infer(images, model, demand, rate_bps=rate_bps, preset=preset, deadline_s=deadline_s,
+                              progress=progress)
+        png, width, height, encode_s = offer
         t0 = time.perf_counter()
         plan = self.plan(model, demand, rate_bps=rate_bps, batch=1, preset=preset, deadline_s=deadline_s,
                          input_image={"png_bytes": len(png), "width": width, "height": height,

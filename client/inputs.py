@@ -70,13 +70,18 @@ def check_image_files(paths: list[Path]) -> None:
             raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
 
 
-_PNG_MODES = ("1", "L", "LA", "I", "P", "RGB", "RGBA")
-"""Pillow modes a PNG holds as they are; any other (CMYK, YCbCr ...) is stored as RGB."""
+_PNG_MODES = ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA")
+"""Pillow modes a PNG may hold as they are (mode I only where its values fit 16 bits); any other
+(CMYK, YCbCr ...) is stored as RGB, and offered only where that gives the same model input."""
 
 
-def png_of_file(path: Path) -> tuple[bytes, int, int, float]:
+def png_of_file(path: Path, spec: PreprocessSpec,
+                model_input: npt.NDArray[np.float32]) -> tuple[bytes, int, int, float] | None:
     """The image in ``path`` as a PNG (lossless, before any preprocessing: ADR 0014's input-image
-    plan), its width and height, and the seconds encoding it took on this device.
+    plan), its width and height, and the seconds encoding it took on this device; None where no PNG
+    of it gives the server ``model_input`` (what ``spec`` makes of the file here): a mode PNG
+    cannot store (32-bit integer or float pixels), or one whose conversion to RGB moves a value
+    (YCbCr, CMYK). The device then sends what a plan says of ``model_input`` instead.
 
     Raises:
         DeviceInputError: the file is not a readable image.
@@ -84,17 +89,26 @@ def png_of_file(path: Path) -> tuple[bytes, int, int, float]:
     try:
         with Image.open(path) as img:
             img.load()
-            image = img if img.mode in _PNG_MODES else img.convert("RGB")
-            # The first PNG a process writes pays for loading the encoder (3.5 ms against 0.13 ms
-            # for a 28x28 image on this host): a 1x1 image pays it, untimed.
-            image.resize((1, 1)).save(io.BytesIO(), "PNG")
-            start = time.perf_counter()
-            buffer = io.BytesIO()
-            image.save(buffer, "PNG")
-            seconds = time.perf_counter() - start
+            image = img.copy() if img.mode in _PNG_MODES else img.convert("RGB")  # outlives the file
     except _UNREADABLE as exc:
         raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
-    return buffer.getvalue(), image.width, image.height, seconds
+    try:
+        # The first PNG a process writes pays for loading the encoder (3.5 ms against 0.13 ms for
+        # a 28x28 image on this host): a 1x1 image pays it, untimed.
+        image.resize((1, 1)).save(io.BytesIO(), "PNG")
+        start = time.perf_counter()
+        buffer = io.BytesIO()
+        image.save(buffer, "PNG")
+        seconds = time.perf_counter() - start
+    except (OSError, ValueError):  # readable, but Pillow cannot write it as a PNG (mode I, F)
+        return None
+    png = buffer.getvalue()
+    try:
+        with Image.open(io.BytesIO(png), formats=["PNG"]) as back:
+            same = np.array_equal(preprocess_image(back, spec), model_input)
+    except (PreprocessError, *_UNREADABLE):
+        same = False
+    return (png, image.width, image.height, seconds) if same else None
 
 
 def read_image_files(paths: list[Path], spec: PreprocessSpec) -> npt.NDArray[np.float32]:

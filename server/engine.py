@@ -24,6 +24,7 @@ from qpart.server.images import (
     finish_png,
     image_fits,
     open_png,
+    png_size,
     probe_png,
 )
 from qpart.server.metrics import Metrics
@@ -47,7 +48,12 @@ from qpart.server.tail_pool import TailPool
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
 _INLINE_DECODE_BYTES = 64 << 10
-_INLINE_IMAGE_PIXELS = 256 * 256  # the same for input images (ADR 0014), by their header's size
+# Input images (ADR 0014) are opened and decoded on the event loop only when both their header's
+# size and their body are this small: Pillow walks every chunk before the pixels, and an 8 MiB body
+# of 699k empty chunks held the loop for 2.0 s (review) though its header said 1x1.
+_INLINE_IMAGE_PIXELS = 256 * 256
+_INLINE_IMAGE_BYTES = 64 << 10
+_IMAGE_DECODES = 2  # input images decoded off the loop at once; more wait for a turn
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class Engine:
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)
         self.image_times = ImageTimes()  # decoding and preprocessing input images (ADR 0014)
+        self._image_decodes = asyncio.Semaphore(_IMAGE_DECODES)  # a large image costs 100s of ms
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -254,14 +261,20 @@ class Engine:
         if spec is None or not self.image_times.takes_images((model.name, model.version)):
             raise NotFoundError(f"model '{name}' version '{version}' has no input-image plan: its card "
                                 "declares no preprocessing that makes an image into its input")
+        def decode() -> tuple[int, np.ndarray]:
+            image = open_png(body, spec, shape, self.settings.max_image_pixels)
+            return image.width * image.height, finish_png(image, spec, shape)
+
+        width, height = png_size(body) if body else (0, 0)  # open_png says why an empty body fails
         started = time.perf_counter()
-        image = open_png(body, spec, shape, self.settings.max_image_pixels)
-        if image.width * image.height <= _INLINE_IMAGE_PIXELS:
-            x = finish_png(image, spec, shape)
-        else:  # a large image: keep the event loop free while it decodes
-            x = await asyncio.to_thread(finish_png, image, spec, shape)
+        if len(body) <= _INLINE_IMAGE_BYTES and width * height <= _INLINE_IMAGE_PIXELS:
+            pixels, x = decode()
+        else:  # a large image or body: keep the event loop free while it decodes, a few at a time
+            async with self._image_decodes:
+                started = time.perf_counter()  # its own decoding, not its wait for a turn
+                pixels, x = await asyncio.to_thread(decode)
         decode_s = time.perf_counter() - started
-        self.image_times.observe((model.name, model.version), decode_s, image.width * image.height)
+        self.image_times.observe((model.name, model.version), decode_s, pixels)
         rows, queue_s, compute_s = await self.tails.run(model, 0, x)
         if not rows.finite.all():
             raise UnprocessableError("the model produced non-finite logits for this image")

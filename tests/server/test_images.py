@@ -180,3 +180,42 @@ def test_a_short_chunk_after_the_image_data_is_a_bad_request():
         decode_png(body[:end] + _chunk(b"iCCP", b"x\0") + body[end:], GRAY, (1, 28, 28), BOUND)
     for kind, data in [(b"iCCP", b""), (b"tEXt", b"\xff"), (b"zTXt", b"k\0\1"), (b"sRGB", b"")]:
         _never_other_errors(body[:end] + _chunk(kind, data) + body[end:], GRAY, (1, 28, 28))
+
+
+def test_image_times_count_a_slow_image_at_most_the_clamp():
+    from qpart.server.images import ImageTimes
+
+    times, key = ImageTimes(), ("m", "1")
+    times.set_probe(key, 1e-4, 784)
+    for _ in range(9):  # one client's costly images: seconds each
+        times.observe(key, 2.0, 784)
+    assert times.predict(key, 784) == pytest.approx(ImageTimes.CLAMP * 1e-4)
+    for _ in range(9):  # served images within the clamp are counted as they are
+        times.observe(key, 8e-4, 784)
+    assert times.predict(key, 784) == pytest.approx(8e-4)
+
+
+def test_a_body_of_many_tiny_chunks_is_refused_before_pillow_walks_them():
+    from qpart.server.images import chunk_allowance
+
+    body = _png(np.zeros((28, 28), np.uint8))
+    start = body.index(b"IDAT") - 4
+    junk = _chunk(b"teXt", b"") * 200_000  # 2.4 MB of empty ancillary chunks before the pixels
+    flood = body[:start] + junk + body[start:]
+    began = time.perf_counter()
+    with pytest.raises(BadRequestError, match="chunks"):
+        decode_png(flood, GRAY, (1, 28, 28), BOUND)
+    assert time.perf_counter() - began < 0.1  # the walk stops at the allowance
+    # an image as encoders write it passes, however its data is split
+    split = Image.fromarray(np.random.default_rng(0).integers(0, 256, (512, 512), np.uint8))
+    buffer = io.BytesIO()
+    split.save(buffer, "PNG", compress_level=0)  # Pillow writes its data in 64 KiB chunks
+    raw = buffer.getvalue()
+    assert raw.count(b"IDAT") > 3 and raw.count(b"IDAT") < chunk_allowance(len(raw))
+    big = PreprocessSpec(color="L", resize=(28, 28), mean=(0.0,), std=(1.0,))
+    assert decode_png(raw, big, (1, 28, 28), BOUND).shape == (1, 1, 28, 28)
+    # a body at the allowance exactly is read; one chunk more is refused
+    few = body[:start] + _chunk(b"teXt", b"") * (chunk_allowance(len(body)) - 4) + body[start:]
+    n = few.count(b"teXt") + 4  # IHDR, IDAT, IEND and the text chunks
+    assert n <= chunk_allowance(len(few))
+    decode_png(few, GRAY, (1, 28, 28), BOUND)

@@ -209,8 +209,8 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
     else:
         head = model.heads[f"ae-head-{b.cut}"]
         x = torch.from_numpy(image)
-        host = median_seconds(lambda: head(x), warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
-        with torch.inference_mode():
+        with torch.inference_mode():  # as bench.e2e.device.run_once times a head
+            host = median_seconds(lambda: head(x), warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
             act = head(x)
         host += median_seconds(lambda: _bottleneck(b, act), warmup=ENCODE_RUNS["settle"],
                                repeats=ENCODE_RUNS["burst"])
@@ -225,4 +225,4 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
     if decode_s is not None:
         b.served.append(decode_s)
     return {"local": host * ratio, "round_trip": round_trip,
-            "server": answer["queue_s"] + answer["compute_s"]}
+            "server": answer["queue_s"] + answer["compute_s"], "upload_bytes": float(len(body))}

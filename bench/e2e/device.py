@@ -153,10 +153,13 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     """One inference: head on the device (timed, scaled), upload, tail on the server."""
     x = torch.from_numpy(image)
     # steady-state head time (median of 9) after 5 warm-up runs: the device just idled on the link
-    # and its first runs are slow (seen: up to 1.5x). reprofile times every head the same way.
-    host_head = (median_seconds(lambda: head(x), warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
-                 if plan["cut"] > 0 else 0.0)
+    # and its first runs are slow (seen: up to 1.5x). reprofile times every head the same way, and
+    # under inference mode, as the device runtime runs its heads: timed outside it, a torch head
+    # recorded its autograd graph (the fmnist-mobilenet's whole model read 17-53% over its profile
+    # in the warm cells of a quick grid at 675757f)
     with torch.inference_mode():
+        host_head = (median_seconds(lambda: head(x), warmup=HEAD_RUNS["settle"], repeats=HEAD_RUNS["burst"])
+                     if plan["cut"] > 0 else 0.0)
         act = head(x).numpy() if plan["cut"] > 0 else image
     packet, host_encode = b"", 0.0
     headers: dict[str, str] = {}
@@ -169,14 +172,15 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
         packet, headers = upload_body(packing, encode_for_plan(act, packing))
     local = (host_head + host_encode) * ratio
     if plan["cut"] == model.cuts - 1:
-        return {"local": local, "round_trip": 0.0, "server": 0.0}
+        return {"local": local, "round_trip": 0.0, "server": 0.0, "upload_bytes": 0.0}
     link.wire.quiet()
     start = time.perf_counter()
     r = client.post(url + plan["infer_url"], content=packet, headers=headers)
     round_trip = time.perf_counter() - start
     r.raise_for_status()
     body = r.json()
-    return {"local": local, "round_trip": round_trip, "server": body["queue_s"] + body["compute_s"]}
+    return {"local": local, "round_trip": round_trip, "server": body["queue_s"] + body["compute_s"],
+            "upload_bytes": float(len(packet))}  # the body as sent (compressed where the plan says)
 
 
 def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: float,
@@ -195,4 +199,5 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
             "measured_local_s": statistics.median(r["local"] for r in runs),
             "measured_transfer_s": statistics.median(transfers),
             "measured_round_trip_s": statistics.median(r["round_trip"] for r in runs),
+            "measured_upload_bytes": statistics.median(r.get("upload_bytes", 0.0) for r in runs),
             "measured_server_s": statistics.median(r["server"] for r in runs)}

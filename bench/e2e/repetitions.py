@@ -23,7 +23,8 @@ BOOTSTRAP_DRAWS = 10_000
 SIGNIFICANT_LOSS = 0.05
 _MEDIANED = ("predicted_J", "predicted_time_s", "predicted_local_s", "predicted_transfer_s",
              "predicted_server_s", "measured_J", "measured_time_s", "measured_local_s", "measured_transfer_s",
-             "measured_round_trip_s", "measured_server_s", "transfer_bytes", "download_s")
+             "measured_round_trip_s", "measured_server_s", "measured_upload_bytes", "transfer_bytes",
+             "download_s")
 
 
 def bootstrap_ratio(num: list[float], den: list[float], draws: int = BOOTSTRAP_DRAWS,
@@ -58,6 +59,20 @@ def _versus(q: dict[str, Any], other: dict[str, Any], seed: str) -> dict[str, An
             "significant_loss": lo > 1.0 + SIGNIFICANT_LOSS, "meets_demand": other["meets_demand"]}
 
 
+def _twin(q: dict[str, Any], reps: list[dict[str, Any]], seed: str) -> dict[str, Any]:
+    """The planner's plan measured a second time in the same rounds (``twin_J``, where the
+    repetitions have it): its median J over the planner's, minus 1 (``twin_gap``: the noise floor
+    of a strategy's J in this cell), and whether that gap passes for a significant loss, as a loss
+    of the planner would (the test's false alarms on one strategy against itself)."""
+    if not all("twin_J" in r for r in reps):
+        return {}
+    js = [r["twin_J"] for r in reps]
+    lo, hi = bootstrap_ratio(js, q["J_repetitions"], seed=seed + "/twin")
+    return {"twin_J_repetitions": js, "twin_gap": statistics.median(js) / q["measured_J"] - 1.0,
+            "twin_ci95": [lo - 1.0, hi - 1.0],
+            "twin_significant": lo > 1.0 + SIGNIFICANT_LOSS or hi < 1.0 / (1.0 + SIGNIFICANT_LOSS)}
+
+
 def merge(reps: list[dict[str, Any]]) -> dict[str, Any]:
     """One cell's record from its repetitions' (each as :func:`bench.e2e.cell.run_cell` made it)."""
     names = [s for s in reps[0]["strategies"] if all(s in r["strategies"] for r in reps)]
@@ -69,12 +84,13 @@ def merge(reps: list[dict[str, Any]]) -> dict[str, Any]:
     lo, hi = (versus[best]["ci95"][0] + 1.0, versus[best]["ci95"][1] + 1.0) if best != "qpart" else (1.0, 1.0)
     steal = [r["cpu_steal"] for r in reps if r.get("cpu_steal") is not None]
     last = reps[-1]
+    twin = _twin(strategies["qpart"], reps, seed)
     return {**{k: v for k, v in last.items() if k not in ("strategies", "discarded")},
             "strategies": strategies, "best": best,
             "best_any": min(names, key=lambda s: strategies[s]["measured_J"]),
             "qpart_regret": strategies["qpart"]["measured_J"] / strategies[best]["measured_J"] - 1.0,
             "regret_ci95": [lo - 1.0, hi - 1.0], "significant_loss": lo > 1.0 + SIGNIFICANT_LOSS,
             "versus": versus, "reps": sum(r["reps"] for r in reps), "repetitions": reps,
-            "cpu_steal": statistics.mean(steal) if steal else None,
+            **twin, "cpu_steal": statistics.mean(steal) if steal else None,
             "cpu_steal_max": max(steal) if steal else None,
             "qpart_plan_check": all(r["qpart_plan_check"] for r in reps)}

@@ -68,10 +68,11 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     lost_to = {s: sum(1 for c in cells if (c.get("versus") or {}).get(s, {}).get("significant_loss")
                       and c["versus"][s]["meets_demand"]) for s in names if is_baseline(s)}
     steal = [c["cpu_steal"] for c in cells if c.get("cpu_steal") is not None]
+    gaps = sorted(abs(c["twin_gap"]) for c in cells if "twin_gap" in c)
     regrets = sorted(c["qpart_regret"] for c in cells)
     losses = [c for c in cells if c.get("significant_loss")]
     return {"cells": len(cells), "mean_regret": statistics.mean(regrets),
-            "p95_regret": regrets[min(len(regrets) - 1, math.ceil(0.95 * len(regrets)) - 1)],
+            "p95_regret": _p95(regrets),
             "max_regret": regrets[-1],
             "cells_regret_over_5pct": sum(1 for r in regrets if r > 0.05),
             "significant_losses": len(losses),
@@ -80,8 +81,16 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "median_time_error_by_strategy": time_errors(cells),
             "cells_qpart_beats": beats, "cells_baseline_beats_qpart_significantly": lost_to,
             "plan_checks_ok": all(c["qpart_plan_check"] for c in cells),
+            # the planner's plan against its own twin (bench.e2e.sitting): the noise floor
+            "twin": {"median_abs_gap": statistics.median(gaps), "p95_abs_gap": _p95(gaps),
+                     "max_abs_gap": gaps[-1],
+                     "significant": sum(1 for c in cells if c.get("twin_significant"))} if gaps else None,
             # the host's noise the VM can see (bench.cpu_ticks); None where /proc/stat has none
             "cpu_steal": {"median": statistics.median(steal), "max": max(steal)} if steal else None}
+
+
+def _p95(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def _where(c: dict[str, Any]) -> str:
@@ -159,6 +168,11 @@ def _summary_line(sm: dict[str, Any], gated: bool) -> str:
             + f"Cells: {sm['cells']}; {mean}max regret {sm['max_regret']:+.1%}; cells over 5%: "
             f"{sm['cells_regret_over_5pct']}; {significant}median |predicted - measured| / measured time "
             f"{sm['median_time_error']:.1%}; cells where qpart strictly beats each: "
-            f"{sm['cells_qpart_beats']}; CPU steal per cell "
+            f"{sm['cells_qpart_beats']}; "
+            + (f"the planner's plan against its twin (the same plan measured again in the same rounds): "
+               f"median |gap| {sm['twin']['median_abs_gap']:.1%}, 95th percentile "
+               f"{sm['twin']['p95_abs_gap']:.1%}, max {sm['twin']['max_abs_gap']:.1%}, "
+               f"'significant' {sm['twin']['significant']}; " if sm.get("twin") else "")
+            + "CPU steal per cell "
             + ("unknown" if not sm.get("cpu_steal") else
                f"median {sm['cpu_steal']['median']:.1%}, max {sm['cpu_steal']['max']:.1%}"))

@@ -43,12 +43,13 @@ from bench.e2e.cell import (
     run_rounds,
 )
 from bench.e2e.config import STRATEGIES
-from bench.e2e.device import Link, ModelView, _head, run_once
+from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import INPUT_PNG
 from qpart.server.planner import PlanInputs
 
 CACHES = ("cold", "warm")
+TWIN = "twin:"  # a run key's prefix: the same plan run again, once more a round, under another name
 
 
 @dataclass
@@ -167,9 +168,14 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
             if p["pattern_id"] != INPUT_PNG:
                 work.setdefault(_key(p), (p, heads[s]))
     named = {b.name: b for b in baselines}
-    order = [k for k in work if k not in named] + list(named)
+    # The planner's plan of each cell runs twice a round, under its own key and as its twin: the
+    # two are one strategy measured twice, so how far apart they come out is this host's noise
+    # floor for a strategy's J in that cell (the twin is never a strategy, never a cell's best).
+    twins = {TWIN + _key(cell.qplan) for cell in cells}
+    order = [k for k in work if k not in named] + list(named) + sorted(twins)
 
     def once(pid: str, i: int) -> dict[str, float]:
+        pid = pid.removeprefix(TWIN)
         if pid in named:
             return run_baseline(client, url, model, named[pid], pixels[i], images[i : i + 1], ratio, link)
         plan, head = work[pid]
@@ -200,9 +206,12 @@ def _cell_record(model: ModelView, device: DeviceProfile, ratio: float, cell: Ce
     keyed = {s: runs[_key(p)] for s, p in cell.plans.items()} | {b.name: runs[b.name] for b in baselines}
     out = _results(model, device, cell.preset, cell.inputs, ratio, cell.qplan, cell.plans, baselines,
                    download_s, keyed)
+    twin = measured_j(device, cell.preset, model.artifact.cuts[cell.qplan["cut"]].head_flops,
+                      download_s["qpart"], runs[TWIN + _key(cell.qplan)])
     best = min((s for s in out if out[s]["meets_demand"]), key=lambda s: out[s]["measured_J"])
     return {"preset": cell.preset, "cache": cell.cache, "strategies": out, "best": best,
             "plan_s": cell.plan_s, "best_any": min(out, key=lambda s: out[s]["measured_J"]),
+            "twin_J": twin["measured_J"],
             "qpart_regret": out["qpart"]["measured_J"] / out[best]["measured_J"] - 1.0,
             # the server's prediction for its plan equals this benchmark's pricing of it
             "qpart_plan_check": math.isclose(_predict(model, cell.qplan, cell.inputs)["objective"],

@@ -3,6 +3,8 @@ its bootstrap interval lies above +5%."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from bench.e2e.gating import first_attempts, gated_summary
@@ -74,3 +76,20 @@ def test_regret_is_the_ratio_of_the_medians_and_a_loss_to_any_strategy_counts_fr
     assert not steady["versus"]["a"]["significant_loss"]  # a steady 3% is under the 5% line
     assert steady["versus"]["b"]["significant_loss"]  # 6.2%
     assert steady["best"] == "b" and steady["significant_loss"]
+
+
+def test_the_twin_gap_is_the_planners_plan_against_itself_and_its_false_alarms_are_counted():
+    same = merge([_rep({"qpart": j, "a": 2.0}, twin_J=j) for j in (1.0, 1.1, 0.9)])
+    assert same["twin_gap"] == 0.0 and same["twin_ci95"] == [0.0, 0.0] and not same["twin_significant"]
+    apart = merge([_rep({"qpart": j, "a": 2.0}, twin_J=j * 1.1) for j in (1.0, 1.1, 0.9)])
+    assert apart["twin_gap"] == pytest.approx(0.1) and apart["twin_significant"]
+    below = merge([_rep({"qpart": j, "a": 2.0}, twin_J=j / 1.1) for j in (1.0, 1.1, 0.9)])
+    assert below["twin_significant"]  # either of the two worse than the other is a false alarm
+    near = merge([_rep({"qpart": j, "a": 2.0}, twin_J=j * f)
+                  for j, f in ((1.0, 1.04), (1.1, 0.97), (0.9, 1.0))])
+    assert not near["twin_significant"]
+    assert "twin_gap" not in merge([_rep({"qpart": 1.0, "a": 2.0})] * 3)  # runs from before the twin
+    sm = gated_summary([same, apart, below, near], 0.05)
+    assert sm["twin"]["significant"] == 2 and sm["twin"]["max_abs_gap"] == pytest.approx(0.1)
+    assert sm["twin"]["median_abs_gap"] == pytest.approx(statistics.median(
+        [0.0, 0.1, 1 - 1 / 1.1, abs(near["twin_gap"])]))

@@ -57,3 +57,52 @@ def test_an_unreadable_file_is_one_error_naming_it(tmp_path: Path):
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
     with pytest.raises(DeviceInputError, match=r"x\.png is not a readable image"):
         png_of_file(path, FASHION_MNIST_SPEC, np.zeros((1, 28, 28), np.float32))
+
+
+def _asking(tmp_path: Path, answers: list[tuple[int, str]]):
+    """A device whose server answers each /v1/plan with the next of ``answers``; the bodies it got."""
+    import json
+
+    import httpx
+
+    from qpart.client.device import DeviceClient
+    from qpart.client.settings import DeviceSettings
+    from qpart.client.transport import Transport
+
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/plan"
+        bodies.append(json.loads(request.content))
+        status, error = answers[len(bodies) - 1]
+        return httpx.Response(status, json={"error": error})
+
+    settings = DeviceSettings(server="http://server.test", cache_dir=tmp_path / "cache", retries=0)
+    mock = httpx.Client(base_url=settings.server, transport=httpx.MockTransport(handler))
+    return DeviceClient(settings, transport=Transport(settings, mock)), bodies
+
+
+OFFER = {"png_bytes": 500, "width": 28, "height": 28, "encode_s": 1e-4}
+
+
+def test_a_server_refusing_the_offer_is_asked_again_without_it(tmp_path: Path):
+    from qpart.client.errors import ServerRejectedError
+
+    refused = "body.input_image: Extra inputs are not permitted"  # a server from before ADR 0014
+    device, bodies = _asking(tmp_path, [(422, refused), (400, "no such model")])
+    with device, pytest.raises(ServerRejectedError, match="no such model"):
+        device.plan("m", 0.01, input_image=OFFER)
+    assert [("input_image" in b) for b in bodies] == [True, False]  # asked again, without it
+    assert bodies[1] == {k: v for k, v in bodies[0].items() if k != "input_image"}
+
+
+@pytest.mark.parametrize(("status", "error"), [(422, "body.accuracy_demand: less than 1"),
+                                               (400, "input_image is not what the model takes"),
+                                               (503, "draining")])
+def test_any_other_refusal_is_the_error_itself(tmp_path: Path, status, error):
+    from qpart.client.errors import DeviceError
+
+    device, bodies = _asking(tmp_path, [(status, error)] * 3)
+    with device, pytest.raises(DeviceError):
+        device.plan("m", 0.01, input_image=OFFER)
+    assert all("input_image" in b for b in bodies)  # never retried without the offer

@@ -152,6 +152,14 @@ def test_an_image_plan_of_an_unknown_version_is_a_404(client):
     assert r.status_code == 404
 
 
+@pytest.mark.parametrize("headers", [{}, {"Content-Type": "application/octet-stream"},
+                                     {"Content-Type": "image/png", "Content-Encoding": "zstd"}])
+@pytest.mark.parametrize("where", ["no-such-model/versions/000000000000", f"{MODEL}/versions/000000000000"])
+def test_an_unknown_model_or_version_is_a_404_before_the_content_type_is_judged(client, headers, where):
+    r = client.post(f"/v1/models/{where}/patterns/input-png/infer", content=_png(SHIRT), headers=headers)
+    assert r.status_code == 404, r.text
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.binary(max_size=3000), signed=st.booleans())
 def test_fuzz_the_image_route_never_5xx(client, body, signed):

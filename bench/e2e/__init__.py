@@ -71,6 +71,11 @@ figure is the median, plus the one download when cold. (A fixed count would leav
 where strategies differ by a tenth of a millisecond in a few milliseconds of noisy round trip, to
 too few rounds.)
 
+While the grid runs, one ``SCHED_IDLE`` busy loop per core keeps the cores from halting
+(:mod:`bench.spin`; ``--no-spin`` turns it off): on this KVM guest a halted vCPU's wake-up doubled
+a loopback exchange's median time and widened its spread threefold, noise the strategies' near
+ties drowned in.
+
 CPU steal (time the hypervisor gave this virtual machine's CPUs to others) is recorded per cell.
 A sitting that ran under more than ``--steal-gate`` (default 5%) is measured again, at most
 ``--steal-retries`` (2) more times (:func:`steal_gated`); the decision reads the steal, never a
@@ -228,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
                              f"(default {STEAL_GATE}; the first attempt is kept and summarized apart)")
     parser.add_argument("--steal-retries", type=int, default=STEAL_RETRIES,
                         help=f"most extra attempts per cell (default {STEAL_RETRIES}; 0: never again)")
+    parser.add_argument("--no-spin", dest="spin", action="store_false",
+                        help="let the cores halt when idle (default: a SCHED_IDLE busy loop per core keeps "
+                             "them awake, so a wake-up is not the hypervisor's; bench.spin)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     parser.add_argument("--autoencoders", type=Path, default=AUTOENCODERS,
                         help="bench.autoencoder's trained baselines (default: the committed ones)")

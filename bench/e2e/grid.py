@@ -44,6 +44,7 @@ from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
 from bench.link import ShapedLink
 from bench.loadgen import GENERATOR_CORE, Server, start_server
 from bench.shaped_server import CONTROL_PORT_ENV
+from bench.spin import IdleSpinners
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.data import Split, load_split, load_split_pixels
 from qpart.models.registry import get_model
@@ -120,7 +121,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pixels = load_split_pixels(Split.TEST, limit=args.max_reps)[0]  # what the device holds: the IDX bytes
     baselines = {m: load_baselines(m, autoencoders=args.autoencoders) for m in args.model}
     cells: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
+    # the cores never halt while the grid runs (bench.spin: a halted vCPU's wake-up on this host
+    # took the median loopback exchange from 1.45-1.74 to 3.29-3.53 ms, results/spin.json)
+    with IdleSpinners(enabled=args.spin), tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
         write_artifacts(args.artifacts, list(args.model), Path(tmp))
         env = {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1", CONTROL_PORT_ENV: str(FILLER_PORT),
                "QPART_SEGMENT_CACHE_BYTES": str(256 << 20)}
@@ -161,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server.stop()
     return {"cells": cells, "summary": gated_summary(cells, args.steal_gate), "demand": DEMAND,
             "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
-            "repetitions": args.repetitions, "quick": args.quick,
+            "repetitions": args.repetitions, "quick": args.quick, "idle_spinners": args.spin,
             "runtimes": {d: device_runtime(d).value for d in devices},
             "host_flops_per_s": {v.name: host_flops_per_s(v) for by in views for v in by.values()
                                  if v.runtime is HeadRuntime.TORCH}}

@@ -209,3 +209,20 @@ def test_the_overhead_a_cold_cell_implies_leaves_its_segment_downloads_out(artif
     assert _predict(model, plan, inputs)["time_s"]["transfer"] > wire + 1.0  # a MiB at 5 Mbit/s
     runs = {"k": [{"local": 0.0, "server": 1e-3, "round_trip": 1e-3 + wire + 0.7e-3}]}
     assert implied_rtt(model, {"k": plan}, runs, inputs) == pytest.approx(0.7e-3)
+
+
+def test_idle_spinners_run_one_busy_loop_per_core_at_sched_idle_and_stop():
+    import os
+    import time
+
+    from bench.spin import IdleSpinners
+
+    with IdleSpinners() as spinners:
+        time.sleep(0.5)  # each child has set its policy
+        assert len(spinners._procs) == len(os.sched_getaffinity(0))
+        for p in spinners._procs:
+            assert p.poll() is None and os.sched_getscheduler(p.pid) == os.SCHED_IDLE
+        procs = list(spinners._procs)
+    assert all(p.poll() is not None for p in procs)  # gone with the block
+    with IdleSpinners(enabled=False) as none:
+        assert none._procs == []

@@ -90,6 +90,10 @@ def png_of_file(path: Path, spec: PreprocessSpec,
         with Image.open(path) as img:
             img.load()
             image = img.copy() if img.mode in _PNG_MODES else img.convert("RGB")  # outlives the file
+            # none of the file's metadata (an ICC profile, EXIF, text): the preprocessing ignores it,
+            # it would be priced as upload bytes, and the server caps text chunks at 64 KiB (a 200 KB
+            # profile made an offer the server refused: review)
+            image.info = {k: v for k, v in image.info.items() if k == "transparency"}
     except _UNREADABLE as exc:
         raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
     try:

@@ -267,11 +267,12 @@ class Engine:
 
         width, height = png_size(body) if body else (0, 0)  # open_png says why an empty body fails
         started = time.perf_counter()
+        waited = 0.0  # for a turn to decode: reported as queueing, not as link time
         if len(body) <= _INLINE_IMAGE_BYTES and width * height <= _INLINE_IMAGE_PIXELS:
             pixels, x = decode()
         else:  # a large image or body: keep the event loop free while it decodes, a few at a time
             async with self._image_decodes:
-                started = time.perf_counter()  # its own decoding, not its wait for a turn
+                waited, started = time.perf_counter() - started, time.perf_counter()
                 pixels, x = await asyncio.to_thread(decode)
         decode_s = time.perf_counter() - started
         self.image_times.observe((model.name, model.version), decode_s, pixels)
@@ -279,7 +280,7 @@ class Engine:
         if not rows.finite.all():
             raise UnprocessableError("the model produced non-finite logits for this image")
         return TailAnswer(plan_id=f"{name}@{version}/{INPUT_PNG}", model=name, version=version,
-                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s + decode_s,
+                          rows=rows, top_k=top_k, queue_s=queue_s + waited, compute_s=compute_s + decode_s,
                           names=model.labels), decode_s
 
     async def infer_full(

@@ -30,7 +30,7 @@ INPUT_PNG = "input-png"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONTENT_TYPE: Literal["image/png"] = "image/png"
 PROBE_RUNS = 31  # start-up timing of decoding and preprocessing: the median of this many runs
-MIN_CHUNKS = 64  # chunks any PNG may have (IHDR, PLTE, tRNS, text, IDAT, IEND ...): chunk_allowance
+MIN_CHUNKS = 256  # chunks any PNG may have (IHDR, PLTE, tRNS, text, APNG frames ...): chunk_allowance
 
 # Pillow's own caps: text chunks (decompressed) are held to these, so a PNG of a few kB cannot
 # make the server inflate megabytes of metadata before its pixels.
@@ -78,9 +78,10 @@ def png_size(body: bytes) -> tuple[int, int]:
 
 def chunk_allowance(body_bytes: int) -> int:
     """How many chunks a PNG of ``body_bytes`` may have before its IEND: encoders write image data
-    in chunks of 8 KiB (libpng) to 64 KiB (Pillow), so a real image has a few per 4 KiB at most,
-    and a body of thousands of tiny chunks is work for the parser with no pixels in it."""
-    return MIN_CHUNKS + body_bytes // 4096
+    in chunks of 8 KiB (libpng) to 64 KiB (Pillow), some in 1 KiB ones, so a real image has about
+    one chunk per KiB at most, and a body of thousands of tiny chunks is work for the parser with
+    no pixels in it."""
+    return MIN_CHUNKS + body_bytes // 1024
 
 
 def check_chunks(body: bytes) -> None:
@@ -95,8 +96,8 @@ def check_chunks(body: bytes) -> None:
     while pos + 8 <= len(body):
         count += 1
         if count > allowed:
-            raise BadRequestError(f"the PNG has more than {allowed} chunks for its {len(body)} bytes; "
-                                  "send the image as an encoder writes it (its data in few chunks)")
+            raise BadRequestError(f"the PNG has more than {allowed} chunks for its {len(body)} bytes "
+                                  f"({MIN_CHUNKS} and one a KiB); write its data in larger chunks")
         length = int.from_bytes(body[pos : pos + 4], "big")
         if body[pos + 4 : pos + 8] == b"IEND":
             return

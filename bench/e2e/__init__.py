@@ -63,7 +63,7 @@ patterns are served by the same server: the benchmark writes a copy of the artif
 patterns at level 1.0, which no demand (< 1) ever admits, so the planner never sees them.
 
 Cold cache: the device holds no segment, downloads count. Warm: it holds every segment the cold
-cells of the same sitting downloaded. A plan is fetched once per cell and not counted
+cell of the same preset and sitting downloaded. A plan is fetched once per cell and not counted
 (devices reuse plans while conditions hold). The strategies run in rounds, one inference each on
 the round's test image, in a fresh random order per round, until at least ``--reps`` rounds and
 ``--cell-seconds`` have passed (at most ``--max-reps`` rounds), in each repetition; a repetition's

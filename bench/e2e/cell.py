@@ -23,7 +23,7 @@ from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import INPUT_PNG
-from qpart.server.planner import PlanInputs, image_pattern, price, price_image
+from qpart.server.planner import PlanInputs, image_pattern, price, price_image, price_options
 from qpart.server.schemas import PRESETS, WeightPreset
 
 
@@ -82,18 +82,30 @@ def meets_demand(strategy: str, p: dict[str, Any]) -> bool:
     return True
 
 
+def _transfer_as_sent(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> float:
+    """The cost model's transfer seconds for a pattern plan in the coding it was sent in (its
+    ``upload_encoding``), not the cheapest under ``inputs``' weights."""
+    seg = p["segment"]
+    pattern = model.pattern(p["pattern_id"])
+    options = price_options(model.artifact, pattern, seg["id"] if seg else None,
+                            seg["size_bytes"] if seg else 0, inputs, model.tail_s[pattern.cut],
+                            model.answer_bytes)
+    sent = p.get("upload_encoding", "identity")
+    return next(o for o in options if o.upload_encoding == sent).time_s.transfer
+
+
 def implied_rtt(model: ModelView, exchanged: dict[str, dict[str, Any]],
                 runs: dict[str, list[dict[str, float]]], inputs: PlanInputs) -> float | None:
-    """The exchange overhead a cell's own traffic implies (None if no plan crossed the link): for
-    each plan that did, the median of its exchanges' rests (round trip less the server's time)
-    less what the cost model prices its transfer at besides the overhead, no download; the
-    median over those plans."""
+    """The exchange overhead a sitting's own traffic implies (None if no plan crossed the link):
+    for each plan that did, the median of its exchanges' rests (round trip less the server's time)
+    less what the cost model prices its transfer at besides the overhead, in the coding it was sent
+    in, no download; the median over those plans."""
     if not exchanged:
         return None
     held = frozenset(p["segment"]["id"] for p in exchanged.values() if p.get("segment"))
     bare = dataclasses.replace(inputs, rtt_s=0.0, held=held)
     rests = {k: statistics.median(r["round_trip"] - r["server"] for r in runs[k]) for k in exchanged}
-    return float(statistics.median(rests[k] - _predict(model, p, bare)["time_s"]["transfer"]
+    return float(statistics.median(rests[k] - _transfer_as_sent(model, p, bare)
                                    for k, p in exchanged.items()))
 
 

@@ -4,8 +4,8 @@ A cell (model, device, rate, preset, cache state) differs from the other cells o
 in what the planner and the fixed strategies choose and in what the device pays to download: a
 pattern's run (head on the device, upload, tail on the server) is the same work whatever the
 preset's weights or the device's cache. So a sitting profiles the host and probes the link once,
-asks for every cell's plans (the cold ones first; the warm ones holding what the cold ones
-downloaded), downloads each segment once (its seconds charged to every cold strategy that needs
+asks for every cell's plans (the cold ones first; a preset's warm cell holding what its own cold
+cell needed), downloads each segment once (its seconds charged to every cold strategy that needs
 it), and runs every distinct pattern of all its cells in the same interleaved rounds. Each cell's
 ``J`` is then the cost model's weights for its preset on those runs, plus its downloads.
 
@@ -85,6 +85,7 @@ class Downloads:
     def __init__(self, client: httpx.Client, url: str, model: ModelView, link: Link) -> None:
         self.client, self.url, self.model, self.link = client, url, model, link
         self.seconds: dict[str, float] = {}  # segment id or encoder name -> download seconds
+        self.needed: set[str] = set()  # what the cell being charged needed and did not hold
 
     def _fetch(self, key: str, path: str) -> float:
         if key not in self.seconds:
@@ -100,13 +101,16 @@ class Downloads:
     def segment(self, seg: dict[str, Any] | None, held: frozenset[str]) -> float:
         if not seg or seg["id"] in held:
             return 0.0
+        self.needed.add(seg["id"])
         return self._fetch(seg["id"], seg["url"])
 
     def charges(self, cell: CellPlans, baselines: list[Baseline],
-                ) -> tuple[dict[str, float], dict[str, Callable[..., Any]]]:
-        """Each of a cell's strategies' download seconds, and their heads."""
+                ) -> tuple[dict[str, float], dict[str, Callable[..., Any]], set[str]]:
+        """Each of a cell's strategies' download seconds, their heads, and what the cell needed
+        that it did not hold (fetched for it now or for another cell of the sitting before)."""
         model = self.model
         download_s, heads = {}, {}
+        self.needed = set()
         for s, p in cell.plans.items():
             download_s[s] = self.segment(p.get("segment"), cell.held)
             if p["pattern_id"] == INPUT_PNG:  # the device runs no head: it uploads its image
@@ -122,8 +126,9 @@ class Downloads:
             model.heads[f"ae-head-{b.cut}"] = _head(model, lossless, segment)
             encoder = f"{ENCODER_PREFIX}{model.name}-{b.cut}"  # held as a segment is
             if encoder not in cell.held:
+                self.needed.add(encoder)
                 download_s[b.name] += self._fetch(encoder, f"/bench/ae/{model.name}/{b.cut}/encoder")
-        return download_s, heads
+        return download_s, heads, set(self.needed)
 
 
 def _key(p: dict[str, Any]) -> str:
@@ -132,6 +137,27 @@ def _key(p: dict[str, Any]) -> str:
     if p["pattern_id"] == INPUT_PNG:
         return INPUT_PNG
     return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
+
+
+def _plan_cells(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile,
+                presets: tuple[str, ...], link: Link, image: dict[str, Any] | None,
+                baselines: list[Baseline], downloads: Downloads,
+                ) -> tuple[list[CellPlans], list[tuple[dict[str, float], dict[str, Callable[..., Any]]]]]:
+    """Every cell's plans, cold ones first, and each cell's download charges and heads. A preset's
+    warm cell holds what its own cold cell needed (as when each cell was measured apart: the warm
+    cell of one preset does not hold what only another preset's cold cell downloaded)."""
+    cells: list[CellPlans] = []
+    charged: list[tuple[dict[str, float], dict[str, Callable[..., Any]]]] = []
+    cold_needed: dict[str, set[str]] = {}
+    for cache in CACHES:
+        for preset in presets:
+            held = cold_needed[preset] if cache == "warm" else set()
+            cells.append(plan_cell(client, url, model, device, preset, cache, link, held, image))
+            download_s, heads, needed = downloads.charges(cells[-1], baselines)
+            charged.append((download_s, heads))
+            if cache == "cold":
+                cold_needed[preset] = needed
+    return cells, charged
 
 
 def run_sitting(client: httpx.Client, url: str, model: ModelView, device: DeviceProfile, ratio: float,
@@ -146,13 +172,7 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
     image = image_offer(baselines, model, pixels, images, ratio)
     started = time.perf_counter()
     downloads = Downloads(client, url, model, link)
-    cells: list[CellPlans] = []
-    charged: list[tuple[dict[str, float], dict[str, Callable[..., Any]]]] = []
-    for cache in CACHES:  # warm holds what the cold cells downloaded
-        held = set(downloads.seconds) if cache == "warm" else set()
-        for preset in presets:
-            cells.append(plan_cell(client, url, model, device, preset, cache, link, held, image))
-            charged.append(downloads.charges(cells[-1], baselines))
+    cells, charged = _plan_cells(client, url, model, device, presets, link, image, baselines, downloads)
     fetched = time.perf_counter()
     for b in baselines:
         if not (b.name == INPUT_PNG and image is not None):  # profiled once, for the offer
@@ -190,7 +210,7 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
               "rounds": time.perf_counter() - profiled}
     exchanged = {_key(p): p for cell in cells for p in cell.plans.values()
                  if p["cut"] < model.cuts - 1 and p["pattern_id"] != INPUT_PNG}
-    implied = implied_rtt(model, exchanged, runs, cells[0].inputs)
+    implied = implied_rtt(model, exchanged, runs, cells[0].inputs)  # each plan in its own coding
     shared = {"reps": len(speeds), "wall_s": wall_s, "implied_rtt_s": implied,
               "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)}}
     records = [_cell_record(model, device, ratio, cell, baselines, download_s, runs) | shared

@@ -226,3 +226,30 @@ def test_idle_spinners_run_one_busy_loop_per_core_at_sched_idle_and_stop():
     assert all(p.poll() is not None for p in procs)  # gone with the block
     with IdleSpinners(enabled=False) as none:
         assert none._procs == []
+
+
+def test_the_implied_overhead_prices_each_plan_in_the_coding_it_was_sent_in(artifacts_dir, monkeypatch):
+    import types
+
+    from bench.e2e import cell
+
+    artifact = with_baselines(load_artifact(artifacts_dir / "fmnist-cnn"))
+    cuts = len(artifact.cuts)
+    model = ModelView("fmnist-cnn", artifact.version, cuts, [0.0] * cuts, [], artifact, [], [], 200)
+    bare = PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.LATENCY_FIRST], 1e6, 0.0, 1, 1.0,
+                      frozenset(), upload_codings=CODINGS)
+    transfer = {"identity": 4e-3, "zstd": 3e-3}  # the pattern priced in each coding
+
+    def options(*args, **kwargs):
+        return [types.SimpleNamespace(upload_encoding=c, time_s=types.SimpleNamespace(transfer=t))
+                for c, t in transfer.items()]
+
+    monkeypatch.setattr(cell, "price_options", options)
+    pid = "c0-81c59f5957aefb40"
+    plans = {f"{pid}/{c}": {"pattern_id": pid, "cut": 0, "segment": None, "upload_encoding": c}
+             for c in transfer}
+    for p in plans.values():
+        assert cell._transfer_as_sent(model, p, bare) == transfer[p["upload_encoding"]]
+    runs = {k: [{"local": 0.0, "server": 1e-3, "round_trip": 1e-3 + transfer[p["upload_encoding"]] + 2e-3}]
+            for k, p in plans.items()}
+    assert implied_rtt(model, plans, runs, bare) == pytest.approx(2e-3)  # both keys: the same 2 ms

@@ -106,3 +106,21 @@ def test_any_other_refusal_is_the_error_itself(tmp_path: Path, status, error):
     with device, pytest.raises(DeviceError):
         device.plan("m", 0.01, input_image=OFFER)
     assert all("input_image" in b for b in bodies)  # never retried without the offer
+
+
+def test_the_offer_carries_no_metadata_the_server_would_refuse(tmp_path: Path, monkeypatch):
+    from PIL import ImageFile, PngImagePlugin
+
+    from qpart.server.images import decode_png
+
+    server_cap = PngImagePlugin.MAX_TEXT_CHUNK  # the server's (64 KiB), set when it is imported
+    path = tmp_path / "icc.png"
+    Image.fromarray(_GRAY, "L").save(path, icc_profile=bytes(range(256)) * 800)  # 200 KB profile
+    with monkeypatch.context() as device:  # a device process: Pillow's own cap, 1 MiB
+        device.setattr(PngImagePlugin, "MAX_TEXT_CHUNK", ImageFile.SAFEBLOCK)
+        model_input = read_image_files([path], FASHION_MNIST_SPEC)[0]
+        offer = png_of_file(path, FASHION_MNIST_SPEC, model_input)
+    assert server_cap == PngImagePlugin.MAX_TEXT_CHUNK
+    assert offer is not None and len(offer[0]) < 2_000 and b"iCCP" not in offer[0]
+    served = decode_png(offer[0], FASHION_MNIST_SPEC, (1, 28, 28), 1 << 24)[0]
+    np.testing.assert_array_equal(served, model_input)

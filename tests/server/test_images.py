@@ -255,27 +255,49 @@ def test_image_times_count_a_slow_image_at_most_the_clamp():
     assert times.predict(key, 784) == pytest.approx(8e-4)
 
 
+def _chunks_to_iend(body: bytes) -> int:
+    pos, n = len(PNG_SIGNATURE), 0
+    while pos + 8 <= len(body):
+        n += 1
+        if body[pos + 4 : pos + 8] == b"IEND":
+            break
+        pos += 12 + int.from_bytes(body[pos : pos + 4], "big")
+    return n
+
+
 def test_a_body_of_many_tiny_chunks_is_refused_before_pillow_walks_them():
     from qpart.server.images import chunk_allowance
 
     body = _png(np.zeros((28, 28), np.uint8))
     start = body.index(b"IDAT") - 4
-    junk = _chunk(b"teXt", b"") * 200_000  # 2.4 MB of empty ancillary chunks before the pixels
+    junk = _chunk(b"teXt", b"") * 700_000  # 8.4 MB of empty ancillary chunks before the pixels
     flood = body[:start] + junk + body[start:]
     began = time.perf_counter()
     with pytest.raises(BadRequestError, match="chunks"):
         decode_png(flood, GRAY, (1, 28, 28), BOUND)
-    assert time.perf_counter() - began < 0.1  # the walk stops at the allowance
-    # an image as encoders write it passes, however its data is split
-    split = Image.fromarray(np.random.default_rng(0).integers(0, 256, (512, 512), np.uint8))
+    assert time.perf_counter() - began < 0.5  # the walk stops at the allowance; Pillow took 2 s
+    # images as encoders write them pass, their data in 64 KiB (Pillow) or 1 KiB chunks
+    noise = np.random.default_rng(0).integers(0, 256, (512, 512), np.uint8)
     buffer = io.BytesIO()
-    split.save(buffer, "PNG", compress_level=0)  # Pillow writes its data in 64 KiB chunks
+    Image.fromarray(noise).save(buffer, "PNG", compress_level=0)
     raw = buffer.getvalue()
-    assert raw.count(b"IDAT") > 3 and raw.count(b"IDAT") < chunk_allowance(len(raw))
-    big = PreprocessSpec(color="L", resize=(28, 28), mean=(0.0,), std=(1.0,))
-    assert decode_png(raw, big, (1, 28, 28), BOUND).shape == (1, 1, 28, 28)
+    assert raw.count(b"IDAT") > 3
+    assert decode_png(raw, GRAY, (1, 28, 28), BOUND).shape == (1, 1, 28, 28)
+    pixels = zlib.compress(b"".join(b"\0" + row.tobytes() for row in noise), 0)
+    ihdr = struct.pack(">IIBBBBB", 512, 512, 8, 0, 0, 0, 0)
+    small = (PNG_SIGNATURE + _chunk(b"IHDR", ihdr)
+             + b"".join(_chunk(b"IDAT", pixels[i : i + 1024]) for i in range(0, len(pixels), 1024))
+             + _chunk(b"IEND", b""))
+    assert _chunks_to_iend(small) > 256
+    assert decode_png(small, GRAY, (1, 28, 28), BOUND).shape == (1, 1, 28, 28)
     # a body at the allowance exactly is read; one chunk more is refused
-    few = body[:start] + _chunk(b"teXt", b"") * (chunk_allowance(len(body)) - 4) + body[start:]
-    n = few.count(b"teXt") + 4  # IHDR, IDAT, IEND and the text chunks
-    assert n <= chunk_allowance(len(few))
-    decode_png(few, GRAY, (1, 28, 28), BOUND)
+    def padded(k: int) -> bytes:
+        return body[:start] + _chunk(b"teXt", b"") * k + body[start:]
+
+    k = chunk_allowance(len(body)) - _chunks_to_iend(body)
+    while _chunks_to_iend(padded(k + 1)) <= chunk_allowance(len(padded(k + 1))):
+        k += 1
+    assert _chunks_to_iend(padded(k)) == chunk_allowance(len(padded(k)))
+    decode_png(padded(k), GRAY, (1, 28, 28), BOUND)
+    with pytest.raises(BadRequestError, match="chunks"):
+        decode_png(padded(k + 1), GRAY, (1, 28, 28), BOUND)

@@ -82,7 +82,7 @@ bench: setup wrk  ## kernel and serving benchmarks (JSON in bench/results/)
 	$(PY) -m bench.kernels --json bench/results/kernels.json
 	$(PY) -m bench.serve --json bench/results/serve.json
 
-bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link (root; about 30 min, up to 3x while the host steals CPU)
+bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link (root; about 50 min, more while the host steals CPU)
 	$(PY) -m bench.e2e --cell-seconds 4 --json bench/results/e2e.json
 
 bench-peer: setup wrk  ## /v2 infer vs KServe in its own venv, private namespace (root)

@@ -74,7 +74,7 @@ def _twin(q: dict[str, Any], reps: list[dict[str, Any]], seed: str) -> dict[str,
 
 
 def merge(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One cell's record from its repetitions' (each as :func:`bench.e2e.cell.run_cell` made it)."""
+    """One cell's record from its repetitions' (each as :func:`bench.e2e.sitting.run_sitting` made it)."""
     names = [s for s in reps[0]["strategies"] if all(s in r["strategies"] for r in reps)]
     strategies = {s: _strategy([r["strategies"][s] for r in reps]) for s in names}
     keep = [s for s in names if strategies[s]["meets_demand"]]

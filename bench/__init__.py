@@ -33,6 +33,10 @@ def provenance() -> dict[str, Any]:
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+AT_START = provenance()
+"""The provenance when this package was first imported: when the benchmark's process started. A
+run whose tracked files changed while it ran (a commit, an edit) records both, and they differ."""
+
 PROC_STAT = Path("/proc/stat")
 STEAL_FIELD = 7  # /proc/stat "cpu" line: user nice system idle iowait irq softirq steal ...
 
@@ -63,9 +67,11 @@ def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None
 
 
 def write_json(path: Path, doc: dict[str, Any], indent: int = 1) -> None:
-    """Write a benchmark's JSON document (creating its folder), with its :func:`provenance`."""
+    """Write a benchmark's JSON document (creating its folder), with its :func:`provenance` now and
+    as it was when the run started (:data:`AT_START`, under ``at_start``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**doc, "provenance": provenance()}, indent=indent) + "\n")
+    now = {**provenance(), "at_start": AT_START}
+    path.write_text(json.dumps({**doc, "provenance": now}, indent=indent) + "\n")
 
 
 def free_port() -> int:

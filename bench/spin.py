@@ -33,12 +33,23 @@ from bench import REPO, write_json
 PERCENTILES = (10, 25, 50, 75, 90)
 
 
-def _spin(core: int) -> None:
-    """Busy-loop on ``core`` at SCHED_IDLE, forever (the child's body)."""
-    os.sched_setaffinity(0, {core})
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    while True:
-        pass
+# A spinner's whole program (``python -S -c``, stdlib only, so it is SCHED_IDLE within a few ms of
+# starting, not after importing this package): it dies with its parent (PR_SET_PDEATHSIG, and a
+# parent already gone when that was set), so a benchmark killed with SIGKILL leaves no busy loop.
+SPINNER = """
+import ctypes, os, signal, sys
+core, parent = int(sys.argv[1]), int(sys.argv[2])
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.sched_setaffinity(0, {core})
+try:
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit(0)
+while True:
+    pass
+"""
 
 
 class IdleSpinners:
@@ -53,7 +64,7 @@ class IdleSpinners:
         if self.enabled:
             for core in sorted(os.sched_getaffinity(0)):
                 self._procs.append(subprocess.Popen(
-                    [sys.executable, "-c", f"from bench.spin import _spin; _spin({core})"], cwd=REPO))
+                    [sys.executable, "-S", "-c", SPINNER, str(core), str(os.getpid())]))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

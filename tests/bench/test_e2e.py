@@ -218,14 +218,46 @@ def test_idle_spinners_run_one_busy_loop_per_core_at_sched_idle_and_stop():
     from bench.spin import IdleSpinners
 
     with IdleSpinners() as spinners:
-        time.sleep(0.5)  # each child has set its policy
         assert len(spinners._procs) == len(os.sched_getaffinity(0))
+        deadline = time.monotonic() + 10  # each child sets its policy first thing
+        while time.monotonic() < deadline and not all(
+                os.sched_getscheduler(p.pid) == os.SCHED_IDLE for p in spinners._procs):
+            time.sleep(0.01)
         for p in spinners._procs:
             assert p.poll() is None and os.sched_getscheduler(p.pid) == os.SCHED_IDLE
         procs = list(spinners._procs)
     assert all(p.poll() is not None for p in procs)  # gone with the block
     with IdleSpinners(enabled=False) as none:
         assert none._procs == []
+
+
+def test_idle_spinners_die_with_a_parent_killed_outright(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom bench.spin import IdleSpinners\n"
+              "with IdleSpinners() as s:\n    print(' '.join(str(p.pid) for p in s._procs), flush=True)\n"
+              "    time.sleep(60)\n")
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
+        assert parent.stdout is not None
+        children = [int(pid) for pid in parent.stdout.readline().split()]
+        assert children
+        parent.send_signal(signal.SIGKILL)  # no __exit__ runs
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
 
 
 def test_the_implied_overhead_prices_each_plan_in_the_coding_it_was_sent_in(artifacts_dir, monkeypatch):

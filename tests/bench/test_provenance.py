@@ -16,6 +16,8 @@ def test_a_result_names_its_commit(tmp_path):
     assert doc["provenance"]["commit"] == head.stdout.strip()
     assert isinstance(doc["provenance"]["tracked_files_changed"], bool)
     assert doc["provenance"]["written_at"].endswith("Z")
+    start = doc["provenance"]["at_start"]  # as it was when this process first imported bench
+    assert start["commit"] == head.stdout.strip() and start["written_at"] <= doc["provenance"]["written_at"]
 
 
 def test_cpu_steal_is_read_from_the_cpu_line_of_proc_stat(tmp_path):

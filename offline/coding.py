@@ -26,11 +26,8 @@ import numpy as np
 from qpart.kernels.coding import CODING_BITS, Coding, encode
 from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
 from qpart.models.data import Split, load_split
-from qpart.models.preprocess import PreprocessSpec
 from qpart.models.registry import ModelSpec, get_model
-from qpart.models.sources import DataSource, FashionMnistSource, split_source
-from qpart.models.sources.base import SplitRecord
-from qpart.offline.data import open_source, read_samples
+from qpart.offline.data import read_samples, recorded_source
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.runner import ModelRunner
 from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
@@ -92,28 +89,7 @@ def _fit_images(artifact: CalibrationArtifact, spec: ModelSpec, data: str | None
     record = artifact.data
     if record is None:  # calibrated before data records: always the built-in split, in its order
         return load_split(Split.CALIBRATION).images[start : start + samples]
-    recorded = record.calibration
-    split = SplitRecord.model_validate(recorded.split) if recorded.split is not None else None
-    text = data or recorded.location
-    source: DataSource
-    if data is None and recorded.kind == "fashion-mnist":  # the built-in split, as many as it read
-        split_name = recorded.location.partition("@")[0].partition(":")[2]
-        preprocess = PreprocessSpec.from_mapping(recorded.preprocess) if recorded.preprocess else None
-        read = recorded.count if split is None else split.parent_count  # a split source: its parent
-        source = FashionMnistSource(Split(split_name), limit=read, spec=preprocess)
-    else:
-        source = open_source(text, spec, "calibration")
-    if split is not None:
-        if source.content_sha256() != split.parent_sha256:
-            raise CalibrationConfigError(
-                f"{text} is not the source the artifact's calibration samples were split from (content "
-                f"sha256 differs); give --data the source calibrate split")
-        parts = split_source(source, test_count=split.parent_count - split.count, seed=split.seed)
-        source = parts.calibration if split.part == "calibration" else parts.test
-    if source.content_sha256() != recorded.content_sha256:
-        raise CalibrationConfigError(
-            f"{text} does not hold the data {artifact.model} was calibrated on (content sha256 differs "
-            f"from the artifact's); give --data where that data is now")
+    source = recorded_source(artifact, spec, "calibration", data)
     return read_samples(source, start + samples, record.sample_order, Split.CALIBRATION).images[start:]
 
 

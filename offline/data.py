@@ -25,6 +25,7 @@ import numpy as np
 
 from qpart.models.data import Dataset, Split
 from qpart.models.errors import LabelsError, SourceMismatchError
+from qpart.models.preprocess import PreprocessSpec
 from qpart.models.registry import ModelSpec
 from qpart.models.sources import (
     ArraySource,
@@ -34,9 +35,10 @@ from qpart.models.sources import (
     check_sources,
     split_source,
 )
-from qpart.models.sources.base import tensor_digests
+from qpart.models.sources.base import SplitRecord, tensor_digests
 from qpart.offline.errors import CalibrationConfigError, CalibrationOutputError
 from qpart.offline.settings import CalibrationSettings, SampleOrder
+from qpart.profiles.artifacts import CalibrationArtifact
 
 FASHION = "fashion-mnist"
 ARRAY_SUFFIXES = (".npz", ".safetensors")
@@ -141,14 +143,7 @@ def read_samples(source: DataSource, count: int | None, order: SampleOrder,
     ``digest`` order the whole source is decoded once more first: :func:`decode_work`)."""
     tick = tick or (lambda n: None)
     total = len(source) if count is None else min(count, len(source))
-    if order == "source":
-        positions = np.arange(total, dtype=np.int64)
-    else:
-        digests = []
-        for batch in source.batches(_DECODE_BATCH):
-            digests += tensor_digests(batch.images)
-            tick(len(batch.labels))
-        positions = np.argsort(np.asarray(digests), kind="stable")[:total].astype(np.int64)
+    positions = sample_positions(source, total, order, tick)
     ascending = np.sort(positions)
     shape = (total, *source.sample_shape)
     images = np.empty(shape, dtype=np.float32) if spill is None else SpilledArray.create(spill, shape)
@@ -164,6 +159,20 @@ def read_samples(source: DataSource, count: int | None, order: SampleOrder,
         tick(len(batch.labels))
     digest = hashlib.sha256(positions.astype("<i8").tobytes()).hexdigest()
     return Dataset(images=images, labels=labels, split=split, indices_sha256=digest)
+
+
+def sample_positions(source: DataSource, count: int, order: SampleOrder,
+                     tick: Tick | None = None) -> np.ndarray:
+    """int64 ``[count]``: the positions in ``source`` of its first ``count`` samples in ``order``
+    (``digest``: the whole source is decoded once, each batch told to ``tick``)."""
+    if order == "source":
+        return np.arange(count, dtype=np.int64)
+    digests = []
+    for batch in source.batches(_DECODE_BATCH):
+        digests += tensor_digests(batch.images)
+        if tick is not None:
+            tick(len(batch.labels))
+    return np.argsort(np.asarray(digests), kind="stable")[:count].astype(np.int64)
 
 
 def decode_work(source: DataSource, count: int | None, order: SampleOrder) -> int:
@@ -238,3 +247,40 @@ def _allocate(fd: int, size: int) -> None:
 def _reopen(path: str) -> SpilledArray:
     # copy-on-write: a worker's accidental write stays its own, never another worker's samples
     return SpilledArray._mapped(np.lib.format.open_memmap(path, mode="c"))
+
+
+def recorded_source(artifact: CalibrationArtifact, spec: ModelSpec, role: Literal["calibration", "test"],
+                    data: str | None = None) -> DataSource:
+    """The ``role`` source an artifact records, reopened: from ``data`` (where it is now, as
+    ``qpart calibrate --data`` / ``--test-data`` named it; for a split source, the source before
+    the split) or where it was read, and checked against the recorded content digest.
+
+    Raises:
+        CalibrationConfigError: the artifact records no data, or the source holds other content.
+    """
+    if artifact.data is None:
+        raise CalibrationConfigError(f"{artifact.model}'s artifact records no data sources (calibrated "
+                                     "before schema 4); calibrate it again")
+    recorded = artifact.data.calibration if role == "calibration" else artifact.data.test
+    split = SplitRecord.model_validate(recorded.split) if recorded.split is not None else None
+    text = data or recorded.location
+    source: DataSource
+    if data is None and recorded.kind == "fashion-mnist":  # the built-in split, as many as it read
+        split_name = recorded.location.partition("@")[0].partition(":")[2]
+        preprocess = PreprocessSpec.from_mapping(recorded.preprocess) if recorded.preprocess else None
+        read = recorded.count if split is None else split.parent_count  # a split source: its parent
+        source = FashionMnistSource(Split(split_name), limit=read, spec=preprocess)
+    else:
+        source = open_source(text, spec, role)
+    if split is not None:
+        if source.content_sha256() != split.parent_sha256:
+            raise CalibrationConfigError(
+                f"{text} is not the source the artifact's {role} samples were split from (content "
+                f"sha256 differs); give the source calibrate split")
+        parts = split_source(source, test_count=split.parent_count - split.count, seed=split.seed)
+        source = parts.calibration if split.part == "calibration" else parts.test
+    if source.content_sha256() != recorded.content_sha256:
+        raise CalibrationConfigError(
+            f"{text} does not hold the data {artifact.model} was calibrated on (content sha256 differs "
+            f"from the artifact's); give where that data is now")
+    return source

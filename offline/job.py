@@ -31,6 +31,7 @@ from qpart.offline.checkpoint import Checkpoints, check_writable, output_error
 from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, with_coding_ratios
 from qpart.offline.data import Sources, check_model_fits, open_sources
 from qpart.offline.errors import CheckpointMismatchError
+from qpart.offline.image_ladder import job_ladder
 from qpart.offline.ltt import make_promise
 from qpart.offline.memory import keep_freed_memory, peak_rss_mib
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
@@ -284,6 +285,8 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         lap("validation")
         ratios = _coding(runner, data, sink, ck)
         lap("coding")
+        if (ladder := job_ladder(spec, sources, settings, sink.start, ck.load, ck.save)) is not None:
+            lap("images")
         timing.update({f"stage_{name}": seconds for name, seconds in stages.items()})
         timing["total_without_report"] = time.perf_counter() - started
         timing.update(peak_rss_mib())
@@ -300,7 +303,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
             weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
             accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
             baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
-        )
+            image_ladder=ladder)
         artifact = with_coding_ratios(artifact, ratios)
         _write(spec, artifact, agreement, out_dir, ck)
         return artifact

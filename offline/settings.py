@@ -68,6 +68,9 @@ class CalibrationSettings(BaseSettings):
     cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
     baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")
+    image_qualities: tuple[int, ...] = Field((95, 90, 80, 75, 60, 50), description=(
+        "The lossy input-image plan's WebP qualities (ADR 0015), tested from the highest down; empty: "
+        "no ladder. Measured only where the card declares preprocessing and the data holds images."))
     test_samples: int | None = Field(None, ge=100, description="Limit the test split (default: all).")
     data: str = Field("fashion-mnist", min_length=1, description=(
         "Calibration source: fashion-mnist (its calibration split), fashion-mnist:<split>, an ImageFolder "
@@ -94,6 +97,13 @@ class CalibrationSettings(BaseSettings):
         if not ladder:
             raise ValueError("the ladder needs at least one rung, e.g. [-4, -2, -1, 0, 1, 2, 3]")
         return tuple(sorted(set(ladder)))
+
+    @field_validator("image_qualities")
+    @classmethod
+    def _qualities_in_order(cls, qualities: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 1 <= q <= 100 for q in qualities):
+            raise ValueError("WebP qualities are 1 to 100, e.g. [95, 90, 75]")
+        return tuple(sorted(set(qualities), reverse=True))
 
     @property
     def execution_only(self) -> set[str]:

@@ -107,6 +107,36 @@ class Pattern(_Frozen):
                                 "(this pattern has the fewest bits of them; 0: lossless).")
 
 
+class ImageRung(_Frozen):
+    """One quality of the lossy input-image plan (ADR 0015), measured on the check samples and the
+    test split as a pattern is (``offline.image_ladder``)."""
+
+    codec: Literal["webp"] = Field(description="The codec (models.image_codecs).")
+    quality: int = Field(ge=1, le=100, description="The encoder's quality setting.")
+    levels: list[float] = Field(description="The levels it is promised at (fixed-sequence test passed); "
+                                "empty: none.")
+    calib_drop: float = Field(description="Measured drop on the check samples.")
+    calib_drop_ub: float = Field(description="Its one-sided upper confidence bound (the promise's test).")
+    test_drop: float | None = Field(description="Measured once on the test split (None: not promised, "
+                                    "not measured).")
+    mean_bytes: float = Field(ge=0, description="Mean encoded size on the check samples.")
+
+    @property
+    def level(self) -> float | None:
+        """The tightest level it is promised at (None: none)."""
+        return min(self.levels, default=None)
+
+
+class ImageLadder(_Frozen):
+    """The lossy input-image plan's qualities and what backs them (ADR 0015)."""
+
+    statement: str = Field(description="The promise in one sentence.")
+    encoder: str = Field(description="The encoder measured (the promise holds for its bytes).")
+    check_samples: int = Field(ge=1)
+    test_samples: int = Field(ge=1)
+    rungs: list[ImageRung] = Field(description="Most conservative (highest quality) first, as tested.")
+
+
 class Promise(_Frozen):
     """What every pattern's level means, and what backs it (``offline.ltt``)."""
 
@@ -179,6 +209,9 @@ class CalibrationArtifact(_Frozen):
         None, description="None: calibrated before schema 3, by a search that backs no such statement.")
     data: CalibrationData | None = Field(
         None, description="None: calibrated before schema 4, on the Fashion-MNIST splits `splits` records.")
+    image_ladder: ImageLadder | None = Field(
+        None, description="The lossy input-image plan's qualities (ADR 0015); None: not measured (the "
+        "card declares no preprocessing, or the data holds no images, or calibrated before it).")
 
     @model_validator(mode="before")
     @classmethod

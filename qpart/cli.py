@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from qpart.cli_calibrate import calibrate, measure_coding
+from qpart.cli_calibrate import calibrate, calibrate_images, measure_coding
 from qpart.client.cli import VersionOpt, device_app
 from qpart.errors import MODE, UsageError, run
 from qpart.flags import env_help, settings_from
@@ -31,6 +31,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(device_app, name="device")
 app.command()(calibrate)
 app.command("measure-coding")(measure_coding)
+app.command("calibrate-images")(calibrate_images)
 
 
 @app.callback()

@@ -166,6 +166,66 @@ def measure_coding(
     typer.echo(f"wrote {artifact}/artifact.json")
 
 
+def calibrate_images(
+    artifact: Annotated[Path, typer.Option(help="Artifact folder (artifact.json + weights.safetensors).")],
+    qualities: Annotated[str, typer.Option(help=(
+        "WebP qualities to test, comma-separated; tested from the highest down, so order does not "
+        "matter."))] = ",".join(map(str, CALIB.model_fields["image_qualities"].default)),
+    data: Annotated[str | None, typer.Option(help=(
+        "Where the calibration data is now, as calibrate's --data named it; default: where the "
+        "artifact records it was read. Refused unless it holds the recorded content."))] = None,
+    test_data: Annotated[str | None, typer.Option(help=(
+        "Where the test data is now, as calibrate's --test-data named it (default: as recorded)."))] = None,
+) -> None:
+    """Measure the lossy input-image plan's WebP quality ladder (ADR 0015) into an existing
+    artifact (calibrate does this for new ones): each quality is tested per level on the
+    artifact's check samples, with its promise's confidence and bound, from the highest quality
+    down until the first failure, and each promised quality is measured once on its test samples.
+    Only for a model whose card declares preprocessing, on data that holds images."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from qpart.offline.image_ladder import measure_artifact_images
+    from qpart.progress import progress_bars
+
+    try:
+        ladder_qualities = sorted({int(q) for q in qualities.split(",")}, reverse=True)
+    except ValueError:
+        raise UsageError(f"--qualities {qualities!r}: give integers 1 to 100 separated by commas") from None
+    if not ladder_qualities or not all(1 <= q <= 100 for q in ladder_qualities):
+        raise UsageError(f"--qualities {qualities!r}: give integers 1 to 100 separated by commas")
+    loaded = _load(artifact)
+    record = loaded.data
+    total = 0 if record is None else record.check_samples + record.test_samples
+    with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+        advance = _RichSink(bar).start("input-image ladder", total)
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            advance(done[0])
+
+        ladder = measure_artifact_images(artifact, ladder_qualities, tick, data=data, test_data=test_data)
+    for rung in ladder.rungs:
+        levels = ", ".join(f"{a:g}" for a in rung.levels) or "none"
+        test = "" if rung.test_drop is None else f", test drop {rung.test_drop:+.4f}"
+        typer.echo(f"webp@{rung.quality}: {rung.mean_bytes:.0f} B, check drop {rung.calib_drop:+.4f} "
+                   f"(bound {rung.calib_drop_ub:.4f}){test}; promised at {levels}")
+    typer.echo(f"wrote {artifact}/artifact.json")
+
+
+def _load(folder: Path) -> Any:
+    from qpart.profiles.artifacts import load_artifact
+
+    return load_artifact(folder)
+
+
 def _cut_count(folder: Path) -> int:
     """How many cuts the artifact in ``folder`` has (the progress bar's length)."""
     from qpart.profiles.artifacts import load_artifact

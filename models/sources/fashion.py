@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 from PIL import Image
 
 from qpart.models.data import Split, data_dir, load_split_pixels
@@ -77,6 +78,11 @@ class FashionMnistSource(DataSource):
         self._pixels = pixels
         self._indices = indices
         self._digests: tuple[str, ...] | None = None
+
+    @property
+    def pixels(self) -> npt.NDArray[np.uint8]:
+        """uint8 ``[N, 28, 28]``: each sample's image as the IDX file holds it (before the spec)."""
+        return self._pixels
 
     @property
     def source_indices(self) -> Indices:

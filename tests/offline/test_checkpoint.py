@@ -68,6 +68,8 @@ KILLS = [
     (1, "accuracy mapping@3"),  # after three of six mapping points
     (1, "validate + test patterns@4"),  # cut 0 done, cut 4's lossless pattern done, its levels not
     (1, "upload coding@3"),
+    (1, "input-image ladder@200"),  # the WebP ladder: its check samples read, its test samples not
+    (1, "write@images.json"),  # its checkpoint torn half-way through its write
     (1, "write@cut-4.json"),  # a checkpoint torn half-way through its write
     (1, "write@validation.json"),  # the results half-written
     (1, "write@artifact.json"),

@@ -1,12 +1,14 @@
 """The calibration job end to end on a small budget of samples (real model, real data)."""
 
 import json
+import shutil
 
 import pytest
 
 from qpart.kernels.coding import Coding
 from qpart.models.registry import get_model
 from qpart.offline.data import open_sources
+from qpart.offline.image_ladder import measure_artifact_images
 from qpart.offline.job import calibrate, sample_folder
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.state import sample_bytes
@@ -119,3 +121,27 @@ def test_samples_go_to_files_when_every_process_copy_would_pass_the_limit():
     with sample_folder(s, sources, 3) as shared:
         assert shared is not None and shared.is_dir() and shared.name.startswith("qpart-samples-")
     assert not shared.exists()
+
+
+def test_the_artifact_carries_its_input_image_ladder(small_run):
+    artifact, out = small_run
+    ladder = artifact.image_ladder
+    assert ladder is not None and ladder.check_samples == 600 and ladder.test_samples == 1000
+    assert [r.quality for r in ladder.rungs] == list(CalibrationSettings().image_qualities)
+    assert "δ = 0.1" in ladder.statement and "600 check samples" in ladder.statement
+    for rung in ladder.rungs:
+        assert set(rung.levels) <= {0.02}
+        assert (rung.test_drop is None) == (not rung.levels)  # measured on test where promised only
+        if rung.levels:
+            assert rung.calib_drop_ub <= 0.02
+    assert load_artifact(out).image_ladder == ladder
+
+
+def test_calibrate_images_measures_the_same_ladder_into_an_existing_artifact(small_run, tmp_path):
+    artifact, out = small_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    stripped = artifact.model_copy(update={"image_ladder": None})
+    (copy / "artifact.json").write_text(stripped.model_dump_json(indent=1))
+    assert measure_artifact_images(copy) == artifact.image_ladder
+    assert load_artifact(copy) == artifact

@@ -240,11 +240,13 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
     assert summary["levels"] == [0.05] and summary["test_violations"] == sum(
         1 for p in doc["patterns"] if p["level"] > 0 and p["test_drop"] > p["level"])
     assert summary["patterns"] == len(doc["patterns"]) and summary["graded_patterns"] >= 1
-    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "validation", "coding"}
+    # images: the WebP ladder of the input-image plan (ADR 0015), since the folders hold images
+    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "validation", "coding", "images"}
     assert 100 < summary["peak_rss_mib"]["job"] < 4096 and summary["peak_rss_mib"]["largest_worker"] >= 0
     timing = json.loads((out / "timing.json").read_text())
     assert timing["timing_s"]["peak_rss_mib_job"] == pytest.approx(summary["peak_rss_mib"]["job"], abs=0.1)
     assert all(v >= 0 for v in summary["stage_s"].values()) and summary["total_s"] >= sum(
         summary["stage_s"].values()) - 1e-3
     stages = [line.partition(":")[0] for line in done.stderr.splitlines() if " elapsed " in line]
-    assert stages[0] == "prepare" and "validate + test patterns" in stages and stages[-1] == "upload coding"
+    assert stages[0] == "prepare" and "validate + test patterns" in stages
+    assert stages[-1] == "input-image ladder" and stages.index("upload coding") < stages.index(stages[-1])

@@ -177,8 +177,9 @@ def infer(
         typer.echo(json.dumps(_document(run, accuracy, names)))
         return
     p = run.plan
-    if p.upload_content_type == "image/png":
-        typer.echo(f"plan: the input image itself (PNG, preprocessed and run on the server); "
+    if p.upload_content_type in ("image/png", "image/webp"):
+        coding = "PNG" if p.upload_content_type == "image/png" else f"WebP, level {p.level}"
+        typer.echo(f"plan: the input image itself ({coding}, preprocessed and run on the server); "
                    f"uploaded {run.uploaded_bytes} B")
     else:
         typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "

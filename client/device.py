@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qpart.client.errors import ServerRejectedError
-from qpart.client.inputs import png_of_file, read_image_files
+from qpart.client.inputs import png_of_file, read_image_files, webp_of_file
 from qpart.client.plans import ModelMetadata, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
@@ -30,6 +30,7 @@ FLOAT_BITS = 32
 DEFAULT_RATE_BPS = 10e6
 MAX_UPLOAD_BATCH = 64
 IMAGE_PNG = "image/png"  # the input-image plan's upload (ADR 0014)
+IMAGE_WEBP = "image/webp"  # the lossy input-image plan's (ADR 0015)
 
 HeadFunction = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 """A head: float32 ``[N, *input_shape]`` → float32 ``[N, *activation_shape]``."""
@@ -90,7 +91,7 @@ class DeviceClient:
 
     def plan(self, model: str, demand: float, *, rate_bps: float | None = None, batch: int = 1,
              preset: str | None = None, deadline_s: float | None = None,
-             input_image: dict[str, float] | None = None) -> Plan:
+             input_image: dict[str, Any] | None = None) -> Plan:
         """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s.
         ``input_image`` (``png_bytes``, ``width``, ``height``, ``encode_s``) offers the image itself
         (ADR 0014); a server from before that plan refuses the field (422), and is asked again
@@ -117,7 +118,7 @@ class DeviceClient:
             body["deadline_s"] = deadline_s
         return self._ask(body, input_image)
 
-    def _ask(self, body: dict[str, Any], input_image: dict[str, float] | None) -> Plan:
+    def _ask(self, body: dict[str, Any], input_image: dict[str, Any] | None) -> Plan:
         """POST the plan request, offering ``input_image`` where given (again without it to a
         server that refuses the field)."""
         if input_image is not None:
@@ -189,23 +190,32 @@ class DeviceClient:
                    rate_bps: float | None = None, preset: str | None = None, deadline_s: float | None = None,
                    progress: Callable[[int, int], None] | None = None) -> InferenceRun:
         """One image file (``images``: its model input, one row) with the image itself offered as
-        a PNG (ADR 0014): uploaded where the plan says so, else the plan is carried out on
-        ``images``; a file no PNG can carry exactly (:func:`png_of_file`) is not offered."""
-        offer = png_of_file(path, self.metadata(model).input_spec, images[0])
+        a PNG (ADR 0014) and, where the server's calibration promises a WebP quality at a level no
+        looser than ``demand``, as a WebP at the lowest such quality (ADR 0015): uploaded where the
+        plan says so, else the plan is carried out on ``images``; a file no PNG can carry exactly
+        (:func:`png_of_file`) is not offered."""
+        card = self.metadata(model)
+        offer = png_of_file(path, card.input_spec, images[0])
         if offer is None:  # no PNG of this file gives the server the same input: send the input
             return self.infer(images, model, demand, rate_bps=rate_bps, preset=preset, deadline_s=deadline_s,
                               progress=progress)
         png, width, height, encode_s = offer
+        offered: dict[str, Any] = {"png_bytes": len(png), "width": width, "height": height,
+                                   "encode_s": encode_s}
+        quality = next((q for q, level in card.image_qualities if level <= demand), None)
+        webp, webp_s = webp_of_file(path, quality) if quality is not None else (b"", 0.0)
+        if quality is not None:
+            offered["webp"] = [{"quality": quality, "bytes": len(webp), "encode_s": webp_s}]
         t0 = time.perf_counter()
         plan = self.plan(model, demand, rate_bps=rate_bps, batch=1, preset=preset, deadline_s=deadline_s,
-                         input_image={"png_bytes": len(png), "width": width, "height": height,
-                                      "encode_s": encode_s})
-        if plan.upload_content_type != IMAGE_PNG:
+                         input_image=offered)
+        if plan.upload_content_type not in (IMAGE_PNG, IMAGE_WEBP):
             return self._run(plan, images, t0, progress)
+        body, encode_s = (png, encode_s) if plan.upload_content_type == IMAGE_PNG else (webp, webp_s)
         run = InferenceRun(plan)
         t1 = time.perf_counter()
-        answer = self._post(plan, png, {"Content-Type": IMAGE_PNG})
-        run.uploaded_bytes = len(png)
+        answer = self._post(plan, body, {"Content-Type": plan.upload_content_type})
+        run.uploaded_bytes = len(body)
         run.results.extend(answer.results)
         run.predictions.extend(int(np.argmax(r.logits)) for r in answer.results)
         t2 = time.perf_counter()

@@ -15,6 +15,7 @@ from PIL import Image
 from qpart.client.errors import DeviceInputError
 from qpart.models.data import parse_idx
 from qpart.models.errors import DatasetError, PreprocessError
+from qpart.models.image_codecs import encode_webp
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 
 MAX_INPUT_BYTES = 512 << 20
@@ -139,3 +140,22 @@ def read_image_files(paths: list[Path], spec: PreprocessSpec) -> npt.NDArray[np.
         raise DeviceInputError(f"the images preprocess to different shapes {sorted(shapes)}: the model's "
                                f"preprocessing resizes without a center crop, so send images of one size")
     return np.stack(out).astype(np.float32, copy=False)
+
+
+def webp_of_file(path: Path, quality: int) -> tuple[bytes, float]:
+    """The image in ``path`` as a lossy WebP at ``quality``, by the encoder the calibration measured
+    (:func:`qpart.models.image_codecs.encode_webp`: ADR 0015), and the seconds encoding took here.
+
+    Raises:
+        DeviceInputError: the file is not a readable image.
+    """
+    try:
+        with Image.open(path) as img:
+            img.load()
+            image = img.convert("RGB")
+    except _UNREADABLE as exc:
+        raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
+    encode_webp(image.resize((1, 1)), quality)  # the first WebP a process writes loads the encoder: untimed
+    start = time.perf_counter()
+    body = encode_webp(image, quality)
+    return body, time.perf_counter() - start

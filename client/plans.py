@@ -95,9 +95,10 @@ class Plan(HeadSpec, PacketFormat):
     all_device: Costs | None = None
     segment: Segment | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None: all-device).")
-    upload_content_type: Literal["application/octet-stream", "image/png"] = Field(
+    upload_content_type: Literal["application/octet-stream", "image/png", "image/webp"] = Field(
         "application/octet-stream", description="What to POST to infer_url: the packet, or for the "
-        "input-image plan (ADR 0014; servers before it never send it) the image as a PNG.")
+        "input-image plan (ADR 0014; servers before it never send it) the image as a PNG, or for "
+        "a lossy one (ADR 0015) as the WebP at the plan's quality.")
 
 
 class TopK(_Wire):
@@ -160,6 +161,33 @@ class ModelMetadata(_Wire):
         except PreprocessError as exc:
             raise ServerAnswerError(f"the server's model metadata: {exc}") from exc
         return parsed
+
+    @property
+    def image_qualities(self) -> list[tuple[int, float]]:
+        """The lossy input-image plan's promised WebP qualities with their tightest levels (ADR
+        0015), lowest quality first (empty: none, or the server predates them).
+
+        Raises:
+            ServerAnswerError: ``image_qualities`` is not a JSON list of {codec, quality, level}.
+        """
+        rungs = self._json("image_qualities")
+        if rungs is None:
+            return []
+        wrong = ServerAnswerError("the server's model metadata has image_qualities that are not a JSON "
+                                  "list of {codec, quality, level}; update the client or the server")
+        if not isinstance(rungs, list):
+            raise wrong
+        out = []
+        for r in rungs:
+            if not isinstance(r, dict):
+                raise wrong
+            quality, level = r.get("quality"), r.get("level")
+            if (not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 100
+                    or not isinstance(level, int | float) or isinstance(level, bool) or not 0 <= level < 1):
+                raise wrong
+            if r.get("codec") == "webp":  # another codec a newer server offers: not this client's
+                out.append((quality, float(level)))
+        return sorted(out)
 
     @property
     def input_spec(self) -> PreprocessSpec:

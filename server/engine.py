@@ -17,16 +17,8 @@ from qpart.profiles.errors import ProfileError
 from qpart.server.answers import TailAnswer
 from qpart.server.catalog import Catalog, LoadedModel
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
-from qpart.server.images import (
-    INPUT_PNG,
-    ImageTimes,
-    decode_seconds,
-    finish_png,
-    image_fits,
-    open_png,
-    png_size,
-    probe_png,
-)
+from qpart.server.image_plans import ImagePlans
+from qpart.server.images import INPUT_PNG, ImageTimes
 from qpart.server.metrics import Metrics
 from qpart.server.packets import decode_activation, packet_limit
 from qpart.server.planner import (
@@ -35,11 +27,9 @@ from qpart.server.planner import (
     allowed_patterns,
     best_at_cut,
     choose,
-    image_pattern,
-    price_image,
     price_options,
 )
-from qpart.server.schemas import PRESETS, InputImage, PlanRequest, WeightPreset
+from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
 from qpart.server.segment_index import SegmentEntry, SegmentIndex
 from qpart.server.segments import SegmentStore
 from qpart.server.settings import ServerSettings
@@ -48,12 +38,6 @@ from qpart.server.tail_pool import TailPool
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
 _INLINE_DECODE_BYTES = 64 << 10
-# Input images (ADR 0014) are opened and decoded on the event loop only when both their header's
-# size and their body are this small: Pillow walks every chunk before the pixels, and an 8 MiB body
-# of 699k empty chunks held the loop for 2.0 s (review) though its header said 1x1.
-_INLINE_IMAGE_PIXELS = 256 * 256
-_INLINE_IMAGE_BYTES = 64 << 10
-_IMAGE_DECODES = 2  # input images decoded off the loop at once; more wait for a turn
 
 
 @dataclass(frozen=True)
@@ -103,8 +87,7 @@ class Engine:
         self.draining = False
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)
-        self.image_times = ImageTimes()  # decoding and preprocessing input images (ADR 0014)
-        self._image_decodes = asyncio.Semaphore(_IMAGE_DECODES)  # a large image costs 100s of ms
+        self.images = ImagePlans(settings)  # the input-image plans (ADR 0014, 0015)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -119,12 +102,13 @@ class Engine:
                 self._time_images(entry.model)
 
     def _time_images(self, model: LoadedModel) -> None:
-        """Time decoding and preprocessing an input image of the model's input size (ADR 0014)."""
-        spec, shape = model.preprocess, tuple(model.artifact.input_shape)
-        if spec is not None and probe_png(spec, shape) is not None:
-            self.image_times.set_probe((model.name, model.version),
-                                       decode_seconds(spec, shape, self.settings.max_image_pixels),
-                                       int(np.prod(shape[1:])))
+        """Time decoding and preprocessing an input image of the model's input size (ADR 0014, 0015)."""
+        self.images.time_model(model)
+
+    @property
+    def image_times(self) -> ImageTimes:
+        """What decoding a PNG input image costs this server, per model version (ADR 0014)."""
+        return self.images.png_times
 
     @property
     def ready(self) -> bool:
@@ -194,9 +178,9 @@ class Engine:
             tail = tail_s[pattern.cut]
             options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
             candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
-        image = self._image_candidate(model, req, inputs, tail_s[0], answer)
-        if image is not None:
-            segments[INPUT_PNG] = None
+        for image in self.images.candidates(model, req.input_image, req.accuracy_demand, req.batch, inputs,
+                                            tail_s[0], answer):
+            segments[image.pattern.pattern_id] = None
             candidates.append(image)
         _require_finite(candidates)
         chosen = choose(candidates, req.deadline_s)
@@ -206,21 +190,6 @@ class Engine:
         self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)
         return choice
-
-    def _image_candidate(self, model: LoadedModel, req: PlanRequest, inputs: PlanInputs, tail_s: float,
-                         answer_bytes: int) -> Candidate | None:
-        """The input-image plan (ADR 0014), when the request offers an image this model takes."""
-        image: InputImage | None = req.input_image
-        if image is None or req.batch != 1 or model.preprocess is None:
-            return None
-        decode_s = self.image_times.predict((model.name, model.version), image.width * image.height)
-        if decode_s is None or image.png_bytes > self.settings.max_body_bytes or image_fits(
-                image.width, image.height, model.preprocess, tuple(model.artifact.input_shape),
-                self.settings.max_image_pixels) is not None:
-            return None
-        pattern = image_pattern(model.artifact, INPUT_PNG, image.png_bytes)
-        return Candidate(pattern, None, 0, price_image(model.artifact, pattern, image.encode_s, inputs,
-                                                       tail_s + decode_s, answer_bytes))
 
     # ---- inference ------------------------------------------------------------------------
 
@@ -252,34 +221,16 @@ class Engine:
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s,
                           names=model.labels)
 
-    async def infer_image(self, name: str, version: str, body: bytes,
-                          top_k: int = 5) -> tuple[TailAnswer, float]:
-        """Run the whole model on an input image the device uploaded as a PNG (ADR 0014); the
-        answer, and the seconds decoding and preprocessing took."""
+    async def infer_image(self, name: str, version: str, body: bytes, top_k: int = 5,
+                          pattern_id: str = INPUT_PNG) -> tuple[TailAnswer, float]:
+        """Run the whole model on an input image the device uploaded for an input-image plan (a PNG,
+        ADR 0014, or a WebP, ADR 0015); the answer, and the seconds decoding and preprocessing took."""
         model = self.catalog.get(name, version)
-        spec, shape = model.preprocess, tuple(model.artifact.input_shape)
-        if spec is None or not self.image_times.takes_images((model.name, model.version)):
-            raise NotFoundError(f"model '{name}' version '{version}' has no input-image plan: its card "
-                                "declares no preprocessing that makes an image into its input")
-        def decode() -> tuple[int, np.ndarray]:
-            image = open_png(body, spec, shape, self.settings.max_image_pixels)
-            return image.width * image.height, finish_png(image, spec, shape)
-
-        width, height = png_size(body) if body else (0, 0)  # open_png says why an empty body fails
-        started = time.perf_counter()
-        waited = 0.0  # for a turn to decode: reported as queueing, not as link time
-        if len(body) <= _INLINE_IMAGE_BYTES and width * height <= _INLINE_IMAGE_PIXELS:
-            pixels, x = decode()
-        else:  # a large image or body: keep the event loop free while it decodes, a few at a time
-            async with self._image_decodes:
-                waited, started = time.perf_counter() - started, time.perf_counter()
-                pixels, x = await asyncio.to_thread(decode)
-        decode_s = time.perf_counter() - started
-        self.image_times.observe((model.name, model.version), decode_s, pixels)
+        x, decode_s, waited = await self.images.decode(model, pattern_id, body)
         rows, queue_s, compute_s = await self.tails.run(model, 0, x)
         if not rows.finite.all():
             raise UnprocessableError("the model produced non-finite logits for this image")
-        return TailAnswer(plan_id=f"{name}@{version}/{INPUT_PNG}", model=name, version=version,
+        return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s + waited, compute_s=compute_s + decode_s,
                           names=model.labels), decode_s
 

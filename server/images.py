@@ -15,6 +15,7 @@ import struct
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -38,7 +39,7 @@ PngImagePlugin.MAX_TEXT_CHUNK = 64 << 10
 PngImagePlugin.MAX_TEXT_MEMORY = 256 << 10
 
 
-_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error,
+PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error,
                Image.DecompressionBombError, IndexError, TypeError, KeyError)
 """What Pillow raises on bytes it cannot read (UnidentifiedImageError is an OSError; its chunk
 parsers raise IndexError on a short iCCP chunk after the image data, found in review)."""
@@ -125,16 +126,17 @@ def open_png(body: bytes, spec: PreprocessSpec, input_shape: tuple[int, ...],
     except UnidentifiedImageError as exc:
         raise BadRequestError("the body is not a PNG image: it lacks the PNG signature, or its header "
                               "chunk is damaged") from exc
-    except _PIL_ERRORS as exc:
+    except PIL_ERRORS as exc:
         raise BadRequestError(f"the body is not a PNG image: {exc}") from exc
     if image.size != (width, height):  # Pillow read the same header; a guard, not a path
         raise BadRequestError("the PNG's header does not read the same twice")
     return image
 
 
-def finish_png(image: Image.Image, spec: PreprocessSpec,
-               input_shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
-    """``[1, *input_shape]``: an :func:`open_png` image decoded and preprocessed.
+def finish_image(image: Image.Image, spec: PreprocessSpec, input_shape: tuple[int, ...],
+                 kind: str = "PNG") -> npt.NDArray[np.float32]:
+    """``[1, *input_shape]``: an opened image (:func:`open_png`, ``server.webp.open_webp``) decoded
+    and preprocessed.
 
     Raises:
         BadRequestError: the stream fails to decode.
@@ -142,11 +144,17 @@ def finish_png(image: Image.Image, spec: PreprocessSpec,
     try:
         image.load()
         x = preprocess_image(image, spec)
-    except (*_PIL_ERRORS, PreprocessError) as exc:
-        raise BadRequestError(f"the PNG image does not decode: {exc}") from exc
+    except (*PIL_ERRORS, PreprocessError) as exc:
+        raise BadRequestError(f"the {kind} image does not decode: {exc}") from exc
     if tuple(x.shape) != tuple(input_shape):  # image_fits agreed; a guard, not a path
         raise BadRequestError(f"the image became {list(x.shape)}, not the model's input {list(input_shape)}")
     return x[None]
+
+
+def finish_png(image: Image.Image, spec: PreprocessSpec,
+               input_shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
+    """:func:`finish_image` of a PNG."""
+    return finish_image(image, spec, input_shape, "PNG")
 
 
 def decode_png(body: bytes, spec: PreprocessSpec, input_shape: tuple[int, ...],
@@ -156,9 +164,19 @@ def decode_png(body: bytes, spec: PreprocessSpec, input_shape: tuple[int, ...],
 
 
 def probe_png(spec: PreprocessSpec, input_shape: tuple[int, ...]) -> bytes | None:
-    """A PNG of noise that the card's preprocessing makes into the model's input at no resize (its
-    output size, its color mode), or None if no such image exists (e.g. a resize of the shorter
-    side without a crop to square)."""
+    """A PNG of :func:`probe_image`, or None where there is none."""
+    image = probe_image(spec, input_shape)
+    if image is None:
+        return None
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def probe_image(spec: PreprocessSpec, input_shape: tuple[int, ...]) -> Image.Image | None:
+    """An image of noise that the card's preprocessing makes into the model's input at no resize
+    (its output size, its color mode), or None if no such image exists (e.g. a resize of the
+    shorter side without a crop to square)."""
     if len(input_shape) != 3:
         return None
     h, w = input_shape[1:]
@@ -166,9 +184,7 @@ def probe_png(spec: PreprocessSpec, input_shape: tuple[int, ...]) -> bytes | Non
         return None
     rng = np.random.default_rng(0)
     shape = (h, w) if spec.color == "L" else (h, w, 3)
-    buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), spec.color).save(buffer, "PNG")
-    return buffer.getvalue()
+    return Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), spec.color)
 
 
 class ImageTimes:
@@ -222,12 +238,16 @@ class ImageTimes:
 def decode_seconds(spec: PreprocessSpec, input_shape: tuple[int, ...], max_pixels: int) -> float:
     """This server's time to decode and preprocess :func:`probe_png`'s image (median of
     :data:`PROBE_RUNS`); 0 when there is none."""
-    body = probe_png(spec, input_shape)
+    return time_decoding(probe_png(spec, input_shape), lambda b: decode_png(b, spec, input_shape, max_pixels))
+
+
+def time_decoding(body: bytes | None, decode: Callable[[bytes], object]) -> float:
+    """The median of :data:`PROBE_RUNS` timings of ``decode(body)`` (0 for no body)."""
     if body is None:
         return 0.0
     times = []
     for _ in range(PROBE_RUNS):
         start = time.perf_counter()
-        decode_png(body, spec, input_shape, max_pixels)
+        decode(body)
         times.append(time.perf_counter() - start)
     return float(np.median(times))

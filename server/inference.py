@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from starlette.responses import Response
 
+from qpart.models.image_codecs import parse_rung_id
 from qpart.server.catalog import LoadedModel
 from qpart.server.classification import class_count, classify
 from qpart.server.content import content_coding, decode_content, identity_only
@@ -23,6 +24,7 @@ from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMedia
 from qpart.server.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.oip_codec import decode_request, encode_response
 from qpart.server.schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
+from qpart.server.webp import CONTENT_TYPE as WEBP_TYPE
 
 TAIL_SUFFIX = "-tail"
 FULL_INPUT = "input"
@@ -102,27 +104,30 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
                               top_k: int, content_encoding: list[str] | None = None,
                               content_type: str | None = None) -> Response:
     """The QPART tail route after parsing; ``content_encoding``: the request's Content-Encoding
-    field values; ``content_type``: its Content-Type (``image/png`` for the input-image plan
-    only, ADR 0014)."""
+    field values; ``content_type``: its Content-Type (``image/png`` and ``image/webp`` for the
+    input-image plans only, ADR 0014 and 0015)."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
-    if pattern_id == INPUT_PNG:
+    rung = parse_rung_id(pattern_id)
+    if pattern_id == INPUT_PNG or rung is not None:
         engine.catalog.get(model, version)  # unknown model or version: 404 before the type is looked at
-        if media != CONTENT_TYPE:
-            raise UnsupportedMediaTypeError(f"the input-image plan takes the image as '{CONTENT_TYPE}', "
-                                            f"not '{media or 'no Content-Type'}'")
+        want = CONTENT_TYPE if rung is None else WEBP_TYPE
+        if media != want:
+            raise UnsupportedMediaTypeError(f"the input-image plan '{pattern_id}' takes the image as "
+                                            f"'{want}', not '{media or 'no Content-Type'}'")
         codings = [c.strip().lower() for v in content_encoding or [] for c in v.split(",")]
         if any(c not in ("", "identity") for c in codings):
-            raise UnsupportedMediaTypeError("the input-image plan takes the PNG as is (no Content-Encoding: "
-                                            "a PNG is compressed already)")
-        answer, decode_s = await engine.infer_image(model, version, body, top_k)
+            kind = "PNG" if rung is None else "WebP"
+            raise UnsupportedMediaTypeError(f"the input-image plan takes the {kind} as is (no "
+                                            f"Content-Encoding: a {kind} is compressed already)")
+        answer, decode_s = await engine.infer_image(model, version, body, top_k, pattern_id)
         # Server-Timing (W3C): the decoding's share of compute_s, for browsers' tools and benchmarks
         return Response(answer.json(), media_type="application/json",
                         headers={"Server-Timing": f"decode;dur={decode_s * 1e3:.3f}"})
-    if media == CONTENT_TYPE:
+    if media in (CONTENT_TYPE, WEBP_TYPE):
         engine.pattern_of(model, version, pattern_id)  # unknown model or pattern: 404 first
         raise UnsupportedMediaTypeError(f"pattern '{pattern_id[:64]}' takes an activation packet "
-                                        "(application/octet-stream); an image goes to the input-image "
-                                        f"plan's URL (pattern '{INPUT_PNG}')")
+                                        "(application/octet-stream); an image goes to an input-image "
+                                        f"plan's URL (pattern '{INPUT_PNG}' or 'input-webp@<quality>')")
     if content_encoding:  # unknown model or pattern: 404 before the coding is looked at
         loaded, pattern = engine.pattern_of(model, version, pattern_id)
         body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))

@@ -169,19 +169,21 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     )
 
 
-def image_pattern(artifact: CalibrationArtifact, pattern_id: str, png_bytes: int) -> Pattern:
-    """The input-image plan (ADR 0014) as a pattern: cut 0, lossless (the server preprocesses the
-    device's own image exactly as the card declares), no head segment, ``png_bytes`` uploaded."""
-    return Pattern(pattern_id=pattern_id, cut=0, level=0.0, weight_bits={}, activation_bits=8,
+def image_pattern(artifact: CalibrationArtifact, pattern_id: str, image_bytes: int, *, level: float = 0.0,
+                  test_drop: float | None = None) -> Pattern:
+    """An input-image plan as a pattern: cut 0 (the server preprocesses the device's own image as
+    the card declares), no head segment, ``image_bytes`` uploaded. The PNG (ADR 0014) is lossless,
+    level 0; a WebP (ADR 0015) has its quality's promised ``level`` and measured ``test_drop``."""
+    return Pattern(pattern_id=pattern_id, cut=0, level=level, weight_bits={}, activation_bits=8,
                    group_size=1, predicted_noise=0.0, predicted_drop=0.0, calib_drop=None,
-                   calib_drop_ub=None, test_drop=None, weight_bytes=0, fp32_weight_bytes=0,
-                   activation_bytes=png_bytes)
+                   calib_drop_ub=None, test_drop=test_drop, weight_bytes=0, fp32_weight_bytes=0,
+                   activation_bytes=image_bytes)
 
 
 def price_image(artifact: CalibrationArtifact, pattern: Pattern, encode_s: float, inputs: PlanInputs,
                 server_s: float, answer_bytes: int = 0) -> CostBreakdown:
-    """The input-image plan priced as :func:`price_upload` prices cut 0: the device's time is its
-    own figure for encoding the PNG (no head, no quantization), the upload the PNG's bytes, the
+    """An input-image plan priced as :func:`price_upload` prices cut 0: the device's time is its
+    own figure for encoding the image (no head, no quantization), the upload the image's bytes, the
     server's time ``server_s`` (decoding and preprocessing, then the whole model)."""
     device = inputs.device.model_copy(update={"measured": {}})  # no measured head or encode at cut 0
     return price_upload(artifact, pattern, None, 0,

@@ -3,8 +3,11 @@ table (:mod:`server.paths`), never in the engine."""
 
 from __future__ import annotations
 
+from typing import Literal
+
+from qpart.models.image_codecs import parse_rung_id
 from qpart.profiles.artifacts import Pattern
-from qpart.server import paths
+from qpart.server import paths, webp
 from qpart.server.catalog import LoadedModel
 from qpart.server.engine import ModelView, PlanChoice
 from qpart.server.images import CONTENT_TYPE, INPUT_PNG
@@ -49,8 +52,17 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
         predicted=chosen.costs, all_server=choice.all_server.costs, all_device=choice.all_device.costs,
         segment=links.segment_ref(choice.segment, held), infer_url=links.tail_infer(model, p),
         upload_encoding=chosen.costs.upload_encoding,
-        upload_content_type=CONTENT_TYPE if p.pattern_id == INPUT_PNG else "application/octet-stream",
+        upload_content_type=upload_content_type(p.pattern_id),
     )
+
+
+def upload_content_type(pattern_id: str) -> Literal["application/octet-stream", "image/png", "image/webp"]:
+    """What a plan's device POSTs: an activation packet, or the image of an input-image plan."""
+    if pattern_id == INPUT_PNG:
+        return CONTENT_TYPE
+    if parse_rung_id(pattern_id) is not None:
+        return webp.CONTENT_TYPE
+    return "application/octet-stream"
 
 
 def model_info_response(view: ModelView, links: Links) -> ModelInfo:

@@ -184,7 +184,8 @@ def segment_head(
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary",
                                                          "x-qpart-format": "activation-packet-v1"}},
-                 "image/png": {"schema": {"type": "string", "format": "binary"}}}},
+                 "image/png": {"schema": {"type": "string", "format": "binary"}},
+                 "image/webp": {"schema": {"type": "string", "format": "binary"}}}},
                  "parameters": [{"name": "Content-Encoding", "in": "header", "required": False,
                                  "description": "identity (default), deflate (zlib) or zstd",
                                  "schema": {"type": "string",
@@ -196,7 +197,8 @@ async def infer_tail(
 ) -> Response:
     """Body: the activation packet (kernels/wire.py) quantized with the plan's bits and groups, as
     is or with ``Content-Encoding: deflate`` (zlib) or ``zstd`` (the plan's ``upload_encoding`` says
-    which); for the input-image plan (pattern ``input-png``), the device's image as ``image/png``."""
+    which); for the input-image plans, the device's image: ``image/png`` for pattern ``input-png``,
+    ``image/webp`` at the plan's quality for ``input-webp@<quality>``."""
     return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k,
                                      request.headers.getlist("content-encoding"),
                                      request.headers.get("content-type"))

@@ -14,6 +14,7 @@ from qpart.server import paths
 from qpart.server.catalog import LoadedModel
 from qpart.server.deps import EngineDep, read_body, require_model_token, require_token
 from qpart.server.engine import Engine
+from qpart.server.image_plans import promised_rungs
 from qpart.server.inference import infer_response, resolve_model
 from qpart.server.oip_codec import HEADER
 from qpart.server.schemas import ErrorBody, ModelMetadata, Parameter, ServerMetadata, TensorMetadata
@@ -59,18 +60,25 @@ def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
     return ModelMetadata(name=name, versions=[e.version for e in entries], platform="pytorch_qpart",
                          inputs=inputs, outputs=[TensorMetadata(name="logits", datatype="FP32",
                                                                 shape=[-1, *classes])],
-                         parameters=card_parameters(model) or None)
+                         parameters=card_parameters(model, images=not tail) or None)
 
 
-def card_parameters(model: LoadedModel) -> dict[str, Parameter]:
+def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parameter]:
     """What the model card declares, as metadata parameters: ``preprocess`` (the spec's JSON
-    object) and ``labels`` (the JSON list of class names in logit order), each a JSON string,
-    since a protocol parameter is a string, number or boolean; absent when the card has none."""
+    object), ``labels`` (the JSON list of class names in logit order) and ``image_qualities`` (the
+    lossy input-image plan's promised WebP qualities, each with its tightest level, ADR 0015; not
+    with ``images`` false: a tail takes packets), each a JSON string, since a protocol parameter
+    is a string, number or boolean; absent when the card or calibration has none."""
     parameters: dict[str, Parameter] = {}
     if model.preprocess is not None:
         parameters["preprocess"] = model.preprocess.model_dump_json()
     if model.labels is not None:
         parameters["labels"] = json.dumps(list(model.labels), separators=(",", ":"))
+    rungs = promised_rungs(model) if images else []
+    if rungs and model.preprocess is not None:
+        parameters["image_qualities"] = json.dumps(
+            [{"codec": r.codec, "quality": r.quality, "level": r.level} for r in rungs],
+            separators=(",", ":"))
     return parameters
 
 

@@ -58,14 +58,28 @@ PRESETS: dict[WeightPreset, ObjectiveWeights] = {
 MAX_IMAGE_SIDE = 1 << 16
 
 
+class LossyImage(_Strict):
+    """The same image as a lossy WebP at one of the qualities the model's ``/v2`` metadata lists
+    (``image_qualities``), made by the calibrated encoder (ADR 0015)."""
+
+    quality: JsonInt = Field(ge=1, le=100, description="The WebP quality it was encoded at.")
+    bytes: JsonInt = Field(ge=1, le=1 << 30, description="The WebP's size in bytes.")
+    encode_s: float = Field(0.0, ge=0, le=60, description="Seconds the device took to encode it.")
+
+
 class InputImage(_Strict):
-    """The image the device holds, before any preprocessing, encoded as a PNG (ADR 0014)."""
+    """The image the device holds, before any preprocessing, encoded as a PNG (ADR 0014) and,
+    optionally, as lossy WebPs (ADR 0015)."""
 
     png_bytes: JsonInt = Field(ge=1, le=1 << 30, description="The PNG's size in bytes.")
     width: JsonInt = Field(ge=1, le=MAX_IMAGE_SIDE, description="The image's width in pixels.")
     height: JsonInt = Field(ge=1, le=MAX_IMAGE_SIDE, description="The image's height in pixels.")
     encode_s: float = Field(0.0, ge=0, le=60, description="Seconds the device took to encode it "
                             "(measured on the device; counted as its local time).")
+    webp: list[LossyImage] = Field(
+        default_factory=list, max_length=8, description="The image as WebPs too: each one whose "
+        "quality the model's calibration promises at a level no looser than the demand is priced "
+        "as the plan 'input-webp@<quality>' (ADR 0015).")
 
 
 class PlanRequest(_Strict):
@@ -191,10 +205,11 @@ class PlanResponse(_Strict):
         description="How to send the packet: as is, or compressed with 'Content-Encoding: deflate' "
         "or 'zstd' "
         "(only when the request allowed it and it was priced so).")
-    upload_content_type: Literal["application/octet-stream", "image/png"] = Field(
+    upload_content_type: Literal["application/octet-stream", "image/png", "image/webp"] = Field(
         "application/octet-stream", description="What to POST to infer_url: the activation packet "
-        "(application/octet-stream), or, for the input-image plan ('input-png', only when the "
-        "request offered input_image), the device's input image as a PNG (image/png).")
+        "(application/octet-stream), or, for an input-image plan (only when the request offered "
+        "input_image), the device's input image: as a PNG (image/png) for 'input-png', as the WebP "
+        "at the plan's quality (image/webp) for 'input-webp@<quality>'.")
 
 
 class PatternInfo(_Strict):

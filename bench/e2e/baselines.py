@@ -3,9 +3,11 @@
 - ``input-<codec>`` (``input-png``, ``input-webp@75`` ...): the device compresses the input image
   it holds (the IDX file's 28x28 grayscale pixels, before any preprocessing) with Pillow and
   uploads it; the server decodes it, preprocesses it as the card declares and runs the float
-  model (``input-png``: the product's input-image plan, ADR 0014; the others:
+  model (``input-png``: the product's input-image plan, ADR 0014; a WebP quality the model's
+  calibration promises: the product's lossy input-image plan, ADR 0015; the others:
   :mod:`bench.baseline_routes`). Its test drop is the one :mod:`bench.input_codecs`
-  measured on the whole test split (``bench/results/input_codecs.json``).
+  measured on the whole test split (``bench/results/input_codecs.json``), or for a quality only
+  the calibration measured, the artifact's (the same measure on the same split).
 - ``autoencoder@k``: the device runs the float head to cut ``k`` (the lossless pattern's segment)
   and :mod:`bench.autoencoder`'s encoder (its weights downloaded once, like a segment), quantizes
   the bottleneck into an activation packet and uploads it; the server decodes it, runs the decoder
@@ -41,12 +43,15 @@ from bench.e2e.config import DEMAND
 from bench.e2e.device import Link, ModelView
 from bench.input_codecs import encode
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
+from qpart.models.image_codecs import WEBP, rung_id
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from qpart.models.timing import median_seconds
+from qpart.profiles.artifacts import CalibrationArtifact
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
+from qpart.server.webp import CONTENT_TYPE as WEBP_TYPE
 
 CODECS = ("png", "webp@75", "webp@90", "jpeg@90")
 CODEC_RESULTS = REPO / "bench" / "results" / "input_codecs.json"
@@ -80,11 +85,35 @@ class Baseline:
         return self.test_drop <= DEMAND
 
 
+def product_quality(artifact: CalibrationArtifact, demand: float = DEMAND) -> int | None:
+    """The WebP quality a device offers at ``demand``, as the product's client picks it: the lowest
+    the calibration promises at a level no looser (ADR 0015)."""
+    ladder = artifact.image_ladder
+    rungs = [] if ladder is None else [r for r in ladder.rungs if r.level is not None and r.level <= demand]
+    return min((r.quality for r in rungs), default=None)
+
+
+def promised(artifact: CalibrationArtifact, codec: str) -> bool:
+    """Whether ``codec`` (``webp@75`` ...) is a quality the artifact's ladder promises at some level:
+    the product's lossy input-image plan then takes it."""
+    ladder = artifact.image_ladder
+    return ladder is not None and any(f"webp@{r.quality}" == codec and r.levels for r in ladder.rungs)
+
+
 def load_baselines(model: str, codecs: tuple[str, ...] = CODECS, autoencoders: Path = AUTOENCODERS,
-                   codec_results: Path = CODEC_RESULTS) -> list[Baseline]:
-    """The model's codec baselines (with their recorded test drops) and its autoencoders."""
+                   codec_results: Path = CODEC_RESULTS,
+                   artifact: CalibrationArtifact | None = None) -> list[Baseline]:
+    """The model's codec baselines (with their recorded test drops), the quality the product's
+    device offers at the grid's demand when it is not one of them (its test drop the artifact's),
+    and its autoencoders."""
     recorded = json.loads(codec_results.read_text())["models"][model]["codecs"]
     out = [Baseline(f"input-{c}", "codec", 0, float(recorded[c]["test_drop"]), codec=c) for c in codecs]
+    quality = None if artifact is None else product_quality(artifact)
+    if artifact is not None and artifact.image_ladder is not None and quality is not None \
+            and f"webp@{quality}" not in codecs:
+        rung = next(r for r in artifact.image_ladder.rungs if r.quality == quality)
+        assert rung.test_drop is not None  # measured for every promised rung
+        out.append(Baseline(rung_id(WEBP, quality), "codec", 0, rung.test_drop, codec=f"webp@{quality}"))
     for folder in sorted(autoencoders.glob(f"{model}-c*")):
         enc, dec, meta = autoencoder.load(folder)
         out.append(Baseline(f"autoencoder@{meta.cut}", "ae", meta.cut, meta.test_drop, encoder=enc,
@@ -189,16 +218,16 @@ def predict(b: Baseline, model: ModelView, device: DeviceProfile, inputs: PlanIn
     return costs
 
 
-def image_route(model: ModelView) -> str:
-    """The tail route of the product's input-image plan (ADR 0014) for ``model``."""
-    return f"/v1/models/{model.name}/versions/{model.version}/patterns/{INPUT_PNG}/infer"
+def image_route(model: ModelView, pattern_id: str = INPUT_PNG) -> str:
+    """The tail route of the product's input-image plan (ADR 0014, 0015) for ``model``."""
+    return f"/v1/models/{model.name}/versions/{model.version}/patterns/{pattern_id}/infer"
 
 
 def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixels: np.ndarray,
              image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
     """One inference of the baseline: its device work (timed, scaled), upload, server answer.
-    ``input-png`` goes to the product's input-image plan, the other codecs and the autoencoders to
-    :mod:`bench.baseline_routes`."""
+    ``input-png`` and the WebP qualities the calibration promises go to the product's input-image
+    plans, the other codecs and the autoencoders to :mod:`bench.baseline_routes`."""
     headers: dict[str, str] = {}
     if b.kind == "codec":
         host = median_seconds(lambda: encode(pixels, b.codec), warmup=ENCODE_RUNS["settle"],
@@ -206,6 +235,8 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
         body, path = encode(pixels, b.codec), f"/bench/input/{model.name}"
         if b.codec == "png":  # the product's own input-image plan (ADR 0014) takes it
             path, headers = image_route(model), {"Content-Type": CONTENT_TYPE}
+        elif promised(model.artifact, b.codec):  # and its lossy one (ADR 0015)
+            path, headers = image_route(model, b.name), {"Content-Type": WEBP_TYPE}
     else:
         head = model.heads[f"ae-head-{b.cut}"]
         x = torch.from_numpy(image)

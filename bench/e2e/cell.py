@@ -15,12 +15,13 @@ import httpx
 import numpy as np
 
 from bench.device_clock import ReferenceClock
-from bench.e2e.baselines import ENCODER_PREFIX, Baseline, profile
+from bench.e2e.baselines import ENCODER_PREFIX, Baseline, product_quality, profile
 from bench.e2e.baselines import predict as predict_baseline
 from bench.e2e.config import CLOCK, DEMAND
 from bench.e2e.device import Link, ModelView, measured_j
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
+from qpart.models.image_codecs import parse_rung_id
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import INPUT_PNG
 from qpart.server.planner import PlanInputs, image_pattern, price, price_image, price_options
@@ -41,16 +42,27 @@ def _inputs(device: DeviceProfile, preset: str, link: Link, held: set[str]) -> P
 
 
 def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[str, Any]:
-    if p["pattern_id"] == INPUT_PNG:  # the input-image plan: priced by the server's own figures
+    if is_image_plan(p["pattern_id"]):  # an input-image plan: priced by the server's own figures
         image, predicted = p["input_image"], p["predicted"]
-        pattern = image_pattern(model.artifact, INPUT_PNG, image["png_bytes"])
-        return price_image(model.artifact, pattern, image["encode_s"], inputs, predicted["time_s"]["server"],
+        if p["pattern_id"] == INPUT_PNG:
+            pattern = image_pattern(model.artifact, INPUT_PNG, image["png_bytes"])
+            encode_s = image["encode_s"]
+        else:
+            webp = image["webp"][0]
+            pattern = image_pattern(model.artifact, p["pattern_id"], webp["bytes"], level=p["level"])
+            encode_s = webp["encode_s"]
+        return price_image(model.artifact, pattern, encode_s, inputs, predicted["time_s"]["server"],
                            model.answer_bytes).model_dump()
     seg = p["segment"]
     pattern = model.pattern(p["pattern_id"])
     costs = price(model.artifact, pattern, seg["id"] if seg else None, seg["size_bytes"] if seg else 0,
                   inputs, model.tail_s[pattern.cut], model.answer_bytes)
     return costs.model_dump()
+
+
+def is_image_plan(pattern_id: str) -> bool:
+    """Whether a plan uploads the device's input image (ADR 0014's PNG, ADR 0015's WebP)."""
+    return pattern_id == INPUT_PNG or parse_rung_id(pattern_id) is not None
 
 
 def choose_fixed(model: ModelView, strategy: str, inputs: PlanInputs) -> dict[str, Any]:
@@ -180,14 +192,29 @@ def image_offer(baselines: list[Baseline], model: ModelView, pixels: np.ndarray,
                 ratio: float) -> dict[str, Any] | None:
     """What the device offers the planner of its input image (ADR 0014), from the ``input-png``
     baseline's figures (None without that baseline): the mean PNG size of the cell's images, and
-    this host's encode time scaled to the device, as that baseline is priced and run."""
+    this host's encode time scaled to the device, as that baseline is priced and run; and, as the
+    product's client does, the WebP at the lowest quality the calibration promises at the demand
+    (ADR 0015), from that quality's baseline."""
     png = next((b for b in baselines if b.name == INPUT_PNG), None)
     if png is None:
         return None
     profile(png, model, pixels, images[:1])
     height, width = pixels.shape[-2:]
-    return {"png_bytes": round(png.upload_bytes), "width": int(width), "height": int(height),
-            "encode_s": png.host_local_s * ratio}
+    offer: dict[str, Any] = {"png_bytes": round(png.upload_bytes), "width": int(width), "height": int(height),
+                             "encode_s": png.host_local_s * ratio}
+    webp = offered_webp(baselines, model)
+    if webp is not None:
+        profile(webp, model, pixels, images[:1])
+        quality = int(webp.codec.partition("@")[2])
+        offer["webp"] = [{"quality": quality, "bytes": round(webp.upload_bytes),
+                          "encode_s": webp.host_local_s * ratio}]
+    return offer
+
+
+def offered_webp(baselines: list[Baseline], model: ModelView) -> Baseline | None:
+    """The baseline of the WebP quality the device offers (:func:`product_quality`), if any."""
+    quality = product_quality(model.artifact)
+    return next((b for b in baselines if quality is not None and b.codec == f"webp@{quality}"), None)
 
 
 def _results(model: ModelView, device: DeviceProfile, preset: str, inputs: PlanInputs, ratio: float,

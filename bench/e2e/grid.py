@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates = args.rate or (QUICK_RATES_MBPS if args.quick else RATES_MBPS)
     images = {m: model_images(m, args.max_reps) for m in args.model}
     pixels = load_split_pixels(Split.TEST, limit=args.max_reps)[0]  # what the device holds: the IDX bytes
-    baselines = {m: load_baselines(m, autoencoders=args.autoencoders) for m in args.model}
+    baselines = {m: load_baselines(m, autoencoders=args.autoencoders,
+                                   artifact=load_artifact(args.artifacts / m)) for m in args.model}
     cells: list[dict[str, Any]] = []
     # the cores never halt while the grid runs (bench.spin: a halted vCPU's wake-up on this host
     # took the median loopback exchange from 1.45-1.74 to 3.29-3.53 ms, results/spin.json)

@@ -40,6 +40,8 @@ from bench.e2e.cell import (
     forced_cuts,
     image_offer,
     implied_rtt,
+    is_image_plan,
+    offered_webp,
     run_rounds,
 )
 from bench.e2e.config import STRATEGIES
@@ -113,7 +115,7 @@ class Downloads:
         self.needed = set()
         for s, p in cell.plans.items():
             download_s[s] = self.segment(p.get("segment"), cell.held)
-            if p["pattern_id"] == INPUT_PNG:  # the device runs no head: it uploads its image
+            if is_image_plan(p["pattern_id"]):  # the device runs no head: it uploads its image
                 continue
             heads[s] = _head(model, p, model.segments[p["segment"]["id"]] if p.get("segment") else None)
         for b in baselines:
@@ -132,10 +134,11 @@ class Downloads:
 
 
 def _key(p: dict[str, Any]) -> str:
-    """The runs a plan shares: its pattern and upload coding; the input-image plan is the
-    ``input-png`` baseline's request to the product's route, so it shares that baseline's runs."""
-    if p["pattern_id"] == INPUT_PNG:
-        return INPUT_PNG
+    """The runs a plan shares: its pattern and upload coding; an input-image plan is the request of
+    the baseline of its name (``input-png``, ``input-webp@<q>``) to the product's route, so it
+    shares that baseline's runs."""
+    if is_image_plan(p["pattern_id"]):
+        return str(p["pattern_id"])
     return f"{p['pattern_id']}/{p.get('upload_encoding', 'identity')}"
 
 
@@ -175,7 +178,8 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
     cells, charged = _plan_cells(client, url, model, device, presets, link, image, baselines, downloads)
     fetched = time.perf_counter()
     for b in baselines:
-        if not (b.name == INPUT_PNG and image is not None):  # profiled once, for the offer
+        if not (image is not None and (b.name == INPUT_PNG or b is offered_webp(baselines, model))):
+            # (those two were profiled for the offer)
             profile(b, model, pixels, images[:1])
     profiled = time.perf_counter()
     # Strategies (of any cell) that chose the same pattern do the same thing: each distinct pattern
@@ -185,7 +189,7 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
     work: dict[str, tuple[dict[str, Any], Callable[..., Any]]] = {}
     for cell, (_, heads) in zip(cells, charged, strict=True):
         for s, p in cell.plans.items():
-            if p["pattern_id"] != INPUT_PNG:
+            if not is_image_plan(p["pattern_id"]):
                 work.setdefault(_key(p), (p, heads[s]))
     named = {b.name: b for b in baselines}
     # The planner's plan of each cell runs twice a round, under its own key and as its twin: the
@@ -209,7 +213,7 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
     wall_s = {"downloads": fetched - started, "baseline_profiles": profiled - fetched,
               "rounds": time.perf_counter() - profiled}
     exchanged = {_key(p): p for cell in cells for p in cell.plans.values()
-                 if p["cut"] < model.cuts - 1 and p["pattern_id"] != INPUT_PNG}
+                 if p["cut"] < model.cuts - 1 and not is_image_plan(p["pattern_id"])}
     implied = implied_rtt(model, exchanged, runs, cells[0].inputs)  # each plan in its own coding
     shared = {"reps": len(speeds), "wall_s": wall_s, "implied_rtt_s": implied,
               "host_speed": {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)}}

@@ -92,6 +92,33 @@ def test_the_planners_image_plan_is_priced_as_the_png_baseline_and_shares_its_ru
     assert _key({"pattern_id": "c0-x", "upload_encoding": "zstd"}) == "c0-x/zstd"
 
 
+def test_the_planners_webp_plan_is_priced_as_its_qualitys_baseline_and_shares_its_runs(artifacts_dir):
+    from bench.e2e.baselines import CODECS, load_baselines, product_quality, promised
+
+    model = _view(artifacts_dir)
+    quality = product_quality(model.artifact, DEMAND)
+    rung = next(r for r in model.artifact.image_ladder.rungs if r.quality == quality)
+    assert rung.level is not None and rung.level <= DEMAND
+    assert all(r.level is None or r.level > DEMAND or r.quality >= quality
+               for r in model.artifact.image_ladder.rungs)  # the lowest quality promised at the demand
+    named = {b.name: b for b in load_baselines("fmnist-cnn", artifact=model.artifact)}
+    assert f"webp@{quality}" not in CODECS  # cnn's offer at 1% is no fixed baseline: it is added,
+    webp = named[f"input-webp@{quality}"]  # with the artifact's test drop
+    assert webp.test_drop == rung.test_drop
+    assert promised(model.artifact, webp.codec) and not promised(model.artifact, "jpeg@90")
+    codec = dataclasses.replace(webp, host_local_s=3e-4, host_server_s=2e-4, upload_bytes=240.0)
+    inputs = _inputs(model)
+    baseline = predict(codec, model, inputs.device, inputs, ratio=3.0, segment=None)
+    plan = {"pattern_id": f"input-webp@{quality}", "cut": 0, "level": rung.level,
+            "input_image": {"png_bytes": 500, "encode_s": 3e-4,
+                            "webp": [{"quality": quality, "bytes": 240, "encode_s": 9e-4}]},
+            "predicted": {"time_s": {"server": 1e-3 + 2e-4}}}
+    planner = _predict(model, plan, inputs)
+    for key in ("objective", "transfer_bytes"):
+        assert planner[key] == pytest.approx(baseline[key], rel=1e-12)
+    assert _key(plan) == codec.name
+
+
 def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safetensors_one(cnn_only):
     import numpy as np
     import torch

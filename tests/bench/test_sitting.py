@@ -70,7 +70,8 @@ def test_a_sittings_cells_hold_download_and_run_what_each_planned(monkeypatch):
     monkeypatch.setattr(S, "measured_j", lambda *a: {"measured_J": 1.0})
     cuts = [types.SimpleNamespace(head_flops=1.0)] * 4
     model = types.SimpleNamespace(
-        name="m", cuts=4, segments={}, heads={}, reference_s=1.0, artifact=types.SimpleNamespace(cuts=cuts),
+        name="m", cuts=4, segments={}, heads={}, reference_s=1.0,
+        artifact=types.SimpleNamespace(cuts=cuts, image_ladder=None),
         patterns=[{"pattern_id": "L1", "level": 0, "cut": 1, "segment": {"id": "segL1", "url": "/s/L1"}}],
         plan_of=dict)
     link = types.SimpleNamespace(wire=types.SimpleNamespace(quiet=lambda: None), rate_mbps=5.0)

@@ -76,3 +76,38 @@ def test_an_image_dearer_than_a_packet_runs_the_planned_head(server, noise, tmp_
         run = device.infer_images([noise], "fmnist-cnn", 0.01, rate_bps=1e6)
     assert run.plan.upload_content_type != IMAGE_PNG
     assert len(run.predictions) == 1 and run.uploaded_bytes > 0
+
+
+@pytest.fixture
+def sandal(tmp_path):
+    from qpart.models.data import Split, load_split_pixels
+
+    path = tmp_path / "sandal.png"  # a real test image: its PNG (about 400 B) loses to the packet
+    Image.fromarray(load_split_pixels(Split.TEST, 1)[0][0]).save(path)
+    return path
+
+
+def test_a_real_image_goes_up_as_the_lowest_promised_webp(server, sandal, tmp_path):
+    from qpart.client.device import IMAGE_WEBP
+    from qpart.models.image_codecs import decode_webp, encode_webp
+
+    with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
+        qualities = device.metadata("fmnist-cnn").image_qualities
+        quality = min(q for q, level in qualities if level <= 0.01)
+        run = device.infer_images([sandal], "fmnist-cnn", 0.01, rate_bps=1e6)
+    assert run.plan.upload_content_type == IMAGE_WEBP
+    assert run.plan.plan_id.endswith(f"/input-webp@{quality}") and run.plan.level <= 0.01
+    body = encode_webp(Image.open(sandal), quality)
+    assert run.uploaded_bytes == len(body) and run.downloaded_bytes == 0
+    model = get_model("fmnist-cnn")
+    x = preprocess_image(decode_webp(body), model.preprocess)[None]
+    with torch.inference_mode():
+        want = model.load()(torch.from_numpy(x)).numpy()[0]
+    np.testing.assert_allclose(run.results[0].logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_demand_no_quality_is_promised_at_offers_no_webp(server, sandal, tmp_path):
+    with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
+        tightest = min(level for _, level in device.metadata("fmnist-cnn").image_qualities)
+        run = device.infer_images([sandal], "fmnist-cnn", tightest / 2, rate_bps=1e6)
+    assert run.plan.upload_content_type != "image/webp"

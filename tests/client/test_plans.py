@@ -167,3 +167,18 @@ def test_the_runtime_returns_typed_plans_and_answers(tmp_path):
     assert isinstance(plan, Plan) and plan.segment is None and plan.predicted.time_s.total == 0.007
     answer = runtime.upload(plan, b"packet")
     assert answer.results[0].logits == [0.5, 2.0, -1.0] and answer.queue_s == 0.001
+
+
+def test_image_qualities_read_from_metadata_and_anything_else_is_refused():
+    from qpart.client.plans import ModelMetadata
+
+    listed = '[{"codec":"webp","quality":75,"level":0.01},{"codec":"webp","quality":95,"level":0.0025},' \
+             '{"codec":"avif","quality":50,"level":0.01}]'
+    assert ModelMetadata(parameters={"image_qualities": listed}).image_qualities == [(75, 0.01), (95, 0.0025)]
+    assert ModelMetadata(parameters={}).image_qualities == []
+    for broken in ('{"quality": 75}', '[{"codec":"webp","quality":0,"level":0.01}]',
+                   '[{"codec":"webp","quality":75,"level":1.5}]',
+                   '[{"codec":"webp","quality":"75","level":0.01}]',
+                   '[{"codec":"webp","quality":true,"level":0.01}]', "[1]", "not json"):
+        with pytest.raises(ServerAnswerError, match="image_qualities"):
+            _ = ModelMetadata(parameters={"image_qualities": broken}).image_qualities

@@ -93,7 +93,10 @@ def _card() -> dict[str, object]:
 @pytest.mark.parametrize("name", ["fmnist-cnn", "fmnist-cnn-tail"])
 def test_metadata_parameters_carry_the_cards_preprocessing_and_labels(client, name):
     parameters = client.get_model_metadata(name)["parameters"]
+    qualities = json.loads(parameters.pop("image_qualities")) if name == "fmnist-cnn" else None
     assert {k: json.loads(v) for k, v in parameters.items()} == _card()
+    if qualities is not None:  # the model, not its tail, takes input images (ADR 0015)
+        assert qualities and all(set(q) == {"codec", "quality", "level"} for q in qualities)
     assert json.loads(parameters["labels"])[9] == "Ankle boot"
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from PIL import Image
 
 from bench import REPO, autoencoder
 from bench.baseline_routes import decode_image
@@ -41,9 +42,10 @@ from bench.device_clock import ENCODE_RUNS, HEAD_RUNS
 from bench.e2e.artifacts import packet_bytes
 from bench.e2e.config import DEMAND
 from bench.e2e.device import Link, ModelView
+from bench.input_codecs import CODECS as RECORDED_CODECS
 from bench.input_codecs import encode
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
-from qpart.models.image_codecs import WEBP, rung_id
+from qpart.models.image_codecs import WEBP, encode_webp, rung_id
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from qpart.models.timing import median_seconds
@@ -83,6 +85,17 @@ class Baseline:
     @property
     def meets_demand(self) -> bool:
         return self.test_drop <= DEMAND
+
+
+def encode_input(pixels: np.ndarray, codec: str) -> bytes:
+    """One grayscale image as ``codec`` encodes it: :mod:`bench.input_codecs`'s codecs, or a WebP at
+    any quality by the product's encoder (the same bytes as ``input_codecs``' WebPs, method 6)."""
+    if codec in RECORDED_CODECS:
+        return encode(pixels, codec)
+    name, _, quality = codec.partition("@")
+    if name != WEBP or not quality.isdigit():
+        raise ValueError(f"no encoder for the codec {codec!r}")
+    return encode_webp(Image.fromarray(pixels, "L"), int(quality))
 
 
 def product_quality(artifact: CalibrationArtifact, demand: float = DEMAND) -> int | None:
@@ -140,9 +153,9 @@ def profile(b: Baseline, model: ModelView, pixels: np.ndarray, image: np.ndarray
         spec = get_model(model.name).preprocess
         assert spec is not None
         if len(b.sizes) != len(pixels):  # the same images every cell: their sizes once
-            b.sizes = [len(encode(p, b.codec)) for p in pixels]
-        body = encode(pixels[0], b.codec)
-        b.host_local_s = _timed(lambda: encode(pixels[0], b.codec))
+            b.sizes = [len(encode_input(p, b.codec)) for p in pixels]
+        body = encode_input(pixels[0], b.codec)
+        b.host_local_s = _timed(lambda: encode_input(pixels[0], b.codec))
         b.host_server_s = _served(b, lambda: preprocess_image(decode_image(body), spec))
         b.upload_bytes = float(np.mean(b.sizes))
         return
@@ -230,9 +243,9 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
     plans, the other codecs and the autoencoders to :mod:`bench.baseline_routes`."""
     headers: dict[str, str] = {}
     if b.kind == "codec":
-        host = median_seconds(lambda: encode(pixels, b.codec), warmup=ENCODE_RUNS["settle"],
+        host = median_seconds(lambda: encode_input(pixels, b.codec), warmup=ENCODE_RUNS["settle"],
                               repeats=ENCODE_RUNS["burst"])
-        body, path = encode(pixels, b.codec), f"/bench/input/{model.name}"
+        body, path = encode_input(pixels, b.codec), f"/bench/input/{model.name}"
         if b.codec == "png":  # the product's own input-image plan (ADR 0014) takes it
             path, headers = image_route(model), {"Content-Type": CONTENT_TYPE}
         elif promised(model.artifact, b.codec):  # and its lossy one (ADR 0015)

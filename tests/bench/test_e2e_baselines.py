@@ -159,3 +159,23 @@ def test_a_baselines_server_decoding_is_priced_from_what_the_server_reported_onc
     b.served.extend([4e-4] * (SERVED_LEAST - 1))
     calls.clear()
     assert _served(b, lambda: calls.append(1)) == pytest.approx(4e-4) and not calls
+
+
+def test_every_codec_baseline_of_the_grid_can_encode_its_images(artifacts_dir):
+    from PIL import Image
+
+    from bench.e2e.baselines import encode_input, load_baselines
+    from qpart.models.data import Split, load_split_pixels
+    from qpart.models.image_codecs import encode_webp
+
+    pixels = load_split_pixels(Split.TEST, 2)[0]
+    for model in ("fmnist-cnn", "fmnist-resnet", "fmnist-mobilenet"):
+        artifact = load_artifact(artifacts_dir / model)
+        for b in load_baselines(model, artifact=artifact):
+            if b.kind == "codec":
+                body = encode_input(pixels[0], b.codec)
+                assert body
+                if b.codec.startswith("webp@"):  # the product's encoder, whichever list it came from
+                    assert body == encode_webp(Image.fromarray(pixels[0], "L"), int(b.codec[5:]))
+    with pytest.raises(ValueError, match="no encoder"):
+        encode_input(pixels[0], "avif@50")

@@ -36,6 +36,8 @@ PERCENTILES = (10, 25, 50, 75, 90)
 # A spinner's whole program (``python -S -c``, stdlib only, so it is SCHED_IDLE within a few ms of
 # starting, not after importing this package): it dies with its parent (PR_SET_PDEATHSIG, and a
 # parent already gone when that was set), so a benchmark killed with SIGKILL leaves no busy loop.
+# The death signal follows the thread that started the spinner: enter IdleSpinners from the main
+# thread (a worker thread's exit would stop the spinners early).
 SPINNER = """
 import ctypes, os, signal, sys
 core, parent = int(sys.argv[1]), int(sys.argv[2])

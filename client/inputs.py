@@ -14,7 +14,7 @@ from PIL import Image
 
 from qpart.client.errors import DeviceInputError
 from qpart.models.data import parse_idx
-from qpart.models.errors import DatasetError, PreprocessError
+from qpart.models.errors import DatasetError, ImageCodecError, PreprocessError
 from qpart.models.image_codecs import encode_webp
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 
@@ -142,9 +142,11 @@ def read_image_files(paths: list[Path], spec: PreprocessSpec) -> npt.NDArray[np.
     return np.stack(out).astype(np.float32, copy=False)
 
 
-def webp_of_file(path: Path, quality: int) -> tuple[bytes, float]:
+def webp_of_file(path: Path, quality: int) -> tuple[bytes, float] | None:
     """The image in ``path`` as a lossy WebP at ``quality``, by the encoder the calibration measured
-    (:func:`qpart.models.image_codecs.encode_webp`: ADR 0015), and the seconds encoding took here.
+    (:func:`qpart.models.image_codecs.encode_webp`: ADR 0015), and the seconds encoding took here
+    (its conversion to RGB included, as calibration's encoding includes it); None where WebP cannot
+    hold the image (a side over 16,383 pixels): the device then offers no WebP.
 
     Raises:
         DeviceInputError: the file is not a readable image.
@@ -152,10 +154,13 @@ def webp_of_file(path: Path, quality: int) -> tuple[bytes, float]:
     try:
         with Image.open(path) as img:
             img.load()
-            image = img.convert("RGB")
+            image = img.copy()
     except _UNREADABLE as exc:
         raise DeviceInputError(f"{path} is not a readable image: {exc}") from exc
-    encode_webp(image.resize((1, 1)), quality)  # the first WebP a process writes loads the encoder: untimed
-    start = time.perf_counter()
-    body = encode_webp(image, quality)
+    try:
+        encode_webp(image.resize((1, 1)), quality)  # the first WebP a process writes loads the encoder
+        start = time.perf_counter()
+        body = encode_webp(image, quality)
+    except ImageCodecError:
+        return None
     return body, time.perf_counter() - start

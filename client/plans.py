@@ -15,6 +15,7 @@ from qpart.client.errors import ServerAnswerError
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.errors import PreprocessError
+from qpart.models.image_codecs import webp_encoder
 from qpart.models.preprocess import FASHION_MNIST_SPEC, PreprocessSpec, pixel_table
 
 UploadEncoding = Coding | Literal["identity"]
@@ -165,27 +166,34 @@ class ModelMetadata(_Wire):
     @property
     def image_qualities(self) -> list[tuple[int, float]]:
         """The lossy input-image plan's promised WebP qualities with their tightest levels (ADR
-        0015), lowest quality first (empty: none, or the server predates them).
+        0015), lowest quality first: those whose promise is for this device's own encoder
+        (:func:`~qpart.models.image_codecs.webp_encoder`: another libwebp or Pillow makes other
+        bytes at the same quality, which the calibration never measured). Empty: none, or the
+        server predates them.
 
         Raises:
-            ServerAnswerError: ``image_qualities`` is not a JSON list of {codec, quality, level}.
+            ServerAnswerError: ``image_qualities`` is not a JSON list of {codec, quality, level,
+                encoder}.
         """
         rungs = self._json("image_qualities")
         if rungs is None:
             return []
         wrong = ServerAnswerError("the server's model metadata has image_qualities that are not a JSON "
-                                  "list of {codec, quality, level}; update the client or the server")
+                                  "list of {codec, quality, level, encoder}; update the client or the server")
         if not isinstance(rungs, list):
             raise wrong
         out = []
         for r in rungs:
             if not isinstance(r, dict):
                 raise wrong
-            quality, level = r.get("quality"), r.get("level")
+            quality, level, encoder = r.get("quality"), r.get("level"), r.get("encoder")
             if (not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 100
-                    or not isinstance(level, int | float) or isinstance(level, bool) or not 0 <= level < 1):
+                    or not isinstance(level, int | float) or isinstance(level, bool) or not 0 <= level < 1
+                    or not isinstance(encoder, str | None)):
                 raise wrong
-            if r.get("codec") == "webp":  # another codec a newer server offers: not this client's
+            # another codec a newer server offers, or another encoder's promise (or one that names
+            # none: a server from before it published them): not this device's to use
+            if r.get("codec") == "webp" and encoder == webp_encoder():
                 out.append((quality, float(level)))
         return sorted(out)
 

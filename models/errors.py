@@ -10,6 +10,8 @@
     │   ├── SourceMismatchError calibration and test sources whose class names differ
     │   └── SampleOverlapError  calibration and test sources sharing a sample (equal digests)
     ├── PreprocessError         a preprocessing spec that is invalid or does not fit an image or the model
+    ├── ImageCodecError         an image the input-image codec cannot encode (a quality outside 1..100,
+    │                           a side over WebP's 16,383 pixels)
     ├── LabelsError             label names that are malformed, or not one per logit or per class
     ├── UnknownModelError       a model name that is not registered
     ├── ModelLoadError          weights file missing, unreadable or not matching the architecture
@@ -70,3 +72,8 @@ class ModelLoadError(ModelsError):
 
 class PartitionError(ModelsError):
     """A cut that is not legal for the model, or a model torch.fx cannot trace."""
+
+
+class ImageCodecError(ModelsError, ValueError):
+    """An image :mod:`models.image_codecs` cannot encode: a quality outside 1..100, or a side over
+    WebP's 16,383 pixels."""

@@ -14,10 +14,14 @@ import re
 import PIL
 from PIL import Image, features
 
+from qpart.models.errors import ImageCodecError
+
 WEBP = "webp"
 WEBP_METHOD = 6
 """libwebp's effort (0..6): 6 makes the smallest files; a 28x28 image still encodes in about
 0.3 ms on the development host."""
+MAX_WEBP_SIDE = 16383
+"""libwebp's largest width or height."""
 CONTENT_TYPES = {WEBP: "image/webp"}
 INPUT_PREFIX = "input-"
 _RUNG_ID = re.compile(r"input-(webp)@([1-9][0-9]?|100)")
@@ -40,13 +44,20 @@ def encode_webp(image: Image.Image, quality: int) -> bytes:
     preprocessing spec drops it.
 
     Raises:
-        ValueError: ``quality`` is outside 1..100.
+        ImageCodecError: ``quality`` is outside 1..100, or a side over :data:`MAX_WEBP_SIDE`.
     """
     if not 1 <= quality <= 100:
-        raise ValueError(f"WebP quality {quality} is outside 1..100")
+        raise ImageCodecError(f"WebP quality {quality} is outside 1..100")
+    if max(image.size) > MAX_WEBP_SIDE:
+        raise ImageCodecError(f"the image is {image.width}x{image.height}; WebP holds at most "
+                              f"{MAX_WEBP_SIDE} pixels a side")
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     buffer = io.BytesIO()
-    rgb.save(buffer, "WEBP", quality=quality, method=WEBP_METHOD, lossless=False, exif=b"", icc_profile=None)
+    try:
+        rgb.save(buffer, "WEBP", quality=quality, method=WEBP_METHOD, lossless=False, exif=b"",
+                 icc_profile=None)
+    except (OSError, ValueError) as exc:  # libwebp's own refusals (encoding error N)
+        raise ImageCodecError(f"libwebp cannot encode the {image.width}x{image.height} image: {exc}") from exc
     return buffer.getvalue()
 
 

@@ -35,7 +35,7 @@ from qpart.models.registry import ModelSpec, get_model
 from qpart.models.sources import DataSource, FashionMnistSource, ImageFolderSource
 from qpart.offline.data import Sources, recorded_source, sample_positions
 from qpart.offline.errors import CalibrationConfigError
-from qpart.offline.ltt import BOUNDS, REFERENCE, Bound, Test, fixed_sequence
+from qpart.offline.ltt import BOUNDS, REFERENCE, Bound, Test, chance, fixed_sequence
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop, paired_drop
 from qpart.profiles.artifacts import ImageLadder, ImageRung, load_artifact, save_artifact
@@ -128,7 +128,7 @@ def promised_levels(measured: Sequence[PairedDrop], levels: Sequence[float], con
 def statement(delta: float, bound: Bound, check_samples: int, qualities: Sequence[int]) -> str:
     """The ladder's promise in one sentence."""
     shown = ", ".join(str(q) for q in qualities)
-    return (f"For each quality promised at a level, with probability at least 1−δ over the draw of the "
+    return (f"For each quality promised at a level, with probability {chance(bound)} over the draw of the "
             f"check samples, the expected top-1 drop of the model on images this encoder made at that "
             f"quality, decoded and preprocessed as the card declares, against the same images "
             f"unencoded, on data from the calibration distribution, is at most the level: δ = {delta:g}; "
@@ -175,16 +175,31 @@ def work(check_samples: int, test_samples: int) -> int:
     return check_samples + test_samples
 
 
-def measure_artifact_images(directory: Path, qualities: Sequence[int] = QUALITIES, tick: Tick | None = None,
-                            data: str | None = None, test_data: str | None = None) -> ImageLadder:
+def measure_artifact_images(directory: Path, qualities: Sequence[int] | None = None, tick: Tick | None = None,
+                            data: str | None = None, test_data: str | None = None,
+                            replace_ladder: bool = False) -> ImageLadder:
     """Measure the ladder for the artifact in ``directory`` (its weights, its check samples, its
-    test samples, its levels and promise settings) and rewrite its ``artifact.json``.
+    test samples, its levels and promise settings) and rewrite its ``artifact.json``. ``qualities``
+    default to the artifact's own ``image_qualities`` setting where it records one, else
+    :data:`QUALITIES`.
+
+    A ladder is tested on the check samples once: an artifact that has one is refused unless
+    ``replace_ladder`` (testing ladder after ladder on the same samples and keeping the one that
+    looks best would void the promise).
 
     Raises:
         CalibrationConfigError: the card declares no preprocessing, the artifact's data cannot be
-            found as recorded, or its weights are not the artifact's.
+            found as recorded, its weights are not the artifact's, or it has a ladder already.
     """
     artifact = load_artifact(directory)
+    if artifact.image_ladder is not None and not replace_ladder:
+        raise CalibrationConfigError(
+            f"{directory} has an input-image ladder already, tested on its check samples; a second "
+            "ladder tested on the same samples voids the promise of whichever is kept. Recalibrate "
+            "on new check samples, or replace it knowingly (--replace)")
+    recorded = artifact.settings.get("image_qualities")
+    if qualities is None:
+        qualities = [int(q) for q in recorded] if isinstance(recorded, list) and recorded else QUALITIES
     spec = replace(get_model(artifact.model), weights=directory / "weights.safetensors")
     if spec.preprocess is None:
         raise CalibrationConfigError(f"'{artifact.model}' declares no preprocessing: no image becomes its "
@@ -194,6 +209,11 @@ def measure_artifact_images(directory: Path, qualities: Sequence[int] = QUALITIE
     record, promise = artifact.data, artifact.promise
     if record is None or promise is None:
         raise CalibrationConfigError(f"{directory}: the artifact records no data or promise; calibrate again")
+    recorded_spec = record.calibration.preprocess
+    if recorded_spec is not None and PreprocessSpec.from_mapping(recorded_spec) != spec.preprocess:
+        raise CalibrationConfigError(
+            f"'{artifact.model}' now declares another preprocessing than the one it was calibrated with; "
+            "a ladder measured under it would not be the artifact's: calibrate it again")
     calibration = recorded_source(artifact, spec, "calibration", data)
     test = recorded_source(artifact, spec, "test", test_data)
     order = record.sample_order

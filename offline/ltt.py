@@ -93,10 +93,14 @@ def fixed_sequence(count: int, passes: Callable[[int], bool]) -> int:
     return count
 
 
+def chance(bound: Bound) -> str:
+    """How sure a promise backed by ``bound`` is, in words (the exact bound's coverage is exact)."""
+    return "at least 1−δ" if bound == "exact" else "about 1−δ (the bound's coverage is nominal, not exact)"
+
+
 def promise(delta: float, bound: Bound, check_samples: int, ladder: str) -> str:
     """The sentence a calibration promises (artifact, report, README)."""
-    chance = "at least 1−δ" if bound == "exact" else "about 1−δ (the bound's coverage is nominal, not exact)"
-    return (f"For each pattern, with probability {chance} over the draw of the check samples, its "
+    return (f"For each pattern, with probability {chance(bound)} over the draw of the check samples, its "
             f"expected top-1 drop on data from the calibration distribution is at most its level: "
             f"δ = {delta:g}; bound: {BOUNDS[bound]}; {check_samples:,} check samples; ladder: {ladder}; "
             f"fixed-sequence testing ({REFERENCE}).")

@@ -168,14 +168,18 @@ def measure_coding(
 
 def calibrate_images(
     artifact: Annotated[Path, typer.Option(help="Artifact folder (artifact.json + weights.safetensors).")],
-    qualities: Annotated[str, typer.Option(help=(
+    qualities: Annotated[str | None, typer.Option(help=(
         "WebP qualities to test, comma-separated; tested from the highest down, so order does not "
-        "matter."))] = ",".join(map(str, CALIB.model_fields["image_qualities"].default)),
+        "matter. Default: the artifact's image_qualities setting, else "
+        + ",".join(map(str, CALIB.model_fields["image_qualities"].default)) + "."))] = None,
     data: Annotated[str | None, typer.Option(help=(
         "Where the calibration data is now, as calibrate's --data named it; default: where the "
         "artifact records it was read. Refused unless it holds the recorded content."))] = None,
     test_data: Annotated[str | None, typer.Option(help=(
         "Where the test data is now, as calibrate's --test-data named it (default: as recorded)."))] = None,
+    replace: Annotated[bool, typer.Option(help=(
+        "Replace the artifact's ladder. A ladder is tested on the check samples once; testing "
+        "another on the same samples and keeping the better-looking one voids the promise."))] = False,
 ) -> None:
     """Measure the lossy input-image plan's WebP quality ladder (ADR 0015) into an existing
     artifact (calibrate does this for new ones): each quality is tested per level on the
@@ -193,12 +197,7 @@ def calibrate_images(
     from qpart.offline.image_ladder import measure_artifact_images
     from qpart.progress import progress_bars
 
-    try:
-        ladder_qualities = sorted({int(q) for q in qualities.split(",")}, reverse=True)
-    except ValueError:
-        raise UsageError(f"--qualities {qualities!r}: give integers 1 to 100 separated by commas") from None
-    if not ladder_qualities or not all(1 <= q <= 100 for q in ladder_qualities):
-        raise UsageError(f"--qualities {qualities!r}: give integers 1 to 100 separated by commas")
+    ladder_qualities = None if qualities is None else _qualities(qualities)
     loaded = _load(artifact)
     record = loaded.data
     total = 0 if record is None else record.check_samples + record.test_samples
@@ -211,13 +210,25 @@ def calibrate_images(
             done[0] += n
             advance(done[0])
 
-        ladder = measure_artifact_images(artifact, ladder_qualities, tick, data=data, test_data=test_data)
+        ladder = measure_artifact_images(artifact, ladder_qualities, tick, data=data, test_data=test_data,
+                                         replace_ladder=replace)
     for rung in ladder.rungs:
         levels = ", ".join(f"{a:g}" for a in rung.levels) or "none"
         test = "" if rung.test_drop is None else f", test drop {rung.test_drop:+.4f}"
         typer.echo(f"webp@{rung.quality}: {rung.mean_bytes:.0f} B, check drop {rung.calib_drop:+.4f} "
                    f"(bound {rung.calib_drop_ub:.4f}){test}; promised at {levels}")
     typer.echo(f"wrote {artifact}/artifact.json")
+
+
+def _qualities(text: str) -> list[int]:
+    """``--qualities``: integers 1 to 100, highest first."""
+    try:
+        out = sorted({int(q) for q in text.split(",")}, reverse=True)
+    except ValueError:
+        raise UsageError(f"--qualities {text!r}: give integers 1 to 100 separated by commas") from None
+    if not out or not all(1 <= q <= 100 for q in out):
+        raise UsageError(f"--qualities {text!r}: give integers 1 to 100 separated by commas")
+    return out
 
 
 def _load(folder: Path) -> Any:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from qpart.models.image_codecs import WEBP, parse_rung_id, rung_id
+from qpart.models.preprocess import PreprocessSpec
 from qpart.profiles.artifacts import ImageRung
 from qpart.server.catalog import LoadedModel
 from qpart.server.errors import NotFoundError
@@ -105,6 +106,23 @@ class ImagePlans:
             out.append(Candidate(pattern, None, 0, costs))
         return out
 
+    def check_plan(self, model: LoadedModel, pattern_id: str) -> PreprocessSpec:
+        """The card's preprocessing, for an input-image plan the model has; refused before its body
+        is looked at otherwise.
+
+        Raises:
+            NotFoundError: the card declares no preprocessing, or the ladder promises no such quality.
+        """
+        rung, spec = parse_rung_id(pattern_id), model.preprocess
+        if spec is None or not self.png_times.takes_images((model.name, model.version)):
+            raise NotFoundError(f"model '{model.name}' version '{model.version}' has no input-image plan: "
+                                "its card declares no preprocessing that makes an image into its input")
+        if rung is not None and promised_rung(model, rung[1]) is None:
+            qualities = ", ".join(str(r.quality) for r in promised_rungs(model)) or "none"
+            raise NotFoundError(f"model '{model.name}' version '{model.version}' has no input-image plan "
+                                f"'{pattern_id}': its calibration promises WebP qualities {qualities}")
+        return spec
+
     async def decode(self, model: LoadedModel, pattern_id: str,
                      body: bytes) -> tuple[np.ndarray, float, float]:
         """The model input an image plan's upload makes, the seconds decoding and preprocessing
@@ -115,12 +133,9 @@ class ImagePlans:
             NotFoundError: the model has no such image plan.
             BadRequestError: the body is not the image the plan takes.
         """
-        spec, shape = model.preprocess, tuple(model.artifact.input_shape)
+        spec, shape = self.check_plan(model, pattern_id), tuple(model.artifact.input_shape)
         bound, key = self.settings.max_image_pixels, (model.name, model.version)
         rung = parse_rung_id(pattern_id)
-        if spec is None or not self.png_times.takes_images(key):
-            raise NotFoundError(f"model '{model.name}' version '{model.version}' has no input-image plan: "
-                                "its card declares no preprocessing that makes an image into its input")
         decode: Callable[[], tuple[int, np.ndarray]]
         if rung is None:
             def decode() -> tuple[int, np.ndarray]:
@@ -129,10 +144,6 @@ class ImagePlans:
             width, height = png_size(body) if body else (0, 0)  # open_png says why an empty body fails
             times = self.png_times
         else:
-            if promised_rung(model, rung[1]) is None:
-                qualities = ", ".join(str(r.quality) for r in promised_rungs(model)) or "none"
-                raise NotFoundError(f"model '{model.name}' version '{model.version}' has no input-image plan "
-                                    f"'{pattern_id}': its calibration promises WebP qualities {qualities}")
             width, height = webp_size(body)
 
             def decode() -> tuple[int, np.ndarray]:

@@ -109,7 +109,8 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
     media = (content_type or "").split(";", 1)[0].strip().lower()
     rung = parse_rung_id(pattern_id)
     if pattern_id == INPUT_PNG or rung is not None:
-        engine.catalog.get(model, version)  # unknown model or version: 404 before the type is looked at
+        # unknown model, version or plan: 404 before the type is looked at
+        engine.images.check_plan(engine.catalog.get(model, version), pattern_id)
         want = CONTENT_TYPE if rung is None else WEBP_TYPE
         if media != want:
             raise UnsupportedMediaTypeError(f"the input-image plan '{pattern_id}' takes the image as "

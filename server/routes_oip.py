@@ -66,7 +66,8 @@ def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
 def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parameter]:
     """What the model card declares, as metadata parameters: ``preprocess`` (the spec's JSON
     object), ``labels`` (the JSON list of class names in logit order) and ``image_qualities`` (the
-    lossy input-image plan's promised WebP qualities, each with its tightest level, ADR 0015; not
+    lossy input-image plan's promised WebP qualities, each with its tightest level and the encoder
+    the promise is for, ADR 0015; not
     with ``images`` false: a tail takes packets), each a JSON string, since a protocol parameter
     is a string, number or boolean; absent when the card or calibration has none."""
     parameters: dict[str, Parameter] = {}
@@ -75,10 +76,11 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
     if model.labels is not None:
         parameters["labels"] = json.dumps(list(model.labels), separators=(",", ":"))
     rungs = promised_rungs(model) if images else []
-    if rungs and model.preprocess is not None:
+    ladder = model.artifact.image_ladder
+    if rungs and ladder is not None and model.preprocess is not None:
         parameters["image_qualities"] = json.dumps(
-            [{"codec": r.codec, "quality": r.quality, "level": r.level} for r in rungs],
-            separators=(",", ":"))
+            [{"codec": r.codec, "quality": r.quality, "level": r.level, "encoder": ladder.encoder}
+             for r in rungs], separators=(",", ":"))
     return parameters
 
 

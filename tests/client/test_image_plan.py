@@ -106,8 +106,47 @@ def test_a_real_image_goes_up_as_the_lowest_promised_webp(server, sandal, tmp_pa
     np.testing.assert_allclose(run.results[0].logits, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_demand_no_quality_is_promised_at_offers_no_webp(server, sandal, tmp_path):
+def _offers(device: DeviceRuntime, monkeypatch) -> list[dict]:
+    """What each plan request of ``device`` offered as its input image (recorded, then sent)."""
+    offered: list[dict] = []
+    real = device._ask
+
+    def ask(body, input_image):
+        offered.append(input_image)
+        return real(body, input_image)
+
+    monkeypatch.setattr(device, "_ask", ask)
+    return offered
+
+
+def test_a_demand_no_quality_is_promised_at_offers_no_webp(server, sandal, tmp_path, monkeypatch):
     with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
-        tightest = min(level for _, level in device.metadata("fmnist-cnn").image_qualities)
-        run = device.infer_images([sandal], "fmnist-cnn", tightest / 2, rate_bps=1e6)
-    assert run.plan.upload_content_type != "image/webp"
+        offered = _offers(device, monkeypatch)
+        qualities = device.metadata("fmnist-cnn").image_qualities
+        tightest = min(level for _, level in qualities)
+        device.infer_images([sandal], "fmnist-cnn", tightest / 2, rate_bps=1e6)
+        device.infer_images([sandal], "fmnist-cnn", tightest, rate_bps=1e6)
+    assert "webp" not in offered[0] and offered[0]["png_bytes"] > 0
+    lowest = min(q for q, level in qualities if level <= tightest)
+    assert [o["quality"] for o in offered[1]["webp"]] == [lowest]  # at its level: offered
+
+
+def test_an_image_webp_cannot_hold_is_offered_as_a_png_only(server, tmp_path, monkeypatch):
+    wide = tmp_path / "wide.png"  # WebP holds at most 16,383 pixels a side
+    Image.fromarray(np.full((2, 16_384), 200, np.uint8)).save(wide)
+    with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
+        offered = _offers(device, monkeypatch)
+        run = device.infer_images([wide], "fmnist-cnn", 0.02, rate_bps=1e6)
+    assert len(run.predictions) == 1
+    assert all("webp" not in o for o in offered if o is not None)
+
+
+def test_a_server_whose_promise_is_for_another_encoder_gets_no_webp(server, sandal, tmp_path, monkeypatch):
+    from qpart.client import plans
+
+    monkeypatch.setattr(plans, "webp_encoder", lambda: "Pillow 9.0.0, libwebp 1.2.0, lossy, method 6")
+    with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
+        offered = _offers(device, monkeypatch)
+        assert device.metadata("fmnist-cnn").image_qualities == []
+        run = device.infer_images([sandal], "fmnist-cnn", 0.02, rate_bps=1e6)
+    assert run.plan.upload_content_type != "image/webp" and "webp" not in offered[0]

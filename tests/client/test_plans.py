@@ -3,6 +3,7 @@ every field the client requires is one the server's OpenAPI document requires to
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -171,14 +172,22 @@ def test_the_runtime_returns_typed_plans_and_answers(tmp_path):
 
 def test_image_qualities_read_from_metadata_and_anything_else_is_refused():
     from qpart.client.plans import ModelMetadata
+    from qpart.models.image_codecs import webp_encoder
 
-    listed = '[{"codec":"webp","quality":75,"level":0.01},{"codec":"webp","quality":95,"level":0.0025},' \
-             '{"codec":"avif","quality":50,"level":0.01}]'
+    mine, other = json.dumps(webp_encoder()), json.dumps("Pillow 9.0.0, libwebp 1.2.0, lossy, method 6")
+    listed = (f'[{{"codec":"webp","quality":75,"level":0.01,"encoder":{mine}}},'
+              f'{{"codec":"webp","quality":95,"level":0.0025,"encoder":{mine}}},'
+              f'{{"codec":"webp","quality":60,"level":0.01,"encoder":{other}}},'
+              f'{{"codec":"avif","quality":50,"level":0.01,"encoder":{mine}}}]')
+    # another encoder's promise is not this device's to use: its bytes at quality 60 are others
     assert ModelMetadata(parameters={"image_qualities": listed}).image_qualities == [(75, 0.01), (95, 0.0025)]
     assert ModelMetadata(parameters={}).image_qualities == []
-    for broken in ('{"quality": 75}', '[{"codec":"webp","quality":0,"level":0.01}]',
-                   '[{"codec":"webp","quality":75,"level":1.5}]',
-                   '[{"codec":"webp","quality":"75","level":0.01}]',
-                   '[{"codec":"webp","quality":true,"level":0.01}]', "[1]", "not json"):
+    unnamed = '[{"codec":"webp","quality":75,"level":0.01}]'  # a server that names no encoder
+    assert ModelMetadata(parameters={"image_qualities": unnamed}).image_qualities == []
+    for broken in ('{"quality": 75}', f'[{{"codec":"webp","quality":0,"level":0.01,"encoder":{mine}}}]',
+                   f'[{{"codec":"webp","quality":75,"level":1.5,"encoder":{mine}}}]',
+                   f'[{{"codec":"webp","quality":"75","level":0.01,"encoder":{mine}}}]',
+                   f'[{{"codec":"webp","quality":true,"level":0.01,"encoder":{mine}}}]',
+                   '[{"codec":"webp","quality":75,"level":0.01,"encoder":7}]', "[1]", "not json"):
         with pytest.raises(ServerAnswerError, match="image_qualities"):
             _ = ModelMetadata(parameters={"image_qualities": broken}).image_qualities

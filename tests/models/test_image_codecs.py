@@ -32,6 +32,11 @@ def test_the_encoder_is_deterministic_and_writes_the_simple_lossy_format():
     assert "libwebp" in webp_encoder() and "method 6" in webp_encoder()
 
 
-def test_a_quality_outside_1_to_100_is_refused():
-    with pytest.raises(ValueError, match=r"outside 1\.\.100"):
+def test_a_quality_outside_1_to_100_or_a_side_webp_cannot_hold_is_refused():
+    from qpart.models.errors import ImageCodecError
+
+    with pytest.raises(ImageCodecError, match=r"outside 1\.\.100"):
         encode_webp(Image.new("L", (4, 4)), 0)
+    with pytest.raises(ImageCodecError, match="16383 pixels a side"):
+        encode_webp(Image.new("L", (16_384, 1)), 75)
+    assert encode_webp(Image.new("L", (16_383, 1)), 75)[12:16] == b"VP8 "

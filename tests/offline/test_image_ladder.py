@@ -62,6 +62,14 @@ def test_a_quality_drop_is_the_float_models_on_the_decoded_images(cnn):
         assert all(rung.calib_drop_ub <= level for level in rung.levels)
 
 
+def test_the_statement_says_how_sure_each_bound_is():
+    from qpart.offline.image_ladder import statement
+
+    assert "at least 1−δ" in statement(0.05, "exact", 6000, (90, 75))
+    newcombe = statement(0.05, "newcombe", 6000, (90, 75))
+    assert "about 1−δ" in newcombe and "nominal" in newcombe and "at least" not in newcombe
+
+
 def test_the_ladder_must_run_from_the_highest_quality_down(cnn):
     spec, model = cnn
     with pytest.raises(CalibrationConfigError, match="from the highest down"):

@@ -8,6 +8,7 @@ import pytest
 from qpart.kernels.coding import Coding
 from qpart.models.registry import get_model
 from qpart.offline.data import open_sources
+from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.image_ladder import measure_artifact_images
 from qpart.offline.job import calibrate, sample_folder
 from qpart.offline.settings import CalibrationSettings
@@ -129,6 +130,8 @@ def test_the_artifact_carries_its_input_image_ladder(small_run):
     assert ladder is not None and ladder.check_samples == 600 and ladder.test_samples == 1000
     assert [r.quality for r in ladder.rungs] == list(CalibrationSettings().image_qualities)
     assert "δ = 0.1" in ladder.statement and "600 check samples" in ladder.statement
+    assert "at least 1−δ" in ladder.statement  # the exact bound's coverage is exact
+    assert any(rung.levels for rung in ladder.rungs)  # WebP at 95 keeps 2% of 600 samples by far
     for rung in ladder.rungs:
         assert set(rung.levels) <= {0.02}
         assert (rung.test_drop is None) == (not rung.levels)  # measured on test where promised only
@@ -141,7 +144,11 @@ def test_calibrate_images_measures_the_same_ladder_into_an_existing_artifact(sma
     artifact, out = small_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
+    with pytest.raises(CalibrationConfigError, match="has an input-image ladder already"):
+        measure_artifact_images(copy)  # one ladder per check samples: a second is refused
     stripped = artifact.model_copy(update={"image_ladder": None})
     (copy / "artifact.json").write_text(stripped.model_dump_json(indent=1))
     assert measure_artifact_images(copy) == artifact.image_ladder
     assert load_artifact(copy) == artifact
+    fewer = measure_artifact_images(copy, [95, 50], replace_ladder=True)  # replaced knowingly
+    assert [r.quality for r in fewer.rungs] == [95, 50] and load_artifact(copy).image_ladder == fewer

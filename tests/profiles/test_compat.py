@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -24,6 +25,7 @@ from qpart.profiles.devices import DEVICES_DIR, MeasuredHeads, get_device, load_
 from qpart.profiles.errors import ProfileFormatError, SchemaVersionError
 
 _LADDER = ("rungs", "passed")  # schema 3's per-pattern fields
+SCHEMA4_CNN = Path(__file__).parent / "fixtures" / "fmnist-cnn-schema4.json"
 
 
 def _schema2(doc: dict) -> dict:
@@ -31,7 +33,7 @@ def _schema2(doc: dict) -> dict:
     def pattern(p: dict) -> dict:
         return {**{k: v for k, v in p.items() if k not in _LADDER}, "tightenings": 1}
 
-    out = {k: v for k, v in doc.items() if k not in ("promise", "data")}
+    out = {k: v for k, v in doc.items() if k not in ("promise", "data", "image_ladder")}
     for name in ("patterns", "baseline_qpart_paper"):
         out[name] = [pattern(p) for p in doc[name]]
     return {**out, "schema_version": 2}
@@ -51,7 +53,8 @@ def _without_promise(a: CalibrationArtifact) -> CalibrationArtifact:
     def plain(ps: list) -> list:
         return [p.model_copy(update=dict.fromkeys(_LADDER)) for p in ps]
 
-    return a.model_copy(update={"promise": None, "data": None, "patterns": plain(a.patterns),
+    return a.model_copy(update={"promise": None, "data": None, "image_ladder": None,
+                                "patterns": plain(a.patterns),
                                 "baseline_qpart_paper": plain(a.baseline_qpart_paper)})
 
 
@@ -84,11 +87,12 @@ def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, old
 
 
 def test_a_schema_4_artifact_keeps_its_inline_measurements(cnn):
-    # the committed artifact as schema 4 wrote it: its measurements inline, no timing.json
-    committed = json.loads(load_artifact(cnn).model_dump_json())
-    doc = {**{k: v for k, v in committed.items() if k != "image_ladder"}, "schema_version": 4}
-    (cnn / "artifact.json").write_text(json.dumps(doc))
+    # fmnist-cnn's artifact as a schema 4 calibration wrote it (committed before a486acb, kept as
+    # a fixture): its measurements inline, no timing.json
+    shutil.copy(SCHEMA4_CNN, cnn / "artifact.json")
     (cnn / "timing.json").unlink()
+    doc = json.loads((cnn / "artifact.json").read_text())
+    assert doc["schema_version"] == 4 and "image_ladder" not in doc
     artifact = load_artifact(cnn)
     assert artifact.timing_s == doc["timing_s"] and artifact.timing_s
     assert [c.server_tail_s for c in artifact.cuts] == [c["server_tail_s"] for c in doc["cuts"]]
@@ -102,11 +106,12 @@ def test_a_timing_file_that_is_not_one_is_refused(cnn):
 
 def test_a_schema_3_artifact_loads_without_data_records(cnn):
     committed = load_artifact(cnn)
-    doc = {k: v for k, v in json.loads(committed.model_dump_json()).items() if k != "data"}
+    newer = ("data", "image_ladder")  # schema 4's data records, this schema's ladder
+    doc = {k: v for k, v in json.loads(committed.model_dump_json()).items() if k not in newer}
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 3}))
     artifact = load_artifact(cnn)
     assert committed.data is not None  # the committed artifact records its sources (schema 4)
-    assert artifact == committed.model_copy(update={"data": None}) and artifact.schema_version == 5
+    assert artifact == committed.model_copy(update=dict.fromkeys(newer)) and artifact.schema_version == 5
     assert artifact.splits["calibration"]["count"] == 10_000  # the Fashion-MNIST splits it recorded
 
 

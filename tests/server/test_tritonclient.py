@@ -96,7 +96,7 @@ def test_metadata_parameters_carry_the_cards_preprocessing_and_labels(client, na
     qualities = json.loads(parameters.pop("image_qualities")) if name == "fmnist-cnn" else None
     assert {k: json.loads(v) for k, v in parameters.items()} == _card()
     if qualities is not None:  # the model, not its tail, takes input images (ADR 0015)
-        assert qualities and all(set(q) == {"codec", "quality", "level"} for q in qualities)
+        assert qualities and all(set(q) == {"codec", "quality", "level", "encoder"} for q in qualities)
     assert json.loads(parameters["labels"])[9] == "Ankle boot"
 
 

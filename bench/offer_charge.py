@@ -1,0 +1,92 @@
+"""What a grid's acceptance figures would have been had the device's input-image offer been charged
+to the planner (ADR 0015, Consequences): every repetition's planner J plus the offer's encoding,
+less the one its plan uploaded (whose runs time it already).
+
+``python -m bench.offer_charge bench/results/e2e-94a464c.json [--png-only] [--scale S] --json OUT``
+
+The offer's encode time in a repetition is what the grid priced its baselines' encoding at: the
+``input-png`` baseline's predicted local time, and the offered WebP quality's (the lowest promised
+at the grid's demand; none in grids from before ADR 0015, or with ``--png-only``). Its energy is
+the device's compute energy for that time; the objective takes both at the cell's preset weights.
+``--scale`` charges a share of it (1/256: a device that encodes up front on one request in 256).
+The regret and its significance are recomputed as :mod:`bench.e2e.repetitions` computes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench import write_json
+from bench.e2e.repetitions import SIGNIFICANT_LOSS, bootstrap_ratio
+from qpart.profiles.devices import get_device
+from qpart.server.schemas import PRESETS, WeightPreset
+
+OFFERED = {"fmnist-cnn": 60, "fmnist-resnet": 80, "fmnist-mobilenet": 75}
+"""The WebP quality each reference model's device offers at 1% (its artifact's image ladder)."""
+
+
+def offer_seconds(rep: dict[str, Any], model: str, png_only: bool) -> float:
+    """The offer's encoding in one repetition beyond what the planner's plan uploaded."""
+    s = rep["strategies"]
+    offered = {"input-png": s["input-png"]["predicted_local_s"]}
+    webp = f"input-webp@{OFFERED[model]}"
+    if not png_only and webp in s:
+        offered[webp] = s[webp]["predicted_local_s"]
+    return float(sum(offered.values()) - offered.get(s["qpart"]["pattern_id"], 0.0))
+
+
+def charged_cell(cell: dict[str, Any], png_only: bool, scale: float) -> dict[str, Any]:
+    """One cell's regret and significance with the offer charged."""
+    w = PRESETS[WeightPreset(cell["preset"])]
+    device = get_device(cell["device"])
+    reps = cell["repetitions"]
+    names = [k for k in reps[0]["strategies"] if all(k in r["strategies"] for r in reps)]
+    js = {k: [r["strategies"][k]["measured_J"] for r in reps] for k in names}
+    for i, rep in enumerate(reps):
+        extra = scale * offer_seconds(rep, cell["model"], png_only)
+        js["qpart"][i] += w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
+    meets = [k for k in names if all(r["strategies"][k]["meets_demand"] for r in reps)]
+    median = {k: statistics.median(v) for k, v in js.items()}
+    best = min(meets, key=lambda k: median[k])
+    seed = f"{cell['model']}/{cell['device']}/{cell['rate_mbps']}/{cell['preset']}"
+    low = 1.0 if best == "qpart" else bootstrap_ratio(js["qpart"], js[best], seed=seed)[0]
+    return {"model": cell["model"], "device": cell["device"], "rate_mbps": cell["rate_mbps"],
+            "preset": cell["preset"], "cache": cell["cache"], "best": best,
+            "regret": median["qpart"] / median[best] - 1.0, "significant_loss": low > 1.0 + SIGNIFICANT_LOSS}
+
+
+def summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean, 95th percentile and max regret, cells over 5%, significant losses."""
+    regrets = sorted(c["regret"] for c in cells)
+    return {"cells": len(cells), "mean_regret": statistics.mean(regrets),
+            "p95_regret": regrets[min(len(regrets) - 1, round(0.95 * (len(regrets) - 1)))],
+            "max_regret": regrets[-1], "cells_regret_over_5pct": sum(r > 0.05 for r in regrets),
+            "significant_losses": sum(c["significant_loss"] for c in cells)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("grid", type=Path, help="a bench.e2e JSON document")
+    parser.add_argument("--png-only", action="store_true",
+                        help="charge the PNG alone (grids before ADR 0015)")
+    parser.add_argument("--scale", type=float, default=1.0, help="share of the offer charged (default 1)")
+    parser.add_argument("--json", type=Path, required=True, help="write the figures here")
+    args = parser.parse_args(argv)
+    doc = json.loads(args.grid.read_text())
+    cells = [charged_cell(c, args.png_only, args.scale) for c in doc["cells"]]
+    out = {"grid": str(args.grid), "grid_provenance": doc.get("provenance"), "png_only": args.png_only,
+           "scale": args.scale, "as_measured": {k: doc["summary"][k] for k in (
+               "mean_regret", "p95_regret", "max_regret", "cells_regret_over_5pct", "significant_losses")},
+           "offer_charged": summary(cells), "cells": cells}
+    print(json.dumps({"as_measured": out["as_measured"], "offer_charged": out["offer_charged"]}))
+    write_json(args.json, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,25 +15,32 @@ The regret and its significance are recomputed as :mod:`bench.e2e.repetitions` c
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from bench import write_json
+from bench import REPO, write_json
+from bench.e2e.baselines import product_quality
 from bench.e2e.repetitions import SIGNIFICANT_LOSS, bootstrap_ratio
+from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import get_device
 from qpart.server.schemas import PRESETS, WeightPreset
 
-OFFERED = {"fmnist-cnn": 60, "fmnist-resnet": 80, "fmnist-mobilenet": 75}
-"""The WebP quality each reference model's device offers at 1% (its artifact's image ladder)."""
+
+@functools.cache
+def offered_quality(model: str) -> int | None:
+    """The WebP quality the model's device offers at the grid's demand, from its committed
+    artifact's ladder (as the grid's device picks it)."""
+    return product_quality(load_artifact(REPO / "artifacts" / model))
 
 
 def offer_seconds(rep: dict[str, Any], model: str, png_only: bool) -> float:
     """The offer's encoding in one repetition beyond what the planner's plan uploaded."""
     s = rep["strategies"]
     offered = {"input-png": s["input-png"]["predicted_local_s"]}
-    webp = f"input-webp@{OFFERED[model]}"
+    webp = f"input-webp@{offered_quality(model)}"
     if not png_only and webp in s:
         offered[webp] = s[webp]["predicted_local_s"]
     return float(sum(offered.values()) - offered.get(s["qpart"]["pattern_id"], 0.0))

@@ -28,7 +28,7 @@ from qpart.server.images import (
     image_fits,
     open_png,
     png_size,
-    probe_png,
+    probe_image,
 )
 from qpart.server.planner import Candidate, PlanInputs, image_pattern, price_image
 from qpart.server.schemas import InputImage
@@ -70,7 +70,7 @@ class ImagePlans:
         """Time decoding and preprocessing an input image of the model's input size, as a PNG and,
         where its ladder promises a quality, as a WebP."""
         spec, shape = model.preprocess, tuple(model.artifact.input_shape)
-        if spec is None or probe_png(spec, shape) is None:
+        if spec is None or probe_image(spec, shape) is None:  # no image becomes the input unresized
             return
         key, pixels = (model.name, model.version), int(np.prod(shape[1:]))
         bound = self.settings.max_image_pixels

@@ -72,7 +72,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     regrets = sorted(c["qpart_regret"] for c in cells)
     losses = [c for c in cells if c.get("significant_loss")]
     return {"cells": len(cells), "mean_regret": statistics.mean(regrets),
-            "p95_regret": _p95(regrets),
+            "p95_regret": p95(regrets),
             "max_regret": regrets[-1],
             "cells_regret_over_5pct": sum(1 for r in regrets if r > 0.05),
             "significant_losses": len(losses),
@@ -82,14 +82,15 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "cells_qpart_beats": beats, "cells_baseline_beats_qpart_significantly": lost_to,
             "plan_checks_ok": all(c["qpart_plan_check"] for c in cells),
             # the planner's plan against its own twin (bench.e2e.sitting): the noise floor
-            "twin": {"median_abs_gap": statistics.median(gaps), "p95_abs_gap": _p95(gaps),
+            "twin": {"median_abs_gap": statistics.median(gaps), "p95_abs_gap": p95(gaps),
                      "max_abs_gap": gaps[-1],
                      "significant": sum(1 for c in cells if c.get("twin_significant"))} if gaps else None,
             # the host's noise the VM can see (bench.cpu_ticks); None where /proc/stat has none
             "cpu_steal": {"median": statistics.median(steal), "max": max(steal)} if steal else None}
 
 
-def _p95(ordered: list[float]) -> float:
+def p95(ordered: list[float]) -> float:
+    """The 95th percentile of sorted values: the smallest that at least 95% of them do not exceed."""
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 

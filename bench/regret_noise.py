@@ -25,9 +25,13 @@ Beside the grid's figure, this module gives two others.
 - **Tied floor**: the grid's statistic, in expectation, for a planner that is the cell's best. It
   is simulated on each cell's own figures (every rival at its median ``J``, the planner at the
   smallest of them) with each repetition's noise as large as the planner's twin showed in the
-  sitting (:func:`sitting_sigmas`). It is a rough figure, and mostly low: rivals truly tied look
-  spread apart at their measured medians (which thins the ties the curse feeds on), and the twin
-  misses the noise of downloads (it shares the planner's) and of whatever a repetition shares.
+  sitting (:func:`sitting_sigmas`). It is a rough figure. It comes out low where rivals are truly
+  tied: they look spread apart at their measured medians, which thins the ties the curse feeds on,
+  and the twin misses the noise of downloads (it shares the planner's) and of whatever a
+  repetition shares. It comes out high where the noise is heavy-tailed (the twin's gaps are): the
+  simulation's log-normal noise has the gaps' root mean square, which overstates their core, and
+  medians discount the tails. It is not to be added to the predicted figure: where a strategy the
+  planner may not offer is the best, both count its gap.
 
 - **Predicted**: the regret the cost model itself expects, the planner's predicted ``J`` over the
   smallest predicted ``J`` among the demand-keeping strategies, minus 1. The planner minimizes

@@ -41,9 +41,10 @@ from torch import nn
 from bench import REPO, write_json
 from qpart.kernels.quantization import activation_group
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
-from qpart.models.data import Split, load_split
+from qpart.models.data import Split
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import get_model
+from qpart.models.sources import FashionMnistSource
 from qpart.progress import progress_bars
 
 GROUP_LARGEST = 256  # the activation packets' largest group (kernels)
@@ -122,13 +123,22 @@ def _split_model(name: str, cut: int) -> tuple[nn.Module, nn.Module, str]:
     return head.eval(), tail.eval(), c.node
 
 
+def split_images(name: str, split: Split, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A split's images as ``name``'s card preprocesses them, and its labels: for the 28x28 models
+    ``load_split``'s images bit for bit, for fmnist-mobilenet 3x64x64 RGB (as the grid's device
+    feeds its head)."""
+    source = FashionMnistSource(split, limit=limit, spec=get_model(name).preprocess)
+    batch = next(source.batches(len(source)))
+    return batch.images, batch.labels
+
+
 def train(name: str, cut: int, channels: int, bits: int, epochs: int, batch: int = 128,
           limit: int | None = None) -> tuple[Encoder, Decoder, dict[str, Any]]:
     """Fit encoder and decoder at ``cut`` of the frozen ``name``; returns them and their shapes."""
     torch.manual_seed(SEED)
     head, tail, node = _split_model(name, cut)
-    data = load_split(Split.TRAIN, limit)
-    x_all, y_all = torch.from_numpy(data.images), torch.from_numpy(data.labels)
+    images, labels = split_images(name, Split.TRAIN, limit)
+    x_all, y_all = torch.from_numpy(images), torch.from_numpy(labels)
     with torch.inference_mode():
         sample = head(x_all[:256])
     c, h, w = (int(d) for d in sample.shape[1:])
@@ -180,15 +190,15 @@ def test_drop(name: str, cut: int, enc: nn.Module, dec: nn.Module, bits: int, gr
     """(images, float model's correct, autoencoder path's correct) on the test split."""
     head, tail, _ = _split_model(name, cut)
     model = get_model(name).load().eval()
-    data = load_split(Split.TEST, limit)
+    images, labels = split_images(name, Split.TEST, limit)
     base = hits = 0
     with torch.inference_mode():
-        for i in range(0, len(data), batch):
-            x = torch.from_numpy(data.images[i : i + batch])
-            y = data.labels[i : i + batch]
+        for i in range(0, len(images), batch):
+            x = torch.from_numpy(images[i : i + batch])
+            y = labels[i : i + batch]
             base += int((model(x).argmax(1).numpy() == y).sum())
             hits += int((run_path(head, enc, dec, tail, x, bits, group).argmax(1).numpy() == y).sum())
-    return len(data), base, hits
+    return len(images), base, hits
 
 
 def save(folder: Path, enc: nn.Module, dec: nn.Module, meta: AutoencoderMeta) -> None:

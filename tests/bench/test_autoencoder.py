@@ -9,6 +9,7 @@ import torch
 
 from bench import autoencoder
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
+from qpart.models.data import Split, load_split
 
 
 def test_training_quantizes_the_bottleneck_as_the_packet_does():
@@ -39,3 +40,12 @@ def test_a_short_run_trains_measures_and_saves_what_loads_back(tmp_path):
     with torch.inference_mode():
         y = dec(enc(x))
     assert y.shape == x.shape and bool((y >= 0).all())  # the cut's activation is a ReLU's
+
+
+def test_the_images_are_the_cards_preprocessing():
+    cnn, labels = autoencoder.split_images("fmnist-cnn", Split.TEST, limit=8)
+    want = load_split(Split.TEST, limit=8)
+    assert np.array_equal(cnn, want.images) and np.array_equal(labels, want.labels)
+    mobile, mobile_labels = autoencoder.split_images("fmnist-mobilenet", Split.TEST, limit=8)
+    assert mobile.shape == (8, 3, 64, 64) and mobile.dtype == np.float32
+    assert np.array_equal(mobile_labels, want.labels)

@@ -24,6 +24,7 @@ from typing import Any
 from bench import REPO, write_json
 from bench.e2e.baselines import product_quality
 from bench.e2e.repetitions import SIGNIFICANT_LOSS, bootstrap_ratio
+from bench.e2e.report import p95
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import get_device
 from qpart.server.schemas import PRESETS, WeightPreset
@@ -70,7 +71,7 @@ def summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean, 95th percentile and max regret, cells over 5%, significant losses."""
     regrets = sorted(c["regret"] for c in cells)
     return {"cells": len(cells), "mean_regret": statistics.mean(regrets),
-            "p95_regret": regrets[min(len(regrets) - 1, round(0.95 * (len(regrets) - 1)))],
+            "p95_regret": p95(regrets),
             "max_regret": regrets[-1], "cells_regret_over_5pct": sum(r > 0.05 for r in regrets),
             "significant_losses": sum(c["significant_loss"] for c in cells)}
 

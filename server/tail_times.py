@@ -14,9 +14,13 @@ cut-30 tail took 1.0-1.6 ms and was priced at 1.4-5.4 ms as the extra followed t
 that lone requests ran at least CUT_MIN_SAMPLES times is priced with an extra of its own instead,
 the median of its last CUT_WINDOW samples (one stall moves no median): a cut the planner uses
 converges to what it takes, a cut no request ran keeps profile + the shared extra. A cut's own price
-lapses back to the shared one once CUT_STALE_AFTER lone samples of other cuts came after its newest:
-the planner stops choosing a cut priced too high (say, sampled under load), so its samples would
-never be corrected. Batches of
+lapses back to the shared one once CUT_STALE_AFTER_S seconds passed since its newest sample: the
+planner stops choosing a cut priced too high (say, sampled under load), so its samples would never
+be corrected. The lapse counts seconds, not other cuts' samples: counted in samples (64 of them),
+a burst at one cut lapsed every other cut to an extra that burst alone had set. In issue 27's grid
+at 01785b1, the 42 cut-0 requests of each sitting's link probe did that to fmnist-mobilenet: its
+cut-28 and cut-30 tails took 1.0-2.1 ms and were priced at 0.0-3.2 ms, each its profile plus the
+shared extra the probe had just set (the two prices 0.1 ms apart in every sitting). Batches of
 several samples run at another per-sample cost and leave both alone. Lone requests under load
 also carry waits for the interpreter lock; those are real too.
 """
@@ -24,14 +28,16 @@ also carry waits for the interpreter lock; those are real too.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ALPHA = 0.2  # weight of the newest lone request in the extra
 MAX_EXTRA_S = 0.05  # one stalled run moves the extra by at most ALPHA x this
 CUT_WINDOW = 9  # a cut's own extra: the median of its last this many lone samples
 CUT_MIN_SAMPLES = 3  # ... once it has at least this many
-CUT_STALE_AFTER = 64  # ... and while its newest is among the model version's last this many lone samples
+CUT_STALE_AFTER_S = 300.0  # ... and while its newest sample is at most this many seconds old
 
 
 @dataclass
@@ -39,12 +45,11 @@ class _Model:
     profile: list[float]
     extra_s: float = 0.0
     cut_deltas: dict[int, deque[float]] = field(default_factory=dict)  # the cuts lone requests ran
-    lone: int = 0  # lone samples seen, every cut
-    cut_last: dict[int, int] = field(default_factory=dict)  # per cut, ``lone`` at its newest sample
+    cut_last: dict[int, float] = field(default_factory=dict)  # per cut, the clock at its newest sample
 
-    def extra_at(self, cut: int) -> float:
+    def extra_at(self, cut: int, now: float) -> float:
         own = self.cut_deltas.get(cut)
-        fresh = self.lone - self.cut_last.get(cut, -CUT_STALE_AFTER) < CUT_STALE_AFTER
+        fresh = cut in self.cut_last and now - self.cut_last[cut] <= CUT_STALE_AFTER_S
         if own is not None and len(own) >= CUT_MIN_SAMPLES and fresh:
             return statistics.median(own)
         return self.extra_s
@@ -55,6 +60,7 @@ class TailTimes:
     """Per model version: the profiled batch-1 tail seconds per cut, the live shared extra and the
     extras of the cuts lone requests ran."""
 
+    clock: Callable[[], float] = time.monotonic  # seconds; a cut's own price lapses by it
     _models: dict[tuple[str, str], _Model] = field(default_factory=dict)
 
     def set_profile(self, name: str, version: str, seconds: list[float]) -> None:
@@ -77,7 +83,9 @@ class TailTimes:
         entry = self._models.get((name, version))
         if entry is None:
             return None
-        return [max(0.0, t + entry.extra_at(cut)) if t > 0 else 0.0 for cut, t in enumerate(entry.profile)]
+        now = self.clock()
+        return [max(0.0, t + entry.extra_at(cut, now)) if t > 0 else 0.0
+                for cut, t in enumerate(entry.profile)]
 
     def observe(self, name: str, version: str, cut: int, samples: int, compute_s: float) -> None:
         """One executed batch; only batches of one sample move the extra."""
@@ -85,7 +93,6 @@ class TailTimes:
         if entry is None or samples != 1 or not 0 <= cut < len(entry.profile) or entry.profile[cut] <= 0:
             return
         delta = min(MAX_EXTRA_S, max(-entry.profile[cut], compute_s - entry.profile[cut]))
-        entry.lone += 1
         entry.cut_deltas.setdefault(cut, deque(maxlen=CUT_WINDOW)).append(delta)
-        entry.cut_last[cut] = entry.lone
+        entry.cut_last[cut] = self.clock()
         entry.extra_s += ALPHA * (delta - entry.extra_s)

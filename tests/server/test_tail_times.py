@@ -8,7 +8,7 @@ import pytest
 from qpart.server.tail_times import (
     ALPHA,
     CUT_MIN_SAMPLES,
-    CUT_STALE_AFTER,
+    CUT_STALE_AFTER_S,
     CUT_WINDOW,
     MAX_EXTRA_S,
     TailTimes,
@@ -79,7 +79,8 @@ def test_a_cuts_own_price_needs_a_few_samples_and_ignores_one_stall():
 
 
 def test_a_cuts_own_price_keeps_its_last_window_clamped_and_lapses_when_no_request_runs_it():
-    times = TailTimes()
+    clock = _Clock()
+    times = TailTimes(clock=clock)
     times.set_profile("m", "1", [0.002, 0.003, 0.0])
     times.observe("m", "1", 1, 1, 0.030)
     times.observe("m", "1", 1, 1, 10.0)  # stalls: each clamped to MAX_EXTRA_S over the profile
@@ -92,6 +93,31 @@ def test_a_cuts_own_price_keeps_its_last_window_clamped_and_lapses_when_no_reque
     assert times.seconds("m", "1")[1] == pytest.approx(0.004)
     for _ in range(3):
         times.observe("m", "1", 1, 1, 0.030)
-    for _ in range(CUT_STALE_AFTER):  # quiet requests at cut 0 only: cut 1 is not chosen any more
-        times.observe("m", "1", 0, 1, 0.002)
+    assert times.seconds("m", "1")[1] == pytest.approx(0.004)  # the median of the window
+    clock.now += CUT_STALE_AFTER_S + 1  # no request ran cut 1 since: it is not chosen any more
+    times.observe("m", "1", 0, 1, 0.002)
     assert times.seconds("m", "1")[1] == pytest.approx(0.003 + times.extra("m", "1"))  # back to shared
+
+
+def test_a_burst_at_one_cut_does_not_lapse_the_others_own_prices():
+    """In issue 27's grid each sitting's link probe sent 42 cut-0 requests: counted in samples, the
+    lapse had priced every other cut of fmnist-mobilenet by the extra the burst set."""
+    clock = _Clock()
+    times = TailTimes(clock=clock)
+    times.set_profile("m", "1", [0.006, 0.0015, 0.0])
+    for _ in range(CUT_WINDOW):  # a round of the grid: every cut runs
+        times.observe("m", "1", 0, 1, 0.006)
+        times.observe("m", "1", 1, 1, 0.0015)
+    for _ in range(1000):  # then a burst of slow cut-0 requests within a few seconds
+        clock.now += 0.005
+        times.observe("m", "1", 0, 1, 0.009)
+    assert times.extra("m", "1") == pytest.approx(0.003, rel=1e-3)  # the shared extra follows cut 0
+    assert times.seconds("m", "1")[:2] == pytest.approx([0.009, 0.0015])  # cut 1 keeps its own
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

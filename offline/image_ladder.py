@@ -36,9 +36,10 @@ from qpart.models.sources import DataSource, FashionMnistSource, ImageFolderSour
 from qpart.offline.data import Sources, recorded_source, sample_positions
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.ltt import BOUNDS, REFERENCE, Bound, Test, chance, fixed_sequence
+from qpart.offline.report import markdown
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop, paired_drop
-from qpart.profiles.artifacts import ImageLadder, ImageRung, load_artifact, save_artifact
+from qpart.profiles.artifacts import ImageLadder, ImageRung, load_artifact, save_artifact, write_atomic
 
 QUALITIES = CalibrationSettings.model_fields["image_qualities"].default
 """The default ladder, most conservative first (WebP at 50 still kept 1% on Fashion-MNIST's test
@@ -226,7 +227,9 @@ def measure_artifact_images(directory: Path, qualities: Sequence[int] | None = N
     ladder = measure_ladder(spec.load(), spec.preprocess, role_samples(calibration, check_pos),
                             role_samples(test, test_pos), [float(v) for v in levels], 1 - promise.delta,
                             "exact" if promise.bound == "exact" else "newcombe", qualities, tick)
-    save_artifact(artifact.model_copy(update={"image_ladder": ladder}), directory)
+    updated = artifact.model_copy(update={"image_ladder": ladder})
+    save_artifact(updated, directory)
+    write_atomic(directory / "report.md", markdown(updated))  # the report shows the ladder too
     return ladder
 
 

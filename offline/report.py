@@ -243,6 +243,25 @@ def _promise(artifact: CalibrationArtifact) -> str:
     return artifact.promise.statement
 
 
+def _image_ladder(artifact: CalibrationArtifact) -> list[str]:
+    """The input-image plan's qualities and what backs them (ADR 0015), where the artifact has them."""
+    ladder = artifact.image_ladder
+    if ladder is None:
+        return []
+    lines = ["## Input-image plan", "", ladder.statement, "",
+             f"Encoder: {ladder.encoder}. Promised at: the levels whose fixed-sequence test the quality "
+             f"passed ({NONE}: none). Check bound: the upper confidence bound of the drop on the "
+             f"{ladder.check_samples:,} check samples. Test drop: on {ladder.test_samples:,} test images "
+             f"({NONE}: not promised, not measured). Bytes: the mean encoded size on the check samples.", "",
+             "| codec | quality | promised at | check drop | check bound | test drop | bytes |",
+             "|---|---|---|---|---|---|---|"]
+    for r in ladder.rungs:
+        promised = ", ".join(level(v) for v in r.levels) or NONE
+        lines.append(f"| {r.codec} | {r.quality} | {promised} | {pct(r.calib_drop)} | {pct(r.calib_drop_ub)} "
+                     f"| {pct(r.test_drop)} | {size(r.mean_bytes)} |")
+    return [*lines, ""]
+
+
 def markdown(artifact: CalibrationArtifact) -> str:
     """The text of ``report.md``."""
     summary = _summary(artifact)
@@ -273,6 +292,7 @@ def markdown(artifact: CalibrationArtifact) -> str:
               "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_pattern_row(p, last) for p in artifact.patterns]
     lines += ["", "![payload vs level](payload.png)", "", "![bits](bits.png)", "",
+              *_image_ladder(artifact),
               "## Noise tables and timing", "",
               "Wall time: " + "; ".join(f"{TIMINGS.get(k, k.replace('_', ' '))} {number(v)} s"
                                         for k, v in artifact.timing_s.items()

@@ -11,6 +11,7 @@ from qpart.offline.data import open_sources
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.image_ladder import measure_artifact_images
 from qpart.offline.job import calibrate, sample_folder
+from qpart.offline.report import markdown
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.state import sample_bytes
 from qpart.profiles.artifacts import FLOAT_BITS, load_artifact
@@ -148,7 +149,10 @@ def test_calibrate_images_measures_the_same_ladder_into_an_existing_artifact(sma
         measure_artifact_images(copy)  # one ladder per check samples: a second is refused
     stripped = artifact.model_copy(update={"image_ladder": None})
     (copy / "artifact.json").write_text(stripped.model_dump_json(indent=1))
+    (copy / "report.md").write_text(markdown(stripped))
     assert measure_artifact_images(copy) == artifact.image_ladder
     assert load_artifact(copy) == artifact
+    assert (copy / "report.md").read_text() == markdown(artifact)  # the report shows the ladder
     fewer = measure_artifact_images(copy, [95, 50], replace_ladder=True)  # replaced knowingly
     assert [r.quality for r in fewer.rungs] == [95, 50] and load_artifact(copy).image_ladder == fewer
+    assert sum(line.startswith("| webp |") for line in (copy / "report.md").read_text().splitlines()) == 2

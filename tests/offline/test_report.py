@@ -62,6 +62,23 @@ def test_the_report_states_the_promise_or_that_the_artifact_predates_it(artifact
     assert "predates the promise" in write_report(older, tmp_path).read_text()
 
 
+def test_the_report_shows_the_input_image_ladder_where_the_artifact_has_one(artifact, tmp_path):
+    ladder = artifact.image_ladder
+    assert ladder is not None  # both committed artifacts have one (ADR 0015)
+    text = write_report(artifact, tmp_path).read_text()
+    section = text.split("## Input-image plan\n\n")[1].split("\n## ")[0]
+    assert section.startswith(ladder.statement)
+    rows = [line for line in section.splitlines() if line.startswith("| webp |")]
+    assert len(rows) == len(ladder.rungs)
+    for row, rung in zip(rows, ladder.rungs, strict=True):
+        cells = row.strip("| ").split(" | ")
+        assert cells[1] == str(rung.quality) and cells[4] == pct(rung.calib_drop_ub)
+        assert cells[2] == (", ".join(level(v) for v in rung.levels) or "—")
+        assert cells[5] == pct(rung.test_drop)
+    assert "## Input-image plan" not in write_report(artifact.model_copy(update={"image_ladder": None}),
+                                                     tmp_path).read_text()
+
+
 def test_the_bits_plot_labels_float_as_the_tables_do(artifact):
     fig = bits_figure(artifact)
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from bench.e2e import ModelView, _predict
@@ -159,6 +161,23 @@ def test_a_baselines_server_decoding_is_priced_from_what_the_server_reported_onc
     b.served.extend([4e-4] * (SERVED_LEAST - 1))
     calls.clear()
     assert _served(b, lambda: calls.append(1)) == pytest.approx(4e-4) and not calls
+
+
+def test_a_codecs_encode_is_priced_from_its_encodes_in_the_rounds_once_it_has_them():
+    from bench.e2e.baselines import SERVED_LEAST, profile
+    from qpart.client.image_offers import WINDOW
+
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 28, 28), dtype=np.uint8)
+    view = SimpleNamespace(name="fmnist-cnn")
+    b = Baseline("input-webp@75", "codec", 0, 0.005, codec="webp@75")
+    profile(b, view, pixels, pixels[:1])
+    assert 0 < b.host_local_s < 0.05  # no encodes in the rounds yet: this host's timing loop
+    b.encoded.extend([0.25] * (SERVED_LEAST - 1))
+    profile(b, view, pixels, pixels[:1])
+    assert b.host_local_s < 0.05  # still too few
+    b.encoded.extend([0.5] * WINDOW)  # the window holds the product device's last WINDOW
+    profile(b, view, pixels, pixels[:1])
+    assert b.host_local_s == pytest.approx(0.5) and len(b.encoded) == WINDOW
 
 
 def test_every_codec_baseline_of_the_grid_can_encode_its_images(artifacts_dir):

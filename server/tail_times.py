@@ -19,8 +19,10 @@ planner stops choosing a cut priced too high (say, sampled under load), so its s
 be corrected. The lapse counts seconds, not other cuts' samples: counted in samples (64 of them),
 a burst at one cut lapsed every other cut to an extra that burst alone had set. In issue 27's grid
 at 01785b1, the 42 cut-0 requests of each sitting's link probe did that to fmnist-mobilenet: its
-cut-28 and cut-30 tails took 1.0-2.1 ms and were priced at 0.0-3.2 ms, each its profile plus the
-shared extra the probe had just set (the two prices 0.1 ms apart in every sitting). Batches of
+cut-28 and cut-30 tails took 1.0-2.1 ms and were priced at 0.0-3.2 ms, their profiles plus the
+shared extra the probe had just set. A cut's first sample after a lapse starts its window afresh:
+kept, the old window's median (say, of samples under load) would price it again at once, and a
+cut priced too high would be retried once a lapse. Batches of
 several samples run at another per-sample cost and leave both alone. Lone requests under load
 also carry waits for the interpreter lock; those are real too.
 """
@@ -93,6 +95,10 @@ class TailTimes:
         if entry is None or samples != 1 or not 0 <= cut < len(entry.profile) or entry.profile[cut] <= 0:
             return
         delta = min(MAX_EXTRA_S, max(-entry.profile[cut], compute_s - entry.profile[cut]))
-        entry.cut_deltas.setdefault(cut, deque(maxlen=CUT_WINDOW)).append(delta)
-        entry.cut_last[cut] = self.clock()
+        now = self.clock()
+        own = entry.cut_deltas.setdefault(cut, deque(maxlen=CUT_WINDOW))
+        if cut in entry.cut_last and now - entry.cut_last[cut] > CUT_STALE_AFTER_S:
+            own.clear()  # lapsed: its old samples price it no more
+        own.append(delta)
+        entry.cut_last[cut] = now
         entry.extra_s += ALPHA * (delta - entry.extra_s)

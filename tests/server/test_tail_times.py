@@ -99,6 +99,21 @@ def test_a_cuts_own_price_keeps_its_last_window_clamped_and_lapses_when_no_reque
     assert times.seconds("m", "1")[1] == pytest.approx(0.003 + times.extra("m", "1"))  # back to shared
 
 
+def test_a_lapsed_cut_starts_its_window_afresh():
+    clock = _Clock()
+    times = TailTimes(clock=clock)
+    times.set_profile("m", "1", [0.002, 0.003, 0.0])
+    for _ in range(CUT_WINDOW):  # sampled under load
+        times.observe("m", "1", 1, 1, 0.009)
+    assert times.seconds("m", "1")[1] == pytest.approx(0.009)
+    clock.now += CUT_STALE_AFTER_S + 1
+    times.observe("m", "1", 1, 1, 0.003)  # tried again once lapsed: the old window is gone
+    assert times.seconds("m", "1")[1] == pytest.approx(0.003 + times.extra("m", "1"))  # too few of its own
+    for _ in range(CUT_MIN_SAMPLES - 1):
+        times.observe("m", "1", 1, 1, 0.003)
+    assert times.seconds("m", "1")[1] == pytest.approx(0.003)  # what it takes now
+
+
 def test_a_burst_at_one_cut_does_not_lapse_the_others_own_prices():
     """In issue 27's grid each sitting's link probe sent 42 cut-0 requests: counted in samples, the
     lapse had priced every other cut of fmnist-mobilenet by the extra the burst set."""

@@ -3,7 +3,8 @@
 ``QPART_TEST_RAY_ADDRESS`` in the environment runs the validation stage on that Ray cluster.
 
 KILL is ``STAGE@STEP`` (when the progress of the stage whose label starts with STAGE reaches
-STEP; ``@start``: as it starts), or ``write@NAME`` (half-way through writing the file NAME: its
+STEP; ``@start``: as it starts), ``stop:STAGE@STEP`` (the same point, but the process stops with
+SIGSTOP and waits to be continued), or ``write@NAME`` (half-way through writing the file NAME: its
 temporary file is left torn, as a power cut would leave it).
 """
 
@@ -29,25 +30,26 @@ def settings(workers: int) -> CalibrationSettings:
         threads=workers, workers=workers, measure_both=False, ladder=(-8, -4, 0, 2))
 
 
-def die() -> None:
+def die(sig: int = signal.SIGKILL) -> None:
     sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), sig)
 
 
 class KillingSink:
     """A progress sink that kills the process at ``stage@step``."""
 
-    def __init__(self, stage: str, step: str) -> None:
-        self.stage, self.step = stage, step
+    def __init__(self, stage: str, step: str, sig: int = signal.SIGKILL) -> None:
+        self.stage, self.step, self.sig, self.done = stage, step, sig, False
 
     def start(self, label: str, total: int) -> Callable[[int], None]:
         mine = label.startswith(self.stage)
         if mine and self.step == "start":
-            die()
+            die(self.sig)
 
         def advance(done: int) -> None:
-            if mine and done >= int(self.step):
-                die()
+            if mine and done >= int(self.step) and not self.done:
+                self.done = True  # (once: a stopped process that is continued goes on)
+                die(self.sig)
 
         return advance
 
@@ -69,11 +71,12 @@ def main(argv: list[str]) -> None:
     out, workers = Path(argv[0]), int(argv[1])
     sink = None
     if len(argv) > 2:
-        what, _, where = argv[2].partition("@")
+        kill = argv[2].removeprefix("stop:")
+        what, _, where = kill.partition("@")
         if what == "write":
             torn_writes(where)
         else:
-            sink = KillingSink(what, where)
+            sink = KillingSink(what, where, signal.SIGSTOP if kill != argv[2] else signal.SIGKILL)
     address = os.environ.get("QPART_TEST_RAY_ADDRESS")
     executor = ray_executor(address) if address else None
     calibrate(get_model("fmnist-cnn"), settings(workers), out, sink, executor=executor)

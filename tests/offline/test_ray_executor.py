@@ -4,9 +4,11 @@ away mid-job ends it with one clear error, and the job resumes from its checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ class Cluster:
     """``ray start``: a head node and one worker node on this machine, one CPU each."""
 
     def __init__(self, root: Path) -> None:
+        self.root = root
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(root)}
@@ -46,6 +49,33 @@ class Cluster:
     def stop(self) -> None:
         subprocess.run([str(RAY), "stop", "--force"], env=self.env, capture_output=True, timeout=120,
                        check=False)
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of the cluster at once: its daemons (their command lines name its
+        folder) and their descendants (the workers, which rename themselves), so that no task can
+        finish and hand its result to a driver."""
+        parents: dict[int, int] = {}
+        ours: set[int] = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            pid = int(entry.name)
+            parents[pid] = int(stat.rpartition(")")[2].split()[1])
+            if str(self.root).encode() in cmdline:
+                ours.add(pid)
+        grown = True
+        while grown:
+            more = {pid for pid, parent in parents.items() if parent in ours} - ours
+            ours |= more
+            grown = bool(more)
+        for pid in ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,9 +99,9 @@ def cluster(tmp_path_factory):
     found.stop()
 
 
-def tempfile_root() -> str:
+def tempfile_root(name: str = "") -> str:
     """A short folder for Ray's sockets (their paths must stay under 107 bytes)."""
-    root = Path("/tmp") / f"qr{os.getpid()}"
+    root = Path("/tmp") / f"qr{os.getpid()}{name}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
     return str(root)
@@ -95,17 +125,25 @@ def test_the_ray_executor_writes_the_local_executors_artifact(cluster, local_art
 def test_a_cluster_that_goes_away_mid_job_is_one_error_and_the_job_resumes(
         local_artifact, tmp_path, monkeypatch):
     pytest.importorskip("ray")
-    doomed = Cluster(Path(tempfile_root()))
+    doomed = Cluster(Path(tempfile_root("d")))
     out = tmp_path / "out"
     env = {**os.environ, "QPART_TEST_RAY_ADDRESS": doomed.address,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    job = subprocess.Popen([sys.executable, str(Path(__file__).with_name("resume_driver.py")), str(out), "2"],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The job stops itself (SIGSTOP) once the first cut came back from the cluster; the cluster is
+    # frozen, then killed, and only then is the job continued. Stopping the cluster while the job
+    # ran was a race: on a fast host the other cuts finished, and reached the job, before
+    # `ray stop` did (the job then wrote its artifact).
+    job = subprocess.Popen([sys.executable, str(Path(__file__).with_name("resume_driver.py")), str(out), "2",
+                            "stop:validate@1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
     try:
         deadline = time.monotonic() + 300
-        while not list((out / CHECKPOINT_DIR).glob("cut-*.json")) and time.monotonic() < deadline:
-            time.sleep(0.2)  # until the first cut came back from the cluster
+        while not _stopped(job.pid) and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _stopped(job.pid), "the job did not reach its first validated cut"
+        doomed.freeze()
         doomed.stop()
+        os.kill(job.pid, signal.SIGCONT)
         _, stderr = job.communicate(timeout=300)
     finally:
         job.kill()
@@ -118,6 +156,14 @@ def test_a_cluster_that_goes_away_mid_job_is_one_error_and_the_job_resumes(
     done = run_driver(out, 2)  # resumed on the local executor: the executor is not an input
     assert done.returncode == 0, done.stderr
     assert (out / "artifact.json").read_bytes() == local_artifact
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (state T in /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+    except OSError:
+        return False
 
 
 def test_without_ray_installed_the_executor_says_how_to_install_it(tmp_path, monkeypatch):

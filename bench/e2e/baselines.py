@@ -18,11 +18,13 @@ a pattern at its cut whose activation bytes are the upload's (the mean over the 
 the encoded sizes; the autoencoder's packed bottleneck with its scales), whose device encode time
 is what this host measured for the baseline's own device work (scaled to the device, as every
 device time is), and whose server time is the tail's plus this host's decoding time. A codec's
-encode time is priced as the product's device offers it (:mod:`qpart.client.image_offers`): the
-median of its last encodes in the rounds, once there are :data:`SERVED_LEAST`; before that, a
-timing loop here. The loop runs hot: in the grid at 7535ea1, where it priced every encode, the
-rounds' encodes took longer (predicted over measured device time, median per model and codec,
-0.62 to 0.84), and the cnn's ``input-webp@60`` came out 11.5% off end to end. The
+encode time is priced by its own record, as the product's device prices by its own
+(:mod:`qpart.client.image_offers`, which uses its record from the first encode): the median of its
+last 16 encodes in earlier rounds, once there are :data:`SERVED_LEAST`; before that, a timing loop
+here on image 0. In the grid at 7535ea1, where the loop priced every encode, the rounds' encodes
+took longer (predicted over measured device time, median per model and codec, 0.62 to 0.84; the
+loop runs hot, and image 0 is among the fastest images to encode), and the cnn's
+``input-webp@60`` came out 11.5% off end to end. The
 autoencoder's encoder download adds its bytes to the head segment's and one more exchange.
 """
 

@@ -82,8 +82,8 @@ bench: setup wrk  ## kernel and serving benchmarks (JSON in bench/results/)
 	$(PY) -m bench.kernels --json bench/results/kernels.json
 	$(PY) -m bench.serve --json bench/results/serve.json
 
-bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link (root; about 50 min, more while the host steals CPU)
-	$(PY) -m bench.e2e --cell-seconds 4 --json bench/results/e2e.json
+bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link, as issue 27's acceptance grid (root; about 85 min, more while the host steals CPU)
+	OMP_NUM_THREADS=1 $(PY) -m bench.e2e --cell-seconds 10 --repetitions 5 --json bench/results/e2e.json
 
 bench-peer: setup wrk  ## /v2 infer vs KServe in its own venv, private namespace (root)
 	$(PY) -m bench.peer --json bench/results/peer.json

@@ -49,10 +49,13 @@ class _Model:
     cut_deltas: dict[int, deque[float]] = field(default_factory=dict)  # the cuts lone requests ran
     cut_last: dict[int, float] = field(default_factory=dict)  # per cut, the clock at its newest sample
 
+    def fresh(self, cut: int, now: float) -> bool:
+        """Whether the cut's newest lone sample is at most CUT_STALE_AFTER_S old."""
+        return cut in self.cut_last and now - self.cut_last[cut] <= CUT_STALE_AFTER_S
+
     def extra_at(self, cut: int, now: float) -> float:
         own = self.cut_deltas.get(cut)
-        fresh = cut in self.cut_last and now - self.cut_last[cut] <= CUT_STALE_AFTER_S
-        if own is not None and len(own) >= CUT_MIN_SAMPLES and fresh:
+        if own is not None and len(own) >= CUT_MIN_SAMPLES and self.fresh(cut, now):
             return statistics.median(own)
         return self.extra_s
 
@@ -97,8 +100,8 @@ class TailTimes:
         delta = min(MAX_EXTRA_S, max(-entry.profile[cut], compute_s - entry.profile[cut]))
         now = self.clock()
         own = entry.cut_deltas.setdefault(cut, deque(maxlen=CUT_WINDOW))
-        if cut in entry.cut_last and now - entry.cut_last[cut] > CUT_STALE_AFTER_S:
-            own.clear()  # lapsed: its old samples price it no more
+        if not entry.fresh(cut, now):
+            own.clear()  # lapsed (or new): its old samples price it no more
         own.append(delta)
         entry.cut_last[cut] = now
         entry.extra_s += ALPHA * (delta - entry.extra_s)

@@ -60,12 +60,12 @@ class Cluster:
             if not entry.name.isdigit():
                 continue
             try:
-                stat = (entry / "stat").read_text()
+                fields = _stat(entry)
                 cmdline = (entry / "cmdline").read_bytes()
-            except (OSError, ValueError):
+            except OSError:
                 continue
             pid = int(entry.name)
-            parents[pid] = int(stat.rpartition(")")[2].split()[1])
+            parents[pid] = int(fields[1])
             if str(self.root).encode() in cmdline:
                 ours.add(pid)
         grown = True
@@ -158,10 +158,15 @@ def test_a_cluster_that_goes_away_mid_job_is_one_error_and_the_job_resumes(
     assert (out / "artifact.json").read_bytes() == local_artifact
 
 
+def _stat(proc: Path) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: state, parent pid, ..."""
+    return (proc / "stat").read_text().rpartition(")")[2].split()
+
+
 def _stopped(pid: int) -> bool:
     """Whether the process is stopped (state T in /proc)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+        return _stat(Path(f"/proc/{pid}"))[0] == "T"
     except OSError:
         return False
 

@@ -198,3 +198,22 @@ def test_every_codec_baseline_of_the_grid_can_encode_its_images(artifacts_dir):
                     assert body == encode_webp(Image.fromarray(pixels[0], "L"), int(b.codec[5:]))
     with pytest.raises(ValueError, match="no encoder"):
         encode_input(pixels[0], "avif@50")
+
+
+def test_a_codecs_runs_record_their_encodes_for_the_next_price(cnn_only):
+    from bench.e2e.baselines import SERVED_LEAST, profile, run_once
+    from qpart.models.data import Split, load_split_pixels
+    from tests.server.conftest import make_client
+
+    artifact = load_artifact(cnn_only / "fmnist-cnn")
+    view = ModelView("fmnist-cnn", artifact.version, len(artifact.cuts), [], [], artifact, [], [], 200)
+    link = SimpleNamespace(wire=SimpleNamespace(quiet=lambda: None))
+    pixels = load_split_pixels(Split.TEST, 4)[0]
+    b = Baseline("input-png", "codec", 0, 0.0, codec="png")
+    with make_client(cnn_only) as client:  # the product's input-image plan answers a PNG
+        runs = [run_once(client, "", view, b, p, p, 3.0, link) for p in pixels[:SERVED_LEAST]]
+    assert len(b.encoded) == SERVED_LEAST
+    assert [r["local"] for r in runs] == pytest.approx([3.0 * s for s in b.encoded])
+    assert all(r["upload_bytes"] > 0 for r in runs) and len(b.served) == SERVED_LEAST
+    profile(b, view, pixels, pixels[:1])
+    assert b.host_local_s == pytest.approx(float(np.median(b.encoded)))  # the runs price the next cell

@@ -81,12 +81,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(port: int, artifacts: Path = REPO / "artifacts",
-                 ready_s: float = 180) -> subprocess.Popen[bytes]:
-    """``qpart serve`` of ``artifacts`` on 127.0.0.1:``port``, once ``/v2/health/ready`` answers 200
-    (killed, and RuntimeError, if it does not within ``ready_s``)."""
-    env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "qpart", "serve", "--artifacts", str(artifacts)],
+def start_server(port: int, artifacts: Path = REPO / "artifacts", ready_s: float = 180,
+                 command: tuple[str, ...] = ("qpart", "serve"),
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``qpart serve`` (or ``python -m`` another ``command`` taking ``--artifacts``) of ``artifacts``
+    on 127.0.0.1:``port``, with ``env`` added, once ``/v2/health/ready`` answers 200 (killed, and
+    RuntimeError, if it does not within ``ready_s``)."""
+    env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", *command, "--artifacts", str(artifacts)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:
@@ -96,4 +98,4 @@ def start_server(port: int, artifacts: Path = REPO / "artifacts",
         except httpx.TransportError:
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("qpart serve did not become ready")
+    raise RuntimeError(f"{' '.join(command)} did not become ready")

@@ -122,6 +122,27 @@ def test_bytes_the_routes_cannot_read_are_a_4xx_naming_why(baseline_server, path
     assert httpx.get(f"{baseline_server}/v2/health/ready").status_code == 200  # nothing wedged
 
 
+def _received_bytes(url: str) -> float:
+    """The product's ``qpart_received_bytes`` for the route label the baselines' paths get."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("qpart_received_bytes_total{") and 'route="other"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_the_baselines_requests_pass_the_products_limits_and_metrics_as_a_product_request_does(
+        baseline_server):
+    from qpart.server.settings import ServerSettings
+
+    body = encode(load_split_pixels(Split.TEST, limit=1)[0][0], "png")
+    before = _received_bytes(baseline_server)
+    assert httpx.post(f"{baseline_server}/bench/input/fmnist-cnn", content=body).status_code == 200
+    assert _received_bytes(baseline_server) - before == len(body)  # counted by the product's layer
+    limit = ServerSettings.model_fields["max_body_bytes"].default
+    r = httpx.post(f"{baseline_server}/bench/input/fmnist-cnn", content=bytes(limit + 1))
+    assert r.status_code == 413 and "exceeds the limit" in r.text  # the product's limit, before the route
+
+
 def test_an_image_the_cards_preprocessing_cannot_take_is_a_value_error_the_route_answers_400():
     buf = io.BytesIO()
     Image.new("L", (20000, 1)).save(buf, "PNG")  # 64 on its short side would be 1.28 M pixels long

@@ -10,7 +10,8 @@ reading, parsing, the answer's encoding) is then transfer the link probe never p
 two routes run the same model on the same pool; this measures, on loopback without shaping, each
 route's round trip less its reported server time, in pairs sent in a random order, and a
 bootstrap interval of the difference of the medians. One ``bench.shaped_server`` process (the
-grid's server), no filler.
+module the grid serves with), no filler, neither pinned nor spun as the grid pins and spins. The
+interval is one server process's: runs in fresh processes here differ by more than it.
 """
 
 from __future__ import annotations
@@ -71,13 +72,15 @@ def measure(url: str, pairs: int, version: str, seed: int = 0) -> dict[str, Any]
             rng.shuffle(order)
             for route in order:
                 runs[route].append(_one(client, url, paths[route][0], body, paths[route][1]))
-    out: dict[str, Any] = {"model": MODEL, "body_bytes": len(body), "pairs": pairs, "routes": {}}
+    out: dict[str, Any] = {"model": MODEL, "body_bytes": len(body), "pairs": pairs, "seed": seed,
+                           "routes": {}}
     for route in ROUTES:
         out["routes"][route] = {k: statistics.median(r[k] for r in runs[route])
                                 for k in ("round_trip_s", "server_s", "outside_s")}
     outside = {r: [x["outside_s"] for x in runs[r]] for r in ROUTES}
     out["outside_difference_s"] = out["routes"]["product"]["outside_s"] - out["routes"]["bench"]["outside_s"]
     out["outside_difference_ci95_s"] = bootstrap_difference(outside["product"], outside["bench"])
+    out["outside_s"] = outside  # every request's, in the order sent (the interval recomputes from them)
     return out
 
 

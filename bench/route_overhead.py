@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import REPO, free_port, provenance, start_server, write_json
+from bench import REPO, free_port, start_server, write_json
 from bench.input_codecs import encode
 from qpart.models.data import Split, load_split_pixels
 from qpart.profiles.artifacts import load_artifact
@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, required=True, help="where to write the result")
     args = parser.parse_args(argv)
     port = free_port()
-    at_start = provenance()
     proc = start_server(port, args.artifacts, command=("bench.shaped_server",),
                         env={"QPART_TORCH_THREADS": "1"})
     try:
@@ -101,7 +100,6 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    doc["provenance"] = {**provenance(), "at_start": at_start}
     write_json(args.json, doc)
     r, (low, high) = doc["routes"], doc["outside_difference_ci95_s"]
     print(f"outside the reported server time: product {r['product']['outside_s'] * 1e3:.3f} ms, "

@@ -206,6 +206,9 @@ class DeviceClient:
         t0 = time.perf_counter()
         plan = self.plan(model, demand, rate_bps=rate_bps, batch=1, preset=preset, deadline_s=deadline_s,
                          input_image=offer.doc)
+        image_plan = plan.input_image_plan  # how far the image was from being sent: the next refresh
+        self.image_offers.settle(offer, plan.predicted.objective,
+                                 None if image_plan is None else image_plan.objective)
         if plan.upload_content_type not in (IMAGE_PNG, IMAGE_WEBP):
             return self._run(plan, images, t0, progress)
         planned = time.perf_counter()

@@ -6,7 +6,8 @@ first image of a size (per model and WebP quality) is encoded before the plan re
 and those figures are offered. After that, the device offers what its recent images of that size
 came to (the mean bytes and the median encode time of the last :data:`WINDOW`) and encodes only if
 the plan it gets uploads the image (and every :data:`REFRESH` offers up front again, so the
-figures follow the images): a device whose plans run heads does not pay for encoding its images
+figures follow the images; every :data:`REFRESH_FAR` while the plans price its image far above
+what they choose, ADR 0016): a device whose plans run heads does not pay for encoding its images
 twice over on every request. This holds for a long-lived device (one ``DeviceRuntime`` classifying
 many images); ``qpart device infer`` starts afresh for each call, so its single image is encoded up
 front. An image that comes out unlike the estimate costs the plan some optimality, never accuracy
@@ -36,6 +37,15 @@ the images even while the plans that come back run heads. Rarely: charged for an
 front on every request, the grid at 94a464c would have had a mean regret of +109% instead of
 +2.1%, and for one on every 16th request +9.4% (recomputed from its per-repetition records).
 Every 256th costs a 256th of the full charge."""
+REFRESH_FAR = 4096
+"""The refresh interval while the last plan priced the cheapest image plan at least :data:`FAR`
+above the plan it chose (``input_image_plan`` against ``predicted``; ADR 0016). There one more
+image in the window of :data:`WINDOW` would have to move the estimate by that much to change a plan,
+so measuring afresh buys little; it still happens now and then, so that no estimate is kept for ever."""
+FAR = 0.25
+"""How far above the chosen plan's objective the cheapest image plan must price for the rarer
+refresh (:data:`REFRESH_FAR`); a quarter, above the spread of the grid's measured J about its
+prediction (median 3-8% per strategy)."""
 IMAGE_PNG = "image/png"
 IMAGE_WEBP = "image/webp"
 
@@ -46,7 +56,8 @@ class _Seen:
 
     sizes: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
     seconds: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    offers: int = 0
+    offers: int = 0  # offers from these figures since the image was last encoded up front
+    every: int = REFRESH  # the refresh interval the last plan called for
 
     def add(self, body: bytes, seconds: float) -> None:
         self.sizes.append(len(body))
@@ -63,6 +74,7 @@ class Offer:
     doc: dict[str, Any]
     bodies: dict[str, tuple[bytes, float]]  # content type -> (body, seconds it took)
     quality: int | None
+    key: tuple[str, int, int, str]  # the PNG's: its figures keep the refresh count
 
 
 class ImageOffers:
@@ -86,7 +98,9 @@ class ImageOffers:
         if known:
             seen = self._seen[png_key]
             seen.offers += 1
-            known = seen.offers % REFRESH != 0  # now and then measured afresh
+            known = seen.offers < seen.every  # now and then measured afresh
+            if not known:
+                seen.offers = 0
         bodies: dict[str, tuple[bytes, float]] = {}
         if not known:  # the first of its size: encode, and offer what it came to
             if not self._encode(IMAGE_PNG, path, spec, model_input, png_key, bodies):
@@ -100,7 +114,18 @@ class ImageOffers:
         if quality is not None and webp is not None and webp.sizes:
             webp_bytes, webp_s = webp.estimate()
             doc["webp"] = [{"quality": quality, "bytes": webp_bytes, "encode_s": webp_s}]
-        return Offer(doc, bodies, quality if "webp" in doc else None)
+        return Offer(doc, bodies, quality if "webp" in doc else None, png_key)
+
+    def settle(self, offer: Offer, chosen_objective: float, image_objective: float | None) -> None:
+        """After the plan for ``offer``: the next refresh comes after :data:`REFRESH_FAR` offers
+        where the cheapest image plan (``image_objective``, the plan's ``input_image_plan``) priced
+        at least :data:`FAR` above the plan chosen (``chosen_objective``), else after :data:`REFRESH`
+        (also where the server did not say: it predates the field)."""
+        seen = self._seen.get(offer.key)
+        if seen is None:
+            return
+        far = image_objective is not None and image_objective >= (1.0 + FAR) * chosen_objective
+        seen.every = REFRESH_FAR if far else REFRESH
 
     def body(self, offer: Offer, content_type: str, path: Path, model: str, spec: PreprocessSpec,
              model_input: npt.NDArray[np.float32]) -> tuple[bytes, float] | None:

@@ -100,6 +100,8 @@ class Plan(HeadSpec, PacketFormat):
         "application/octet-stream", description="What to POST to infer_url: the packet, or for the "
         "input-image plan (ADR 0014; servers before it never send it) the image as a PNG, or for "
         "a lossy one (ADR 0015) as the WebP at the plan's quality.")
+    input_image_plan: Costs | None = Field(None, description="The cheapest input-image plan the offer got "
+                                           "(ADR 0016; absent: no offer, or a server before it).")
 
 
 class TopK(_Wire):

@@ -50,6 +50,7 @@ class PlanChoice:
     all_server: Candidate
     all_device: Candidate
     held: frozenset[str]
+    image: Candidate | None = None  # the cheapest input-image plan the request's offer got
 
 
 @dataclass(frozen=True)
@@ -178,14 +179,16 @@ class Engine:
             tail = tail_s[pattern.cut]
             options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
             candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
-        for image in self.images.candidates(model, req.input_image, req.accuracy_demand, req.batch, inputs,
-                                            tail_s[0], answer):
+        images = self.images.candidates(model, req.input_image, req.accuracy_demand, req.batch, inputs,
+                                        tail_s[0], answer)
+        for image in images:
             segments[image.pattern.pattern_id] = None
-            candidates.append(image)
+        candidates += images
         _require_finite(candidates)
         chosen = choose(candidates, req.deadline_s)
         choice = PlanChoice(model, chosen, segments[chosen.pattern.pattern_id], best_at_cut(candidates, 0),
-                            best_at_cut(candidates, len(model.cuts) - 1), inputs.held)
+                            best_at_cut(candidates, len(model.cuts) - 1), inputs.held,
+                            min(images, key=lambda c: c.costs.objective) if images else None)
         self.metrics.plan_duration.observe(time.perf_counter() - started)
         self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)

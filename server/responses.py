@@ -53,6 +53,7 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
         segment=links.segment_ref(choice.segment, held), infer_url=links.tail_infer(model, p),
         upload_encoding=chosen.costs.upload_encoding,
         upload_content_type=upload_content_type(p.pattern_id),
+        input_image_plan=None if choice.image is None else choice.image.costs,
     )
 
 

@@ -210,6 +210,11 @@ class PlanResponse(_Strict):
         "(application/octet-stream), or, for an input-image plan (only when the request offered "
         "input_image), the device's input image: as a PNG (image/png) for 'input-png', as the WebP "
         "at the plan's quality (image/webp) for 'input-webp@<quality>'.")
+    input_image_plan: CostBreakdown | None = Field(
+        None, description="The cheapest input-image plan the request's offer got (ADR 0014, 0015), "
+        "priced as 'predicted' is; null where the request offered no image or the model takes none. "
+        "It tells a device how far its image was from being sent: one whose image plans price far "
+        "above its plans measures its images afresh less often (ADR 0016).")
 
 
 class PatternInfo(_Strict):

@@ -83,3 +83,35 @@ def test_the_figures_are_measured_afresh_every_so_often(files, counted):
     for _ in range(REFRESH + 1):
         offers.offer(files[0], "m", FASHION_MNIST_SPEC, _input(files[0]), 60)
     assert counted == {"png": 2, "webp": 2}  # the first offer, and the REFRESH-th after it
+
+
+def _offers_settled(offers: ImageOffers, files, n: int, image_objective: float | None) -> None:
+    """``n`` offers of one image, each followed by its plan: J 1.0, the image plan's ``image_objective``."""
+    x = _input(files[0])
+    for _ in range(n):
+        offer = offers.offer(files[0], "m", FASHION_MNIST_SPEC, x, 60)
+        assert offer is not None
+        offers.settle(offer, 1.0, image_objective)
+
+
+@pytest.mark.parametrize(("image_objective", "every"), [
+    (1.0 + image_offers.FAR, image_offers.REFRESH_FAR),  # the image plan far dearer: rarely
+    (1.0 + image_offers.FAR - 1e-9, image_offers.REFRESH),  # just short of far: as often as before
+    (None, image_offers.REFRESH),  # a server that does not say
+])
+def test_the_refresh_is_rarer_while_the_image_plans_price_far_above_the_plan(files, counted, image_objective,
+                                                                            every):
+    offers = ImageOffers()
+    _offers_settled(offers, files, every, image_objective)
+    assert counted == {"png": 1, "webp": 1}  # only the first offer so far
+    _offers_settled(offers, files, 1, image_objective)
+    assert counted == {"png": 2, "webp": 2}  # the every-th offer after the first encodes again
+
+
+def test_a_plan_near_the_image_brings_the_refresh_back_at_once(files, counted):
+    offers = ImageOffers()
+    _offers_settled(offers, files, image_offers.REFRESH + 10, 2.0)  # far: none after REFRESH
+    assert counted == {"png": 1, "webp": 1}
+    _offers_settled(offers, files, 1, 1.0)  # the image plan chosen
+    _offers_settled(offers, files, 1, 1.0)  # past REFRESH since the last encoding: measured afresh now
+    assert counted == {"png": 2, "webp": 2}

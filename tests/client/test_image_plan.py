@@ -73,9 +73,21 @@ def test_the_offer_can_be_turned_off(server, shirt, tmp_path):
 
 def test_an_image_dearer_than_a_packet_runs_the_planned_head(server, noise, tmp_path):
     with DeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "cache")) as device:
+        settled: list[tuple[float, float | None]] = []
+        real = device.image_offers.settle
+
+        def settle(offer, *objectives):
+            settled.append(objectives)
+            real(offer, *objectives)
+
+        device.image_offers.settle = settle
         run = device.infer_images([noise], "fmnist-cnn", 0.01, rate_bps=1e6)
     assert run.plan.upload_content_type != IMAGE_PNG
     assert len(run.predictions) == 1 and run.uploaded_bytes > 0
+    # the plan's price of the image it did not send sets the device's next refresh (ADR 0016)
+    image = run.plan.input_image_plan
+    assert image is not None and image.objective > run.plan.predicted.objective
+    assert settled == [(run.plan.predicted.objective, image.objective)]
 
 
 @pytest.fixture

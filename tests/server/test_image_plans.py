@@ -61,6 +61,16 @@ def test_a_small_image_is_planned_as_itself_and_a_large_one_is_not(client):
     assert heavy["plan_id"] == without["plan_id"]
 
 
+def test_the_plan_names_its_cheapest_image_plan_where_an_image_was_offered(client):
+    small = _plan(client, _png(SHIRT))
+    assert small["input_image_plan"] == small["predicted"]  # the image plan was chosen
+    heavy = _plan(client, b"x" * 20_000)  # not chosen: priced, and dearer than the plan chosen
+    image = heavy["input_image_plan"]
+    assert image["transfer_bytes"] > 20_000 and image["time_s"]["local"] == pytest.approx(1e-4)
+    assert image["objective"] > heavy["predicted"]["objective"]
+    assert _plan(client, None)["input_image_plan"] is None  # nothing offered
+
+
 def test_the_image_plan_is_priced_with_the_requests_figures(client):
     png = _png(SHIRT)
     info = client.get(f"/v1/models/{MODEL}").json()

@@ -9,6 +9,12 @@ The offer's encode time in a repetition is what the grid priced its baselines' e
 at the grid's demand; none in grids from before ADR 0015, or with ``--png-only``). Its energy is
 the device's compute energy for that time; the objective takes both at the cell's preset weights.
 ``--scale`` charges a share of it (1/256: a device that encodes up front on one request in 256).
+``--product-refresh`` charges the share the product's device pays (ADR 0016): one request in
+:data:`~qpart.client.image_offers.REFRESH`, or one in
+:data:`~qpart.client.image_offers.REFRESH_FAR` in a repetition whose cheapest offered image plan the
+cost model priced at least :data:`~qpart.client.image_offers.FAR` above the planner's plan (the
+grid's own predicted J of the ``input-*`` strategies, as the plan's ``input_image_plan`` gives the
+device the server's).
 The regret and its significance are recomputed as :mod:`bench.e2e.repetitions` computes them.
 """
 
@@ -25,6 +31,7 @@ from bench import REPO, write_json
 from bench.e2e.baselines import product_quality
 from bench.e2e.repetitions import SIGNIFICANT_LOSS, bootstrap_ratio
 from bench.e2e.report import p95
+from qpart.client.image_offers import FAR, REFRESH, REFRESH_FAR
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import get_device
 from qpart.server.schemas import PRESETS, WeightPreset
@@ -40,22 +47,36 @@ def offered_quality(model: str) -> int | None:
 def offer_seconds(rep: dict[str, Any], model: str, png_only: bool) -> float:
     """The offer's encoding in one repetition beyond what the planner's plan uploaded."""
     s = rep["strategies"]
-    offered = {"input-png": s["input-png"]["predicted_local_s"]}
-    webp = f"input-webp@{offered_quality(model)}"
-    if not png_only and webp in s:
-        offered[webp] = s[webp]["predicted_local_s"]
+    offered = {k: s[k]["predicted_local_s"] for k in _offered(rep, model, png_only)}
     return float(sum(offered.values()) - offered.get(s["qpart"]["pattern_id"], 0.0))
 
 
-def charged_cell(cell: dict[str, Any], png_only: bool, scale: float) -> dict[str, Any]:
-    """One cell's regret and significance with the offer charged."""
+def _offered(rep: dict[str, Any], model: str, png_only: bool) -> list[str]:
+    """The strategies of a repetition that are the device's offered image plans."""
+    webp = f"input-webp@{offered_quality(model)}"
+    return ["input-png"] + ([webp] if not png_only and webp in rep["strategies"] else [])
+
+
+def product_share(rep: dict[str, Any], model: str, png_only: bool, far: float = FAR) -> float:
+    """The share of the offer's encoding the product's device pays in one repetition (ADR 0016;
+    ``far``: the device's :data:`~qpart.client.image_offers.FAR`, or another to weigh it)."""
+    s = rep["strategies"]
+    image = min(s[k]["predicted_J"] for k in _offered(rep, model, png_only))
+    return 1.0 / (REFRESH_FAR if image >= (1.0 + far) * s["qpart"]["predicted_J"] else REFRESH)
+
+
+def charged_cell(cell: dict[str, Any], png_only: bool, scale: float | None,
+                 far: float = FAR) -> dict[str, Any]:
+    """One cell's regret and significance with the offer charged: ``scale`` of it, or (None) the
+    product device's share (:func:`product_share` with ``far``)."""
     w = PRESETS[WeightPreset(cell["preset"])]
     device = get_device(cell["device"])
     reps = cell["repetitions"]
     names = [k for k in reps[0]["strategies"] if all(k in r["strategies"] for r in reps)]
     js = {k: [r["strategies"][k]["measured_J"] for r in reps] for k in names}
     for i, rep in enumerate(reps):
-        extra = scale * offer_seconds(rep, cell["model"], png_only)
+        share = product_share(rep, cell["model"], png_only, far) if scale is None else scale
+        extra = share * offer_seconds(rep, cell["model"], png_only)
         js["qpart"][i] += w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
     meets = [k for k in names if all(r["strategies"][k]["meets_demand"] for r in reps)]
     median = {k: statistics.median(v) for k, v in js.items()}
@@ -83,13 +104,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("grid", type=Path, help="a bench.e2e JSON document")
     parser.add_argument("--png-only", action="store_true",
                         help="charge the PNG alone (grids before ADR 0015)")
-    parser.add_argument("--scale", type=float, default=1.0, help="share of the offer charged (default 1)")
+    share = parser.add_mutually_exclusive_group()
+    share.add_argument("--scale", type=float, default=1.0, help="share of the offer charged (default 1)")
+    share.add_argument("--product-refresh", action="store_true",
+                       help=f"charge the share the product's device pays: 1/{REFRESH}, or 1/{REFRESH_FAR} "
+                       f"where the image plans price at least FAR above the plan (ADR 0016)")
+    parser.add_argument("--far", type=float, default=FAR,
+                        help=f"FAR for --product-refresh (default {FAR}, the device's; another weighs it)")
     parser.add_argument("--json", type=Path, required=True, help="write the figures here")
     args = parser.parse_args(argv)
     doc = json.loads(args.grid.read_text())
-    cells = [charged_cell(c, args.png_only, args.scale) for c in doc["cells"]]
+    scale = None if args.product_refresh else args.scale
+    cells = [charged_cell(c, args.png_only, scale, args.far) for c in doc["cells"]]
     out = {"grid": str(args.grid), "grid_provenance": doc.get("provenance"), "png_only": args.png_only,
-           "scale": args.scale, "as_measured": {k: doc["summary"][k] for k in (
+           "scale": scale, "product_refresh": {"every": REFRESH, "every_far": REFRESH_FAR, "far": args.far}
+           if scale is None else None, "as_measured": {k: doc["summary"][k] for k in (
                "mean_regret", "p95_regret", "max_regret", "cells_regret_over_5pct", "significant_losses")},
            "offer_charged": summary(cells), "cells": cells}
     print(json.dumps({"as_measured": out["as_measured"], "offer_charged": out["offer_charged"]}))

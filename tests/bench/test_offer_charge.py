@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.offer_charge import charged_cell, offer_seconds
+from bench.offer_charge import charged_cell, offer_seconds, product_share
+from qpart.client.image_offers import FAR, REFRESH, REFRESH_FAR
 from qpart.profiles.devices import get_device
 from qpart.server.schemas import PRESETS, WeightPreset
 
@@ -34,3 +35,31 @@ def test_a_cell_is_charged_in_every_repetition_and_judged_again():
     assert got["best"] == "all-server" and got["significant_loss"] == ((0.010 + extra) / 0.0105 > 1.05)
     none = charged_cell(cell, png_only=False, scale=0.0)
     assert none["best"] == "qpart" and none["regret"] == 0.0 and not none["significant_loss"]
+
+
+def _priced(rep: dict, qpart_j: float, png_j: float, webp_j: float) -> dict:
+    for k, j in (("qpart", qpart_j), ("input-png", png_j), ("input-webp@60", webp_j)):
+        rep["strategies"][k]["predicted_J"] = j
+    return rep
+
+
+def test_the_product_device_pays_the_rarer_refresh_where_every_image_plan_prices_far_above():
+    near = _priced(_rep("c0-x", 1, 1), 1.0, 2.0, 1.0 + FAR - 1e-9)  # the WebP just short of far
+    far = _priced(_rep("c0-x", 1, 1), 1.0, 2.0, 1.0 + FAR)
+    assert product_share(near, "fmnist-cnn", png_only=False) == 1 / REFRESH
+    assert product_share(far, "fmnist-cnn", png_only=False) == 1 / REFRESH_FAR
+    assert product_share(near, "fmnist-cnn", png_only=True) == 1 / REFRESH_FAR  # the PNG alone: far
+    chosen = _priced(_rep("input-png", 1, 1), 1.0, 1.0, 1.5)  # an image plan chosen: near
+    assert product_share(chosen, "fmnist-cnn", png_only=False) == 1 / REFRESH
+
+
+@pytest.mark.parametrize(("png_j", "share"), [(2.0, 1 / REFRESH_FAR), (1.1, 1 / REFRESH)])
+def test_a_cell_is_charged_the_product_devices_share(png_j, share):
+    reps = [_priced(_rep("c0-x", 0.010, 0.0100001), 1.0, png_j, 2.0) for _ in range(3)]
+    cell = {"model": "fmnist-cnn", "device": "raspberry-pi-4", "rate_mbps": 1.0, "preset": "latency-first",
+            "cache": "cold", "repetitions": reps}
+    w, device = PRESETS[WeightPreset.LATENCY_FIRST], get_device("raspberry-pi-4")
+    extra = share * 4e-3
+    j = 0.010 + w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
+    got = charged_cell(cell, png_only=False, scale=None)
+    assert got["best"] == "all-server" and got["regret"] == pytest.approx(j / 0.0100001 - 1.0)

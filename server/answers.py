@@ -90,6 +90,7 @@ class TailAnswer:
     queue_s: float
     compute_s: float
     names: tuple[str, ...] | None = None  # the card's labels: each top class's name
+    decode_s: float = 0.0  # the share of compute_s that decoding the upload took (Server-Timing)
 
     def json(self) -> bytes:
         """The :class:`server.schemas.TailResponse` document."""

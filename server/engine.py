@@ -209,20 +209,25 @@ class Engine:
         return packet_limit(self.settings, model, pattern)
 
     async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
-                         top_k: int = 5) -> TailAnswer:
-        """Run the tail of a plan's cut on an uploaded activation packet."""
+                         top_k: int = 5, decoded_s: float = 0.0) -> TailAnswer:
+        """Run the tail of a plan's cut on an uploaded activation packet. The seconds decoding
+        took, ``decoded_s`` (the body's Content-Encoding, undone by the caller) plus the packet's
+        dequantization, are the answer's ``decode_s`` and part of its ``compute_s``, as an
+        input-image plan's decoding is (:meth:`infer_image`): server work, not transfer."""
         model, pattern = self.pattern_of(name, version, pattern_id)
+        started = time.perf_counter()
         if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop
             x = decode_activation(self.settings, model, pattern, packet)
         else:  # a large batch: keep the event loop free while it dequantizes
             x = await asyncio.to_thread(decode_activation, self.settings, model, pattern, packet)
+        decode_s = decoded_s + time.perf_counter() - started
         rows, queue_s, compute_s = await self.tails.run(model, pattern.cut, x)
         if not rows.finite.all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
-                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s,
-                          names=model.labels)
+                          rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s + decode_s,
+                          names=model.labels, decode_s=decode_s)
 
     async def infer_image(self, name: str, version: str, body: bytes, top_k: int = 5,
                           pattern_id: str = INPUT_PNG) -> tuple[TailAnswer, float]:

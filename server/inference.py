@@ -10,12 +10,14 @@ top N ``score:index:label`` strings (:mod:`server.classification`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 from starlette.responses import Response
 
 from qpart.models.image_codecs import parse_rung_id
+from qpart.server.answers import TailAnswer
 from qpart.server.catalog import LoadedModel
 from qpart.server.classification import class_count, classify
 from qpart.server.content import content_coding, decode_content, identity_only
@@ -121,16 +123,23 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
             raise UnsupportedMediaTypeError(f"the input-image plan takes the {kind} as is (no "
                                             f"Content-Encoding: a {kind} is compressed already)")
         answer, decode_s = await engine.infer_image(model, version, body, top_k, pattern_id)
-        # Server-Timing (W3C): the decoding's share of compute_s, for browsers' tools and benchmarks
-        return Response(answer.json(), media_type="application/json",
-                        headers={"Server-Timing": f"decode;dur={decode_s * 1e3:.3f}"})
+        return _timed(answer, decode_s)
     if media in (CONTENT_TYPE, WEBP_TYPE):
         engine.pattern_of(model, version, pattern_id)  # unknown model or pattern: 404 first
         raise UnsupportedMediaTypeError(f"pattern '{pattern_id[:64]}' takes an activation packet "
                                         "(application/octet-stream); an image goes to an input-image "
                                         f"plan's URL (pattern '{INPUT_PNG}' or 'input-webp@<quality>')")
+    started = time.perf_counter()
     if content_encoding:  # unknown model or pattern: 404 before the coding is looked at
         loaded, pattern = engine.pattern_of(model, version, pattern_id)
         body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))
-    answer = await engine.infer_tail(model, version, pattern_id, body, top_k)
-    return Response(answer.json(), media_type="application/json")
+    answer = await engine.infer_tail(model, version, pattern_id, body, top_k,
+                                     decoded_s=time.perf_counter() - started)
+    return _timed(answer, answer.decode_s)
+
+
+def _timed(answer: TailAnswer, decode_s: float) -> Response:
+    """The answer with ``Server-Timing`` (W3C): the decoding's share of its ``compute_s`` (the image,
+    or the packet's Content-Encoding and dequantization), for browsers' tools and benchmarks."""
+    return Response(answer.json(), media_type="application/json",
+                    headers={"Server-Timing": f"decode;dur={decode_s * 1e3:.3f}"})

@@ -375,3 +375,34 @@ def test_a_device_with_deflate_times_is_told_to_deflate_on_a_slow_link(client):
     assert _plan(client, rate_bps=1e10, device=device, upload_deflate=True)["upload_encoding"] == "identity"
     both = _plan(client, rate_bps=1e5, device=device, upload_codings=["zstd", "deflate"])
     assert both["upload_encoding"] == "deflate"  # the profile has no zstd times
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "router"])
+def test_a_packets_decoding_is_server_time_and_named_in_server_timing(cnn_only, monkeypatch, fast_path):
+    """Undoing the Content-Encoding and dequantizing the packet are server work: in compute_s and in
+    ``Server-Timing: decode``, as an input-image plan's decoding is, so that a client that counts
+    the rest of its round trip as transfer counts no server work there."""
+    import time
+
+    from qpart.kernels.coding import zstd_compress
+    from qpart.server import engine, inference
+
+    def slow(real, seconds):
+        def wrapped(*args, **kwargs):
+            time.sleep(seconds)
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(inference, "decode_content", slow(inference.decode_content, 0.03))
+    monkeypatch.setattr(engine, "decode_activation", slow(engine.decode_activation, 0.02))
+    with make_client(cnn_only, inference_fast_path=fast_path) as c:
+        plan = _plan(c, rate_bps=1e6)
+        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
+        coded = zstd_compress(packet)
+        for body, headers, least in [(packet, {}, 0.02), (coded, {"Content-Encoding": "zstd"}, 0.05)]:
+            r = c.post(plan["infer_url"], content=body, headers=headers)
+            assert r.status_code == 200, r.text
+            metric, _, ms = r.headers["server-timing"].partition(";dur=")
+            decode_s = float(ms) / 1e3
+            assert metric == "decode" and least <= decode_s < least + 0.05
+            assert r.json()["compute_s"] >= decode_s  # the tail's own compute comes on top

@@ -14,7 +14,10 @@ the device's compute energy for that time; the objective takes both at the cell'
 :data:`~qpart.client.image_offers.REFRESH_FAR` in a repetition whose cheapest offered image plan the
 cost model priced at least :data:`~qpart.client.image_offers.FAR` above the planner's plan (the
 grid's own predicted J of the ``input-*`` strategies, as the plan's ``input_image_plan`` gives the
-device the server's).
+device the server's). The device's count carries over from plan to plan, so a cell with any near
+repetition is charged 1/256 in every repetition; one condition held still, as a grid cell holds it.
+A device whose conditions change (rates, presets) keys one count per model and image size across
+them, and pays closer to 1/256 where any of its conditions is near.
 The regret and its significance are recomputed as :mod:`bench.e2e.repetitions` computes them.
 """
 
@@ -74,9 +77,14 @@ def charged_cell(cell: dict[str, Any], png_only: bool, scale: float | None,
     reps = cell["repetitions"]
     names = [k for k in reps[0]["strategies"] if all(k in r["strategies"] for r in reps)]
     js = {k: [r["strategies"][k]["measured_J"] for r in reps] for k in names}
+    shares = [scale] * len(reps) if scale is not None else [product_share(r, cell["model"], png_only, far)
+                                                            for r in reps]
+    if scale is None and max(shares) == 1.0 / REFRESH:
+        # The device's count carries over from plan to plan: once 256 offers have passed, the first
+        # plan near the image brings the refresh. A cell with a near repetition pays 1/256 in all.
+        shares = [1.0 / REFRESH] * len(reps)
     for i, rep in enumerate(reps):
-        share = product_share(rep, cell["model"], png_only, far) if scale is None else scale
-        extra = share * offer_seconds(rep, cell["model"], png_only)
+        extra = shares[i] * offer_seconds(rep, cell["model"], png_only)
         js["qpart"][i] += w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
     meets = [k for k in names if all(r["strategies"][k]["meets_demand"] for r in reps)]
     median = {k: statistics.median(v) for k, v in js.items()}

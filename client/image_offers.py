@@ -44,8 +44,8 @@ image in the window of :data:`WINDOW` would have to move the estimate by that mu
 so measuring afresh buys little; it still happens now and then, so that no estimate is kept for ever."""
 FAR = 0.25
 """How far above the chosen plan's objective the cheapest image plan must price for the rarer
-refresh (:data:`REFRESH_FAR`); a quarter, above the spread of the grid's measured J about its
-prediction (median 3-8% per strategy)."""
+refresh (:data:`REFRESH_FAR`); a quarter, well above the cost model's errors (in issue 27's grids
+the median time error of any strategy is at most 7.5%). A judgment, not a fit (ADR 0016)."""
 IMAGE_PNG = "image/png"
 IMAGE_WEBP = "image/webp"
 
@@ -99,13 +99,12 @@ class ImageOffers:
             seen = self._seen[png_key]
             seen.offers += 1
             known = seen.offers < seen.every  # now and then measured afresh
-            if not known:
-                seen.offers = 0
         bodies: dict[str, tuple[bytes, float]] = {}
-        if not known:  # the first of its size: encode, and offer what it came to
+        if not known:  # the first of its size (or a refresh): encode, and offer what it came to
             if not self._encode(IMAGE_PNG, path, spec, model_input, png_key, bodies):
                 self._seen.pop(png_key, None)  # this file's PNG is not exact; the next one may be
                 return None
+            self._seen[png_key].offers = 0  # the count runs from the last encoding up front
             if quality is not None:
                 self._encode(IMAGE_WEBP, path, spec, model_input, webp_key, bodies, quality)
         png_bytes, png_s = self._seen[png_key].estimate()

@@ -63,3 +63,13 @@ def test_a_cell_is_charged_the_product_devices_share(png_j, share):
     j = 0.010 + w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
     got = charged_cell(cell, png_only=False, scale=None)
     assert got["best"] == "all-server" and got["regret"] == pytest.approx(j / 0.0100001 - 1.0)
+
+
+def test_a_near_repetition_brings_the_frequent_refresh_to_the_whole_cell():
+    reps = [_priced(_rep("c0-x", 0.010, 0.0100001), 1.0, png_j, 2.0) for png_j in (2.0, 2.0, 1.1)]
+    cell = {"model": "fmnist-cnn", "device": "raspberry-pi-4", "rate_mbps": 1.0, "preset": "latency-first",
+            "cache": "cold", "repetitions": reps}
+    w, device = PRESETS[WeightPreset.LATENCY_FIRST], get_device("raspberry-pi-4")
+    extra = 4e-3 / REFRESH
+    j = 0.010 + w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
+    assert charged_cell(cell, png_only=False, scale=None)["regret"] == pytest.approx(j / 0.0100001 - 1.0)

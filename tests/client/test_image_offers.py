@@ -115,3 +115,17 @@ def test_a_plan_near_the_image_brings_the_refresh_back_at_once(files, counted):
     _offers_settled(offers, files, 1, 1.0)  # the image plan chosen
     _offers_settled(offers, files, 1, 1.0)  # past REFRESH since the last encoding: measured afresh now
     assert counted == {"png": 2, "webp": 2}
+
+
+def test_the_count_starts_again_at_every_encoding_up_front(files, counted):
+    offers = ImageOffers()
+    _offers_settled(offers, files, 2 * image_offers.REFRESH + 1, None)
+    assert counted == {"png": 3, "webp": 3}  # the first offer, then every REFRESH-th: not every one after
+    _offers_settled(offers, files, 10, None)
+    x = _input(files[0])
+    offers.offer(files[0], "m", FASHION_MNIST_SPEC, x, 75)  # a quality not offered yet: encoded up front
+    assert counted == {"png": 4, "webp": 4}
+    _offers_settled(offers, files, image_offers.REFRESH - 1, None)  # the count began again at it
+    assert counted == {"png": 4, "webp": 4}
+    _offers_settled(offers, files, 1, None)
+    assert counted == {"png": 5, "webp": 5}

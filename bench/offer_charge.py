@@ -60,12 +60,21 @@ def _offered(rep: dict[str, Any], model: str, png_only: bool) -> list[str]:
     return ["input-png"] + ([webp] if not png_only and webp in rep["strategies"] else [])
 
 
-def product_share(rep: dict[str, Any], model: str, png_only: bool, far: float = FAR) -> float:
-    """The share of the offer's encoding the product's device pays in one repetition (ADR 0016;
-    ``far``: the device's :data:`~qpart.client.image_offers.FAR`, or another to weigh it)."""
+def near(rep: dict[str, Any], model: str, png_only: bool, far: float = FAR) -> bool:
+    """Whether the cheapest offered image plan priced less than ``far`` above the planner's plan in
+    one repetition (ADR 0016; ``far``: the device's :data:`~qpart.client.image_offers.FAR`, or
+    another to weigh it)."""
     s = rep["strategies"]
     image = min(s[k]["predicted_J"] for k in _offered(rep, model, png_only))
-    return 1.0 / (REFRESH_FAR if image >= (1.0 + far) * s["qpart"]["predicted_J"] else REFRESH)
+    return bool(image < (1.0 + far) * s["qpart"]["predicted_J"])
+
+
+def product_share(cell: dict[str, Any], png_only: bool, far: float = FAR) -> float:
+    """The share of the offer's encoding the product's device pays in a cell: 1/REFRESH_FAR where
+    every repetition is far, else 1/REFRESH in all (the device's count carries over from plan to
+    plan: once 256 offers have passed, the first near plan brings the refresh)."""
+    any_near = any(near(r, cell["model"], png_only, far) for r in cell["repetitions"])
+    return 1.0 / (REFRESH if any_near else REFRESH_FAR)
 
 
 def charged_cell(cell: dict[str, Any], png_only: bool, scale: float | None,
@@ -77,14 +86,9 @@ def charged_cell(cell: dict[str, Any], png_only: bool, scale: float | None,
     reps = cell["repetitions"]
     names = [k for k in reps[0]["strategies"] if all(k in r["strategies"] for r in reps)]
     js = {k: [r["strategies"][k]["measured_J"] for r in reps] for k in names}
-    shares = [scale] * len(reps) if scale is not None else [product_share(r, cell["model"], png_only, far)
-                                                            for r in reps]
-    if scale is None and max(shares) == 1.0 / REFRESH:
-        # The device's count carries over from plan to plan: once 256 offers have passed, the first
-        # plan near the image brings the refresh. A cell with a near repetition pays 1/256 in all.
-        shares = [1.0 / REFRESH] * len(reps)
+    share = product_share(cell, png_only, far) if scale is None else scale
     for i, rep in enumerate(reps):
-        extra = shares[i] * offer_seconds(rep, cell["model"], png_only)
+        extra = share * offer_seconds(rep, cell["model"], png_only)
         js["qpart"][i] += w.time * extra + w.energy * device.compute_energy_j(extra, 0.0)
     meets = [k for k in names if all(r["strategies"][k]["meets_demand"] for r in reps)]
     median = {k: statistics.median(v) for k, v in js.items()}

@@ -230,9 +230,10 @@ class Engine:
                           names=model.labels, decode_s=decode_s)
 
     async def infer_image(self, name: str, version: str, body: bytes, top_k: int = 5,
-                          pattern_id: str = INPUT_PNG) -> tuple[TailAnswer, float]:
+                          pattern_id: str = INPUT_PNG) -> TailAnswer:
         """Run the whole model on an input image the device uploaded for an input-image plan (a PNG,
-        ADR 0014, or a WebP, ADR 0015); the answer, and the seconds decoding and preprocessing took."""
+        ADR 0014, or a WebP, ADR 0015); the seconds decoding and preprocessing took are the answer's
+        ``decode_s``, part of its ``compute_s``."""
         model = self.catalog.get(name, version)
         x, decode_s, waited = await self.images.decode(model, pattern_id, body)
         rows, queue_s, compute_s = await self.tails.run(model, 0, x)
@@ -240,7 +241,7 @@ class Engine:
             raise UnprocessableError("the model produced non-finite logits for this image")
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s + waited, compute_s=compute_s + decode_s,
-                          names=model.labels), decode_s
+                          names=model.labels, decode_s=decode_s)
 
     async def infer_full(
         self, name: str, version: str | None, x: np.ndarray

@@ -122,8 +122,7 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
             kind = "PNG" if rung is None else "WebP"
             raise UnsupportedMediaTypeError(f"the input-image plan takes the {kind} as is (no "
                                             f"Content-Encoding: a {kind} is compressed already)")
-        answer, decode_s = await engine.infer_image(model, version, body, top_k, pattern_id)
-        return _timed(answer, decode_s)
+        return _timed(await engine.infer_image(model, version, body, top_k, pattern_id))
     if media in (CONTENT_TYPE, WEBP_TYPE):
         engine.pattern_of(model, version, pattern_id)  # unknown model or pattern: 404 first
         raise UnsupportedMediaTypeError(f"pattern '{pattern_id[:64]}' takes an activation packet "
@@ -135,11 +134,11 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
         body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))
     answer = await engine.infer_tail(model, version, pattern_id, body, top_k,
                                      decoded_s=time.perf_counter() - started)
-    return _timed(answer, answer.decode_s)
+    return _timed(answer)
 
 
-def _timed(answer: TailAnswer, decode_s: float) -> Response:
+def _timed(answer: TailAnswer) -> Response:
     """The answer with ``Server-Timing`` (W3C): the decoding's share of its ``compute_s`` (the image,
     or the packet's Content-Encoding and dequantization), for browsers' tools and benchmarks."""
     return Response(answer.json(), media_type="application/json",
-                    headers={"Server-Timing": f"decode;dur={decode_s * 1e3:.3f}"})
+                    headers={"Server-Timing": f"decode;dur={answer.decode_s * 1e3:.3f}"})

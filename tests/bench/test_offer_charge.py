@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.offer_charge import charged_cell, offer_seconds, product_share
+from bench.offer_charge import charged_cell, near, offer_seconds, product_share
 from qpart.client.image_offers import FAR, REFRESH, REFRESH_FAR
 from qpart.profiles.devices import get_device
 from qpart.server.schemas import PRESETS, WeightPreset
@@ -43,14 +43,17 @@ def _priced(rep: dict, qpart_j: float, png_j: float, webp_j: float) -> dict:
     return rep
 
 
-def test_the_product_device_pays_the_rarer_refresh_where_every_image_plan_prices_far_above():
-    near = _priced(_rep("c0-x", 1, 1), 1.0, 2.0, 1.0 + FAR - 1e-9)  # the WebP just short of far
-    far = _priced(_rep("c0-x", 1, 1), 1.0, 2.0, 1.0 + FAR)
-    assert product_share(near, "fmnist-cnn", png_only=False) == 1 / REFRESH
-    assert product_share(far, "fmnist-cnn", png_only=False) == 1 / REFRESH_FAR
-    assert product_share(near, "fmnist-cnn", png_only=True) == 1 / REFRESH_FAR  # the PNG alone: far
+def test_a_repetition_is_far_only_where_every_offered_image_plan_prices_far_above():
+    near_rep = _priced(_rep("c0-x", 1, 1), 1.0, 2.0, 1.0 + FAR - 1e-9)  # the WebP just short of far
+    far_rep = _priced(_rep("c0-x", 1, 1), 1.0, 2.0, 1.0 + FAR)
+    assert near(near_rep, "fmnist-cnn", png_only=False)
+    assert not near(far_rep, "fmnist-cnn", png_only=False)
+    assert not near(near_rep, "fmnist-cnn", png_only=True)  # the PNG alone: far
     chosen = _priced(_rep("input-png", 1, 1), 1.0, 1.0, 1.5)  # an image plan chosen: near
-    assert product_share(chosen, "fmnist-cnn", png_only=False) == 1 / REFRESH
+    assert near(chosen, "fmnist-cnn", png_only=False)
+    cell = {"model": "fmnist-cnn", "repetitions": [far_rep, far_rep]}
+    assert product_share(cell, png_only=False) == 1 / REFRESH_FAR
+    assert product_share({**cell, "repetitions": [far_rep, near_rep]}, png_only=False) == 1 / REFRESH
 
 
 @pytest.mark.parametrize(("png_j", "share"), [(2.0, 1 / REFRESH_FAR), (1.1, 1 / REFRESH)])

@@ -48,7 +48,7 @@ from bench.baseline_routes import decode_image
 from bench.device_clock import ENCODE_RUNS, HEAD_RUNS
 from bench.e2e.artifacts import packet_bytes
 from bench.e2e.config import DEMAND
-from bench.e2e.device import Link, ModelView
+from bench.e2e.device import Link, ModelView, server_parts, server_timing
 from bench.input_codecs import CODECS as RECORDED_CODECS
 from bench.input_codecs import encode
 from qpart.client.image_offers import WINDOW as OFFER_WINDOW
@@ -200,17 +200,6 @@ def _recent(samples: deque[float], fn: Any) -> float:
     return _timed(fn)
 
 
-def server_timing(header: str | None, name: str = "decode") -> float | None:
-    """Seconds of the ``name`` metric of a ``Server-Timing`` field (None: absent)."""
-    for metric in (header or "").split(","):
-        parts = [p.strip() for p in metric.split(";")]
-        if parts[0] == name:
-            for param in parts[1:]:
-                if param.startswith("dur="):
-                    return float(param[4:]) / 1e3
-    return None
-
-
 def _timed(fn: Any) -> float:
     runs, start, times = 0, time.perf_counter(), []
     while runs < 5 or time.perf_counter() - start < TIMING_SECONDS:
@@ -284,4 +273,5 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
     if decode_s is not None:
         b.served.append(decode_s)
     return {"local": host * ratio, "round_trip": round_trip,
-            "server": answer["queue_s"] + answer["compute_s"], "upload_bytes": float(len(body))}
+            "server": answer["queue_s"] + answer["compute_s"], "upload_bytes": float(len(body)),
+            **server_parts(answer, r.headers.get("server-timing"))}

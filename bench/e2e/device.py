@@ -60,6 +60,11 @@ class ModelView:
     reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
     runtime: HeadRuntime = HeadRuntime.TORCH  # what runs the device's heads, and so its segments' form
     onnx_heads: list[OrtHead] = field(default_factory=list)  # runtime onnx: each cut's lossless head
+    decode_s: dict[str, list[float]] = field(default_factory=dict)  # the server's, per coding and cut
+
+    def decode_at(self, cut: int) -> dict[str, float]:
+        """Per upload coding, the server's price for decoding one sample's packet at ``cut``."""
+        return {coding: per_cut[cut] for coding, per_cut in self.decode_s.items()}
 
     def plan_of(self, p: dict[str, Any]) -> dict[str, Any]:
         """A pattern in the form of a plan (what :class:`client.plans.HeadSpec` reads)."""
@@ -148,6 +153,28 @@ def _head(model: ModelView, plan: dict[str, Any], segment: bytes | None) -> Call
     return model.heads[key]
 
 
+SERVER_PARTS = ("queue", "compute", "decode")
+"""What an answer's server time is made of, each kept per run (its median per strategy in the grid):
+the wait for the tail worker, the compute (decoding included), and the decoding alone."""
+
+
+def server_timing(header: str | None, name: str = "decode") -> float | None:
+    """Seconds of the ``name`` metric of a ``Server-Timing`` field (None: absent)."""
+    for metric in (header or "").split(","):
+        parts = [p.strip() for p in metric.split(";")]
+        if parts[0] == name:
+            for param in parts[1:]:
+                if param.startswith("dur="):
+                    return float(param[4:]) / 1e3
+    return None
+
+
+def server_parts(answer: dict[str, Any], timing: str | None) -> dict[str, float]:
+    """An answer's server time in :data:`SERVER_PARTS` (decode 0 where ``Server-Timing`` is absent)."""
+    return {"queue": float(answer["queue_s"]), "compute": float(answer["compute_s"]),
+            "decode": server_timing(timing) or 0.0}
+
+
 def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, Any],
              head: Callable[..., Any], image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
     """One inference: head on the device (timed, scaled), upload, tail on the server."""
@@ -180,7 +207,8 @@ def run_once(client: httpx.Client, url: str, model: ModelView, plan: dict[str, A
     r.raise_for_status()
     body = r.json()
     return {"local": local, "round_trip": round_trip, "server": body["queue_s"] + body["compute_s"],
-            "upload_bytes": float(len(packet))}  # the body as sent (compressed where the plan says)
+            "upload_bytes": float(len(packet)),  # the body as sent (compressed where the plan says)
+            **server_parts(body, r.headers.get("server-timing"))}
 
 
 def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: float,
@@ -200,4 +228,6 @@ def measured_j(device: DeviceProfile, preset: str, flops: float, download_s: flo
             "measured_transfer_s": statistics.median(transfers),
             "measured_round_trip_s": statistics.median(r["round_trip"] for r in runs),
             "measured_upload_bytes": statistics.median(r.get("upload_bytes", 0.0) for r in runs),
-            "measured_server_s": statistics.median(r["server"] for r in runs)}
+            "measured_server_s": statistics.median(r["server"] for r in runs),
+            **{f"measured_{part}_s": statistics.median(r.get(part, 0.0) for r in runs)
+               for part in SERVER_PARTS}}

@@ -21,7 +21,7 @@ from PIL import Image
 
 from bench import autoencoder
 from bench.baseline_routes import decode_image, input_tensor
-from bench.e2e.baselines import server_timing
+from bench.e2e.device import server_timing
 from bench.input_codecs import encode
 from qpart.kernels import wire
 from qpart.kernels.wire import encode_quantized_activation

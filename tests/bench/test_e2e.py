@@ -285,3 +285,18 @@ def test_the_implied_overhead_prices_each_plan_in_the_coding_it_was_sent_in(arti
     runs = {k: [{"local": 0.0, "server": 1e-3, "round_trip": 1e-3 + transfer[p["upload_encoding"]] + 2e-3}]
             for k, p in plans.items()}
     assert implied_rtt(model, plans, runs, bare) == pytest.approx(2e-3)  # both keys: the same 2 ms
+
+
+def test_a_strategys_server_time_is_recorded_in_its_parts():
+    from bench.e2e.device import SERVER_PARTS, measured_j, server_parts
+    from qpart.profiles.devices import get_device
+
+    runs = [{"local": 0.0, "round_trip": 0.01, "upload_bytes": 10.0, "server": q + c,
+             **server_parts({"queue_s": q, "compute_s": c}, f"decode;dur={d}")}
+            for q, c, d in [(1e-4, 2e-3, 0.2), (3e-4, 3e-3, 0.4), (2e-4, 4e-3, 0.3)]]
+    measured = measured_j(get_device("raspberry-pi-4"), "latency-first", 0.0, 0.0, runs)
+    assert SERVER_PARTS == ("queue", "compute", "decode")
+    assert measured["measured_queue_s"] == pytest.approx(2e-4)
+    assert measured["measured_compute_s"] == pytest.approx(3e-3)
+    assert measured["measured_decode_s"] == pytest.approx(3e-4)
+    assert server_parts({"queue_s": 0, "compute_s": 1e-3}, None)["decode"] == 0.0

@@ -146,7 +146,8 @@ def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safet
 
 
 def test_a_baselines_server_decoding_is_priced_from_what_the_server_reported_once_it_has():
-    from bench.e2e.baselines import SERVED_LEAST, _served, server_timing
+    from bench.e2e.baselines import SERVED_LEAST, _served
+    from bench.e2e.device import server_timing
 
     assert server_timing("decode;dur=0.412") == pytest.approx(4.12e-4)
     assert server_timing('cache;desc="x", decode;dur=1.5;desc=y') == pytest.approx(1.5e-3)
@@ -215,5 +216,9 @@ def test_a_codecs_runs_record_their_encodes_for_the_next_price(cnn_only):
     assert len(b.encoded) == SERVED_LEAST
     assert [r["local"] for r in runs] == pytest.approx([3.0 * s for s in b.encoded])
     assert all(r["upload_bytes"] > 0 for r in runs) and len(b.served) == SERVED_LEAST
+    # the server time's parts are kept per run: the decode as the answer's Server-Timing said
+    assert [r["decode"] for r in runs] == pytest.approx(list(b.served), abs=5e-7)
+    assert all(r["server"] == pytest.approx(r["queue"] + r["compute"]) and r["compute"] >= r["decode"] > 0
+               for r in runs)
     profile(b, view, pixels, pixels[:1])
     assert b.host_local_s == pytest.approx(float(np.median(b.encoded)))  # the runs price the next cell

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.artifacts import Pattern
 from qpart.profiles.devices import DeviceProfile, get_device
 from qpart.profiles.errors import ProfileError
 from qpart.server.answers import TailAnswer
 from qpart.server.catalog import Catalog, LoadedModel
+from qpart.server.content import IDENTITY
+from qpart.server.decode_times import DecodeTimes
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
 from qpart.server.image_plans import ImagePlans
 from qpart.server.images import INPUT_PNG, ImageTimes
@@ -61,6 +64,7 @@ class ModelView:
     patterns: list[tuple[Pattern, SegmentEntry | None]]
     server_tail_s: list[float]
     answer_bytes: int
+    server_decode_s: dict[str, list[float]]  # per upload coding, per cut: a sample's decoding
 
 
 def _require_finite(candidates: list[Candidate]) -> None:
@@ -89,6 +93,7 @@ class Engine:
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)
         self.images = ImagePlans(settings)  # the input-image plans (ADR 0014, 0015)
+        self.decodes = DecodeTimes()  # what decoding uploaded packets takes (server.decode_times)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -140,6 +145,11 @@ class Engine:
         """Per cut, what a lone request's tail takes on this server now (:class:`TailPool`)."""
         return self.tails.tail_seconds(model)
 
+    def decode_seconds(self, model: LoadedModel) -> dict[str, list[float]]:
+        """Per upload coding (identity and each :class:`Coding`), per cut: what decoding one
+        sample's packet takes on this server lately (:mod:`server.decode_times`)."""
+        return self.decodes.prices(model.name, model.version, len(model.cuts), list(Coding))
+
     # ---- models and planning --------------------------------------------------------------
 
     def model_info(self, name: str, version: str | None,
@@ -147,7 +157,8 @@ class Engine:
         """Every pattern of a model version with its segment in ``runtime``'s form."""
         model = self.catalog.get(name, version)
         patterns = [(p, self.segments.for_pattern(model, p, runtime)) for p in model.artifact.patterns]
-        return ModelView(model, patterns, self.tails.tail_seconds(model), self.tails.answer_bytes(model))
+        return ModelView(model, patterns, self.tails.tail_seconds(model), self.tails.answer_bytes(model),
+                         self.decode_seconds(model))
 
     def _device(self, req: PlanRequest) -> DeviceProfile:
         if isinstance(req.device, DeviceProfile):
@@ -169,6 +180,7 @@ class Engine:
                             upload_rate_bps=req.upload_rate_bps)
         candidates = []
         tail_s = self.tails.tail_seconds(model)
+        decode_s = self.decode_seconds(model)
         answer = self.tails.answer_bytes(model)
         segments: dict[str, SegmentEntry | None] = {}
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
@@ -177,7 +189,8 @@ class Engine:
             # Raw and compressed uploads are separate candidates: the cheaper one may miss a
             # deadline the other meets (compressing can save energy and cost time).
             tail = tail_s[pattern.cut]
-            options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer)
+            decode = {coding: per_cut[pattern.cut] for coding, per_cut in decode_s.items()}
+            options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer, decode)
             candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
         images = self.images.candidates(model, req.input_image, req.accuracy_demand, req.batch, inputs,
                                         tail_s[0], answer)
@@ -209,11 +222,12 @@ class Engine:
         return packet_limit(self.settings, model, pattern)
 
     async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
-                         top_k: int = 5, decoded_s: float = 0.0) -> TailAnswer:
+                         top_k: int = 5, decoded_s: float = 0.0, coding: str = IDENTITY) -> TailAnswer:
         """Run the tail of a plan's cut on an uploaded activation packet. The seconds decoding
-        took, ``decoded_s`` (the body's Content-Encoding, undone by the caller) plus the packet's
-        dequantization, are the answer's ``decode_s`` and part of its ``compute_s``, as an
-        input-image plan's decoding is (:meth:`infer_image`): server work, not transfer."""
+        took, ``decoded_s`` (the body's Content-Encoding ``coding``, undone by the caller) plus the
+        packet's dequantization, are the answer's ``decode_s`` and part of its ``compute_s``, as an
+        input-image plan's decoding is (:meth:`infer_image`): server work, not transfer. Plans
+        price it by what served packets took (:mod:`server.decode_times`)."""
         model, pattern = self.pattern_of(name, version, pattern_id)
         started = time.perf_counter()
         if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop
@@ -221,6 +235,7 @@ class Engine:
         else:  # a large batch: keep the event loop free while it dequantizes
             x = await asyncio.to_thread(decode_activation, self.settings, model, pattern, packet)
         decode_s = decoded_s + time.perf_counter() - started
+        self.decodes.observe(name, version, pattern.cut, coding, decode_s, int(x.shape[0]))
         rows, queue_s, compute_s = await self.tails.run(model, pattern.cut, x)
         if not rows.finite.all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "

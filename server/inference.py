@@ -20,7 +20,7 @@ from qpart.models.image_codecs import parse_rung_id
 from qpart.server.answers import TailAnswer
 from qpart.server.catalog import LoadedModel
 from qpart.server.classification import class_count, classify
-from qpart.server.content import content_coding, decode_content, identity_only
+from qpart.server.content import IDENTITY, content_coding, decode_content, identity_only
 from qpart.server.engine import Engine
 from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMediaTypeError
 from qpart.server.images import CONTENT_TYPE, INPUT_PNG
@@ -128,12 +128,13 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
         raise UnsupportedMediaTypeError(f"pattern '{pattern_id[:64]}' takes an activation packet "
                                         "(application/octet-stream); an image goes to an input-image "
                                         f"plan's URL (pattern '{INPUT_PNG}' or 'input-webp@<quality>')")
-    started = time.perf_counter()
+    started, coding = time.perf_counter(), IDENTITY
     if content_encoding:  # unknown model or pattern: 404 before the coding is looked at
         loaded, pattern = engine.pattern_of(model, version, pattern_id)
-        body = decode_content(body, content_coding(content_encoding), engine.packet_limit(loaded, pattern))
+        coding = content_coding(content_encoding)
+        body = decode_content(body, coding, engine.packet_limit(loaded, pattern))
     answer = await engine.infer_tail(model, version, pattern_id, body, top_k,
-                                     decoded_s=time.perf_counter() - started)
+                                     decoded_s=time.perf_counter() - started, coding=coding)
     return _timed(answer)
 
 

@@ -8,6 +8,7 @@ enumeration of cuts × levels no looser than the demand, each priced with the re
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from qpart.kernels.coding import Coding
@@ -89,13 +90,16 @@ def coding_seconds(artifact: CalibrationArtifact, pattern: Pattern, device: Devi
 
 def price_options(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
                   segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
-                  answer_bytes: int = 0) -> list[CostBreakdown]:
+                  answer_bytes: int = 0, decode_s: Mapping[str, float] | None = None) -> list[CostBreakdown]:
     """The pattern priced with its activation sent as is, and also in each coding the device offers
     (``inputs.upload_codings``: deflate, zstd) for which the calibration measured how far this
     cut's packets at these bits shrink (``CutProfile.coding_ratio``, below 1) and the device's
     profile says how long compressing takes (``MeasuredHeads.coding_s``). See
-    :func:`price_upload`."""
-    options = [price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes)]
+    :func:`price_upload`. ``decode_s``: per coding (``identity`` for a body sent as is), the server's
+    seconds decoding one sample's packet (:mod:`server.decode_times`); a coding it lacks costs 0."""
+    decode = decode_s or {}
+    options = [price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
+                            decode_s=decode.get("identity", 0.0))]
     if pattern.cut == len(artifact.cuts) - 1:
         return options
     for coding in sorted(inputs.upload_codings):
@@ -103,28 +107,31 @@ def price_options(artifact: CalibrationArtifact, pattern: Pattern, segment_id: s
         t_code = coding_seconds(artifact, pattern, inputs.device, coding)
         if ratio is not None and ratio < 1 and t_code is not None:
             options.append(price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s,
-                                        answer_bytes, ratio=ratio, extra_local_s=t_code, coding=coding))
+                                        answer_bytes, ratio=ratio, extra_local_s=t_code, coding=coding,
+                                        decode_s=decode.get(coding, 0.0)))
     return options
 
 
 def price(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
           segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
-          answer_bytes: int = 0) -> CostBreakdown:
+          answer_bytes: int = 0, decode_s: Mapping[str, float] | None = None) -> CostBreakdown:
     """The cheaper (by objective) of :func:`price_options`."""
-    return min(price_options(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes),
-               key=lambda c: c.objective)
+    return min(price_options(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
+                             decode_s), key=lambda c: c.objective)
 
 
 def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: str | None,
                  segment_bytes: int, inputs: PlanInputs, tail_s: float | None = None,
                  answer_bytes: int = 0, *, ratio: float | None = None,
-                 extra_local_s: float = 0.0, coding: Coding | None = None) -> CostBreakdown:
+                 extra_local_s: float = 0.0, coding: Coding | None = None,
+                 decode_s: float = 0.0) -> CostBreakdown:
     """Predicted time, energy, server cost and objective of one pattern for one request.
 
     ``tail_s`` is the tail's batch-1 time on the serving machine (default: the artifact's figure,
     measured where the calibration ran); ``answer_bytes`` the size of the tail's answer per
-    sample. Each HTTP exchange (segment download, activation upload) costs one round trip and
-    :data:`HTTP_EXCHANGE_BYTES` of headers and framing.
+    sample; ``decode_s`` the server's time decoding one sample's packet (its coding undone,
+    dequantized), server time beside the tail. Each HTTP exchange (segment download, activation
+    upload) costs one round trip and :data:`HTTP_EXCHANGE_BYTES` of headers and framing.
 
     The activation's upload time counts only past ``inputs.upload_overlap_s``: the server parses a
     request's headers and dispatches it while the body is still on the wire, work the round trip
@@ -154,7 +161,7 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     t_body = body * 8 / (inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps)
     t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
               + exchanges * inputs.rtt_s)
-    t_server = 0.0 if last else (cut.server_tail_s if tail_s is None else tail_s) * inputs.batch
+    t_server = 0.0 if last else ((cut.server_tail_s if tail_s is None else tail_s) + decode_s) * inputs.batch
     e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)
     e_tran = inputs.device.power_tx_w * t_tran
     cost = inputs.price_per_second * t_server

@@ -76,4 +76,5 @@ def model_info_response(view: ModelView, links: Links) -> ModelInfo:
         for p, entry in view.patterns]
     levels = sorted({p.level for p in model.artifact.patterns})
     return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
-                     server_tail_s=view.server_tail_s, answer_bytes=view.answer_bytes, patterns=patterns)
+                     server_tail_s=view.server_tail_s, server_decode_s=view.server_decode_s,
+                     answer_bytes=view.answer_bytes, patterns=patterns)

@@ -240,7 +240,13 @@ class ModelInfo(_Strict):
     cuts: int
     levels: list[float]
     server_tail_s: list[float] = Field(
-        description="Per cut, the tail's batch-1 seconds measured on this server at start-up.")
+        description="Per cut, what a lone request's tail takes on this server now: its batch-1 time "
+                    "measured at start-up, corrected by what lone requests waited and took lately.")
+    server_decode_s: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="Per upload coding (identity, deflate, zstd), per cut: what decoding one sample's "
+                    "activation packet (coding undone, codes dequantized) took served requests lately; "
+                    "plans price it as server time beside the tail.")
     answer_bytes: int = Field(description="Bytes of a tail answer for one sample (JSON, top 5).")
     patterns: list[PatternInfo]
 

@@ -56,7 +56,7 @@ def _predict(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -> dict[st
     seg = p["segment"]
     pattern = model.pattern(p["pattern_id"])
     costs = price(model.artifact, pattern, seg["id"] if seg else None, seg["size_bytes"] if seg else 0,
-                  inputs, model.tail_s[pattern.cut], model.answer_bytes)
+                  inputs, model.tail_s[pattern.cut], model.answer_bytes, model.decode_at(pattern.cut))
     return costs.model_dump()
 
 
@@ -101,7 +101,7 @@ def _transfer_as_sent(model: ModelView, p: dict[str, Any], inputs: PlanInputs) -
     pattern = model.pattern(p["pattern_id"])
     options = price_options(model.artifact, pattern, seg["id"] if seg else None,
                             seg["size_bytes"] if seg else 0, inputs, model.tail_s[pattern.cut],
-                            model.answer_bytes)
+                            model.answer_bytes, model.decode_at(pattern.cut))
     sent = p.get("upload_encoding", "identity")
     return next(o for o in options if o.upload_encoding == sent).time_s.transfer
 

@@ -59,7 +59,8 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
     info = client.get(f"{url}/v1/models/{name}", params={"runtime": runtime.value}).json()
     torch.set_num_threads(1)
     view = ModelView(name, info["version"], info["cuts"], info["server_tail_s"], info["patterns"],
-                     load_artifact(artifacts / name), [], [], info["answer_bytes"], runtime=runtime)
+                     load_artifact(artifacts / name), [], [], info["answer_bytes"], runtime=runtime,
+                     decode_s=info["server_decode_s"])
     if runtime is HeadRuntime.ONNX:
         lossless = {p["cut"]: p for p in info["patterns"] if p["level"] == 0}
         view.onnx_heads = [OrtHead(client.get(url + lossless[k]["segment"]["url"]).content)

@@ -171,7 +171,8 @@ def run_sitting(client: httpx.Client, url: str, model: ModelView, device: Device
     (in preset order, cold before warm), the exchange overhead the sitting's traffic implies, and
     what it downloaded."""
     # The server prices tails with what recent requests took: the same figures price the rest.
-    model.tail_s = client.get(f"{url}/v1/models/{model.name}").json()["server_tail_s"]
+    info = client.get(f"{url}/v1/models/{model.name}").json()
+    model.tail_s, model.decode_s = info["server_tail_s"], info["server_decode_s"]
     image = image_offer(baselines, model, pixels, images, ratio)
     started = time.perf_counter()
     downloads = Downloads(client, url, model, link)

@@ -15,7 +15,7 @@ from qpart.models.data import Split, load_split
 from qpart.models.registry import get_model
 from qpart.server.app import create_app
 from qpart.server.settings import ServerSettings
-from tests.server.conftest import make_client
+from tests.server.conftest import make_client, slow_decoding
 
 
 def _plan(client, **changes):
@@ -382,19 +382,9 @@ def test_a_packets_decoding_is_server_time_and_named_in_server_timing(cnn_only, 
     """Undoing the Content-Encoding and dequantizing the packet are server work: in compute_s and in
     ``Server-Timing: decode``, as an input-image plan's decoding is, so that a client that counts
     the rest of its round trip as transfer counts no server work there."""
-    import time
-
     from qpart.kernels.coding import zstd_compress
-    from qpart.server import engine, inference
 
-    def slow(real, seconds):
-        def wrapped(*args, **kwargs):
-            time.sleep(seconds)
-            return real(*args, **kwargs)
-        return wrapped
-
-    monkeypatch.setattr(inference, "decode_content", slow(inference.decode_content, 0.03))
-    monkeypatch.setattr(engine, "decode_activation", slow(engine.decode_activation, 0.02))
+    slow_decoding(monkeypatch, 0.03, 0.02)
     with make_client(cnn_only, inference_fast_path=fast_path) as c:
         plan = _plan(c, rate_bps=1e6)
         packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))

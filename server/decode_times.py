@@ -4,36 +4,46 @@ its codes dequantized, per sample, by model version, cut and coding.
 That work is server time (answers count it in ``compute_s``), so a packet plan is priced with it
 beside the tail's. A timing loop says 30-40 us for a cut-0 packet here; served requests, which
 find the caches cold after the device's own work, took 0.18-0.25 ms (a quick ``bench.e2e`` grid's
-medians, ``Server-Timing: decode``), 12-16% of fmnist-cnn's 1.5 ms cut-0 tail. So, as the image
-plans' decoding is (:class:`server.images.ImageTimes`), the price is what served requests took:
-the median of the last :data:`WINDOW` samples of a (cut, coding) once there are :data:`LEAST`, else
-the median of the model version's last :data:`WINDOW` samples of any cut and coding, else 0 (the
-first requests teach it). Each sample is counted at most :data:`MAX_SAMPLE_S`, so that one stall
-cannot price a coding out.
+medians, ``Server-Timing: decode``), 12-17% of fmnist-cnn's 1.5 ms cut-0 tail. So, as the image
+plans' decoding is (:class:`server.images.ImageTimes`), the price is what lone requests (one
+sample each, as a device sends) took: the median of the last :data:`WINDOW` samples of a (cut,
+coding) once there are :data:`LEAST` and while its newest is at most :data:`STALE_AFTER_S` old,
+else the median of the model version's last :data:`WINDOW` samples of any cut and coding, else 0
+(the first requests teach it). The lapse is there for a price set too high (a few stalls): the
+planner stops choosing that cut and coding, so no new sample would correct it; a (cut, coding)'s
+first sample after a lapse starts its window afresh, as the tails' own prices do
+(:mod:`server.tail_times`). Batches of several samples decode at another per-sample cost and are
+not counted.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from qpart.server.content import IDENTITY
 
 WINDOW = 9
 LEAST = 3
-MAX_SAMPLE_S = 0.01  # a sample's most (ten times the slowest decoding the grid saw per sample)
+STALE_AFTER_S = 300.0  # a (cut, coding)'s own price lapses this long after its newest sample
+MAX_SAMPLE_S = 0.01  # a sample counts at most this (served cut-0 packets took 0.18-0.27 ms here)
 
 
 @dataclass
 class _Model:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     own: dict[tuple[int, str], deque[float]] = field(default_factory=dict)
+    last: dict[tuple[int, str], float] = field(default_factory=dict)  # the clock at each key's newest
 
-    def price(self, cut: int, coding: str) -> float:
+    def fresh(self, key: tuple[int, str], now: float) -> bool:
+        return key in self.last and now - self.last[key] <= STALE_AFTER_S
+
+    def price(self, cut: int, coding: str, now: float) -> float:
         seen = self.own.get((cut, coding))
-        if seen is not None and len(seen) >= LEAST:
+        if seen is not None and len(seen) >= LEAST and self.fresh((cut, coding), now):
             return statistics.median(seen)
         return statistics.median(self.recent) if len(self.recent) >= LEAST else 0.0
 
@@ -42,23 +52,28 @@ class _Model:
 class DecodeTimes:
     """Per model version: the served packets' decoding seconds per sample, by cut and coding."""
 
+    clock: Callable[[], float] = time.monotonic  # seconds; a (cut, coding)'s own price lapses by it
     _models: dict[tuple[str, str], _Model] = field(default_factory=dict)
 
     def observe(self, name: str, version: str, cut: int, coding: str, seconds: float, samples: int) -> None:
         """A served packet of ``samples`` samples at ``cut``, sent in ``coding``, took ``seconds``
-        to decode."""
-        if samples < 1:
+        to decode; only lone samples count."""
+        if samples != 1:
             return
         entry = self._models.setdefault((name, version), _Model())
-        each = min(MAX_SAMPLE_S, max(0.0, seconds / samples))
+        each, key, now = min(MAX_SAMPLE_S, max(0.0, seconds)), (cut, coding), self.clock()
+        own = entry.own.setdefault(key, deque(maxlen=WINDOW))
+        if not entry.fresh(key, now):
+            own.clear()  # lapsed (or new): its old samples price it no more
+        own.append(each)
+        entry.last[key] = now
         entry.recent.append(each)
-        entry.own.setdefault((cut, coding), deque(maxlen=WINDOW)).append(each)
 
     def seconds(self, name: str, version: str, cuts: int, coding: str = IDENTITY) -> list[float]:
         """Per cut of the model version's ``cuts``, the decoding price of one sample sent in
         ``coding`` (all 0 before any sample; the last cut, which uploads nothing, is 0)."""
-        entry = self._models.get((name, version), _Model())
-        return [entry.price(cut, coding) if cut < cuts - 1 else 0.0 for cut in range(cuts)]
+        entry, now = self._models.get((name, version), _Model()), self.clock()
+        return [entry.price(cut, coding, now) if cut < cuts - 1 else 0.0 for cut in range(cuts)]
 
     def prices(self, name: str, version: str, cuts: int, codings: Iterable[str]) -> dict[str, list[float]]:
         """:meth:`seconds` for identity and each of ``codings``, keyed by coding."""

@@ -241,12 +241,14 @@ class ModelInfo(_Strict):
     levels: list[float]
     server_tail_s: list[float] = Field(
         description="Per cut, what a lone request's tail takes on this server now: its batch-1 time "
-                    "measured at start-up, corrected by what lone requests waited and took lately.")
+                    "measured at start-up, corrected by what lone requests took lately.")
     server_decode_s: dict[str, list[float]] = Field(
         default_factory=dict,
         description="Per upload coding (identity, deflate, zstd), per cut: what decoding one sample's "
-                    "activation packet (coding undone, codes dequantized) took served requests lately; "
-                    "plans price it as server time beside the tail.")
+                    "activation packet (coding undone, codes dequantized) takes on this server: the "
+                    "median of the last 9 lone packets of that cut and coding once there are 3 (and the "
+                    "newest is at most 5 minutes old), else of the last 9 of any, else 0; the last cut, "
+                    "which uploads nothing, is 0. Plans price it as server time beside the tail.")
     answer_bytes: int = Field(description="Bytes of a tail answer for one sample (JSON, top 5).")
     patterns: list[PatternInfo]
 

@@ -129,7 +129,7 @@ class TailPool:
         """Per cut, what a lone request's tail takes on this server now: the batch-1 times measured
         at start-up through the worker pool, plus what lone requests took beyond them lately
         (:mod:`server.tail_times`). The artifact's figures (measured where the calibration ran)
-        stand in before warm-up. A lone request's wait for the worker counts: its device waits too."""
+        stand in before warm-up. Prices use compute only, not queueing."""
         live = self.tail_times.seconds(model.name, model.version)
         return live if live is not None else [c.server_tail_s for c in model.artifact.cuts]
 
@@ -164,10 +164,7 @@ class TailPool:
 
     def _record_batch(self, report: BatchReport[TailKey]) -> None:
         model, version, cut = report.key.model, report.key.version, report.key.cut
-        # a lone request's price is its wait for the worker too (the collector's and the thread's
-        # hand-over, 0.03 ms here), as the device waits it: the answer's queue_s
-        lone = report.queue_s[0] if report.size == 1 and report.queue_s else 0.0
-        self.tail_times.observe(model, version, cut, report.size, report.compute_s + lone)
+        self.tail_times.observe(model, version, cut, report.size, report.compute_s)
         # What plans price these samples at (batch-1 time each) against what they took: every
         # sample the tail ran, including v2 full-model requests (which share cut 0's batches) and
         # requests that then failed (non-finite logits) or whose client had gone.

@@ -23,8 +23,8 @@ BOOTSTRAP_DRAWS = 10_000
 SIGNIFICANT_LOSS = 0.05
 _MEDIANED = ("predicted_J", "predicted_time_s", "predicted_local_s", "predicted_transfer_s",
              "predicted_server_s", "measured_J", "measured_time_s", "measured_local_s", "measured_transfer_s",
-             "measured_round_trip_s", "measured_server_s", "measured_upload_bytes", "transfer_bytes",
-             "download_s")
+             "measured_round_trip_s", "measured_server_s", "measured_queue_s", "measured_compute_s",
+             "measured_decode_s", "measured_upload_bytes", "transfer_bytes", "download_s")
 
 
 def bootstrap_ratio(num: list[float], den: list[float], draws: int = BOOTSTRAP_DRAWS,

@@ -38,6 +38,16 @@ def test_a_cell_is_the_median_of_its_repetitions_and_its_best_keeps_the_demand()
     assert cell["reps"] == 15 and len(cell["repetitions"]) == 3
 
 
+def test_a_cells_server_time_parts_are_medians_of_its_repetitions_too():
+    reps = [_rep({"qpart": 1.0}) for _ in range(3)]
+    parts = [(1e-4, 2e-3, 3e-4), (5e-4, 4e-3, 1e-4), (3e-4, 3e-3, 2e-4)]
+    for rep, (q, c, d) in zip(reps, parts, strict=True):
+        rep["strategies"]["qpart"].update(measured_queue_s=q, measured_compute_s=c, measured_decode_s=d)
+    merged = merge(reps)["strategies"]["qpart"]
+    assert (merged["measured_queue_s"], merged["measured_compute_s"], merged["measured_decode_s"]) == (
+        3e-4, 3e-3, 2e-4)  # not the last repetition's
+
+
 def test_a_loss_is_significant_only_when_every_resample_loses_more_than_5pct():
     steady = merge([_rep({"qpart": 1.2, "a": 1.0})] * 3)
     assert steady["significant_loss"] and steady["regret_ci95"] == pytest.approx([0.2, 0.2])

@@ -62,21 +62,6 @@ def test_lone_requests_reprice_the_tails(engine):
     assert engine.model_info("fmnist-cnn", None).server_tail_s == engine.tail_seconds(model)
 
 
-def test_a_lone_requests_wait_for_the_worker_is_part_of_its_price(engine):
-    """The device waits for the hand-over to the worker as for the compute (0.03 ms here)."""
-    model = engine.catalog.get("fmnist-cnn")
-    engine.warm_up()
-    profile = engine.tail_seconds(model)
-    key = TailKey(model.name, model.version, 0)
-    for _ in range(80):  # computed as profiled, after 0.3 ms in the queue
-        engine.tails._record_batch(BatchReport(key, 1, [0.0003], profile[0]))
-    assert engine.tail_seconds(model)[0] == pytest.approx(profile[0] + 0.0003, rel=1e-3)
-    for _ in range(80):  # a batch of two: its samples' waits leave the lone price alone
-        engine.tails._record_batch(BatchReport(key, 2, [0.004, 0.004], profile[0]))
-    assert engine.tail_seconds(model)[0] == pytest.approx(profile[0] + 0.0003, rel=1e-3)
-
-
-
 def _sample_count(metric, model: str) -> float:
     return sum(s.value for family in metric.collect() for s in family.samples
                if s.labels.get("model") == model and s.name.endswith("_total"))

@@ -3,14 +3,17 @@ its codes dequantized, per sample, by model version, cut and coding.
 
 That work is server time (answers count it in ``compute_s``), so a packet plan is priced with it
 beside the tail's. A timing loop says 30-40 us for a cut-0 packet here; served requests, which
-find the caches cold after the device's own work, took 0.18-0.25 ms (a quick ``bench.e2e`` grid's
-medians, ``Server-Timing: decode``), 12-17% of fmnist-cnn's 1.5 ms cut-0 tail. So, as the image
-plans' decoding is (:class:`server.images.ImageTimes`), the price is what lone requests (one
-sample each, as a device sends) took: the median of the last :data:`WINDOW` samples of a (cut,
-coding) once there are :data:`LEAST` and while its newest is at most :data:`STALE_AFTER_S` old,
-else the median of the model version's last :data:`WINDOW` samples of any cut and coding, else 0
-(the first requests teach it). The lapse is there for a price set too high (a few stalls): the
-planner stops choosing that cut and coding, so no new sample would correct it; a (cut, coding)'s
+find the caches cold after the device's own work, took 0.18-0.27 ms (fmnist-cnn and
+fmnist-mobilenet; the medians of ``Server-Timing: decode`` in a quick ``bench.e2e`` grid, not
+committed), 12-16% of fmnist-cnn's cut-0 tail price in that grid (1.51 ms). So, as the image
+plans' decoding is priced from served images (:class:`server.images.ImageTimes`), the price is
+what lone requests (one sample each, as a device sends) took: the median of the last
+:data:`WINDOW` samples of a (cut, coding) once there are :data:`LEAST` and while its newest is at
+most :data:`STALE_AFTER_S` old, else the median of the model version's last :data:`WINDOW` samples
+of any cut and coding that are at most :data:`STALE_AFTER_S` old (at least :data:`LEAST` of them),
+else 0 (the first requests teach it). The lapse is there for a price set too high (a few stalls):
+the planner stops choosing that cut and coding, so no new sample would correct it (and where it
+stops choosing packets at all, none would correct the pooled price either); a (cut, coding)'s
 first sample after a lapse starts its window afresh, as the tails' own prices do
 (:mod:`server.tail_times`). Batches of several samples decode at another per-sample cost and are
 not counted.
@@ -34,7 +37,7 @@ MAX_SAMPLE_S = 0.01  # a sample counts at most this (served cut-0 packets took 0
 
 @dataclass
 class _Model:
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))  # (clock, s)
     own: dict[tuple[int, str], deque[float]] = field(default_factory=dict)
     last: dict[tuple[int, str], float] = field(default_factory=dict)  # the clock at each key's newest
 
@@ -45,7 +48,8 @@ class _Model:
         seen = self.own.get((cut, coding))
         if seen is not None and len(seen) >= LEAST and self.fresh((cut, coding), now):
             return statistics.median(seen)
-        return statistics.median(self.recent) if len(self.recent) >= LEAST else 0.0
+        pooled = [s for t, s in self.recent if now - t <= STALE_AFTER_S]
+        return statistics.median(pooled) if len(pooled) >= LEAST else 0.0
 
 
 @dataclass
@@ -67,7 +71,7 @@ class DecodeTimes:
             own.clear()  # lapsed (or new): its old samples price it no more
         own.append(each)
         entry.last[key] = now
-        entry.recent.append(each)
+        entry.recent.append((now, each))
 
     def seconds(self, name: str, version: str, cuts: int, coding: str = IDENTITY) -> list[float]:
         """Per cut of the model version's ``cuts``, the decoding price of one sample sent in

@@ -247,8 +247,9 @@ class ModelInfo(_Strict):
         description="Per upload coding (identity, deflate, zstd), per cut: what decoding one sample's "
                     "activation packet (coding undone, codes dequantized) takes on this server: the "
                     "median of the last 9 lone packets of that cut and coding once there are 3 (and the "
-                    "newest is at most 5 minutes old), else of the last 9 of any, else 0; the last cut, "
-                    "which uploads nothing, is 0. Plans price it as server time beside the tail.")
+                    "newest is at most 5 minutes old), else of the last 9 of any cut and coding that are "
+                    "at most 5 minutes old (if 3 are), else 0; the last cut, which uploads nothing, is 0. "
+                    "Plans price it as server time beside the tail.")
     answer_bytes: int = Field(description="Bytes of a tail answer for one sample (JSON, top 5).")
     patterns: list[PatternInfo]
 

@@ -40,7 +40,7 @@ def test_a_cell_is_the_median_of_its_repetitions_and_its_best_keeps_the_demand()
 
 def test_a_cells_server_time_parts_are_medians_of_its_repetitions_too():
     reps = [_rep({"qpart": 1.0}) for _ in range(3)]
-    parts = [(1e-4, 2e-3, 3e-4), (5e-4, 4e-3, 1e-4), (3e-4, 3e-3, 2e-4)]
+    parts = [(3e-4, 3e-3, 2e-4), (5e-4, 4e-3, 1e-4), (1e-4, 2e-3, 3e-4)]  # the last is no median
     for rep, (q, c, d) in zip(reps, parts, strict=True):
         rep["strategies"]["qpart"].update(measured_queue_s=q, measured_compute_s=c, measured_decode_s=d)
     merged = merge(reps)["strategies"]["qpart"]

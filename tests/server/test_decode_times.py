@@ -59,6 +59,20 @@ def test_a_price_set_too_high_lapses_to_the_pooled_one_and_restarts_its_window()
     assert times.seconds("m", "1", 3)[0] == 3e-4
 
 
+def test_the_pooled_price_forgets_samples_older_than_the_lapse():
+    """Stalls on a young server set the pooled price too; if the planner then sends no packet at
+    all, no newer sample would push them out, so they expire as a (cut, coding)'s own do."""
+    now = [0.0]
+    times = DecodeTimes(clock=lambda: now[0])
+    for _ in range(LEAST):
+        times.observe("m", "1", 0, "identity", 1.0, 1)
+    assert times.seconds("m", "1", 3, "zstd") == [MAX_SAMPLE_S, MAX_SAMPLE_S, 0.0]  # pooled
+    now[0] = STALE_AFTER_S
+    assert times.seconds("m", "1", 3, "zstd")[1] == MAX_SAMPLE_S  # not yet
+    now[0] = STALE_AFTER_S + 1.0
+    assert times.seconds("m", "1", 3) == [0.0] * 3 and times.seconds("m", "1", 3, "zstd") == [0.0] * 3
+
+
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "router"])
 def test_served_packets_decoding_prices_the_plans(cnn_only, monkeypatch, fast_path):
     """A server whose packets take 2 ms longer to dequantize and 3 ms longer to undo zstd

@@ -161,6 +161,30 @@ def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper
                                                           600)] == ["identity", "deflate"]
 
 
+def test_each_option_is_charged_its_own_codings_server_decoding_per_sample(artifact):
+    """ADR 0017: the server's decoding of the upload's coding is server time beside the tail, per
+    sample; a coding the server has no figure for costs 0; the last cut uploads nothing."""
+    from qpart.server.planner import price_options
+
+    p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
+    _, make = _deflating(1e6)
+    decode = {"identity": 2e-4, "deflate": 5e-4, "zstd": 9e-4}
+    for batch in (1, 3):
+        inputs = replace(make(artifact), batch=batch)
+        raw, deflated = price_options(artifact, p, None, 0, inputs, 0.001, 600, decode)
+        bare_raw, bare_deflated = price_options(artifact, p, None, 0, inputs, 0.001, 600)
+        assert (raw.upload_encoding, deflated.upload_encoding) == ("identity", "deflate")
+        assert raw.time_s.server == pytest.approx((0.001 + 2e-4) * batch)
+        assert deflated.time_s.server == pytest.approx((0.001 + 5e-4) * batch)
+        assert bare_raw.time_s.server == bare_deflated.time_s.server == pytest.approx(0.001 * batch)
+        assert raw.server_cost == pytest.approx(raw.time_s.server)  # price_per_second 1
+        assert raw.objective > bare_raw.objective and deflated.objective > bare_deflated.objective
+    only_raw = price_options(artifact, p, None, 0, make(artifact), 0.001, 600, {"identity": 2e-4})
+    assert only_raw[1].time_s.server == pytest.approx(0.001)  # no deflate figure: 0
+    last = next(p for p in artifact.patterns if p.cut == len(artifact.cuts) - 1)
+    assert price_options(artifact, last, "s", 100, make(artifact), 0.0, 600, decode)[0].time_s.server == 0.0
+
+
 def test_a_fast_link_or_a_slow_deflate_sends_the_packet_as_is(artifact):
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
     _, fast = _deflating(1e9)

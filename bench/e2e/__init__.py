@@ -21,10 +21,7 @@ link itself (:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) 
 which an upload body's bytes cost time (``upload_rate_bps``, ADR 0006). Its plan request carries
 the fit of the medians of its last three probes at this rate and model (:data:`PROBE_WINDOW`),
 except that the overhead is the median of that fit and what the last two cells' own exchanges
-implied (:func:`implied_rtt`, :func:`bench.exchange.overhead`). The probe's requests come nearly
-back to back at high rates and would leave the server's cut-0 prices those of a warm server, so 9
-more lone cut-0 requests follow, each after the device's own work as in a round
-(:func:`bench.e2e.probes.prime_prices`; ``--no-prime`` leaves them out).
+implied (:func:`implied_rtt`, :func:`bench.exchange.overhead`).
 
 Strategies per cell (model, device, rate, weight preset, cache state):
 
@@ -239,10 +236,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-spin", dest="spin", action="store_false",
                         help="let the cores halt when idle (default: a SCHED_IDLE busy loop per core keeps "
                              "them awake, so a wake-up is not the hypervisor's; bench.spin)")
-    parser.add_argument("--no-prime", dest="prime", action="store_false",
-                        help="plan each sitting with the prices its link probe's burst left (default: "
-                             "9 lone cut-0 requests after the probe, each after the device's work, set "
-                             "them first; bench.e2e.probes.prime_prices)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     parser.add_argument("--autoencoders", type=Path, default=AUTOENCODERS,
                         help="bench.autoencoder's trained baselines (default: the committed ones)")

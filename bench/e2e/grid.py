@@ -37,7 +37,7 @@ from bench.e2e.config import (
 )
 from bench.e2e.device import Link, ModelView, OrtHead, device_profile, host_flops_per_s, reprofile
 from bench.e2e.gating import gated_summary, sitting_cells
-from bench.e2e.probes import fit_link, measure_link, prime_prices, probe_exchange, probe_rtt
+from bench.e2e.probes import fit_link, measure_link, probe_exchange, probe_rtt
 from bench.e2e.repetitions import merge
 from bench.e2e.sitting import run_sitting
 from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
@@ -78,7 +78,7 @@ def _measure_sitting(*, client: httpx.Client, url: str, model: ModelView, device
                      presets: tuple[str, ...], link: Link, images: np.ndarray, pixels: np.ndarray,
                      baselines: list[Baseline], reps: tuple[int, int, float], clock: ReferenceClock,
                      probes: deque[ExchangeProbe], probe_rng: random.Random, repetition: int,
-                     implied: deque[float], prime: bool = True) -> dict[str, Any]:
+                     implied: deque[float]) -> dict[str, Any]:
     """One sitting (:mod:`bench.e2e.sitting`): its cells' records under ``"cells"``, with the CPU
     steal it ran under, the overhead its traffic implied and the segments it downloaded."""
     # Before every sitting, one clock for prediction and measurement: host head times (an all-device
@@ -92,8 +92,6 @@ def _measure_sitting(*, client: httpx.Client, url: str, model: ModelView, device
     probes.append(probe_exchange(client, url, model, images[:1], link, probe_rng))
     fitted, link.upload_rate_bps = fit_link(model, link, probes)
     link.rtt_s = overhead(fitted, implied)
-    if prime:  # the prices the sitting plans with, from requests as the rounds send them
-        prime_prices(client, url, model, images[:1], link, clock.seconds)
     probed = time.perf_counter()
     records, implied_s, got = run_sitting(client, url, model, profile, ratios[model.name], presets, link,
                                           images, pixels, baselines, reps, clock, repetition)
@@ -159,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             _measure_sitting, client=client, url=url, link=link, images=images[model.name],
                             pixels=pixels, baselines=baselines[model.name],
                             reps=(args.reps, args.max_reps, args.cell_seconds), clock=clock,
-                            probe_rng=probe_rng, prime=args.prime)
+                            probe_rng=probe_rng)
                         cells += _model_cells(args, measure, client, url, by_runtime, link,
                                               images[model.name], probe_rng)
         finally:
@@ -169,7 +167,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"cells": cells, "summary": gated_summary(cells, args.steal_gate), "demand": DEMAND,
             "reps": {"least": args.reps, "most": args.max_reps, "cell_seconds": args.cell_seconds},
             "repetitions": args.repetitions, "quick": args.quick, "idle_spinners": args.spin,
-            "primed_prices": args.prime,
             "runtimes": {d: device_runtime(d).value for d in devices},
             "host_flops_per_s": {v.name: host_flops_per_s(v) for by in views for v in by.values()
                                  if v.runtime is HeadRuntime.TORCH}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import httpx
 import numpy as np
@@ -19,7 +19,6 @@ from qpart.client.runtime import encode_for_plan
 from qpart.profiles.devices import get_device
 from qpart.server.planner import PlanInputs
 from qpart.server.schemas import PRESETS, WeightPreset
-from qpart.server.tail_times import CUT_WINDOW
 
 
 def measure_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, idle_s: float) -> float:
@@ -88,29 +87,6 @@ def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.n
             rests[i].append(elapsed - float(answer["queue_s"]) - float(answer["compute_s"]))
     small, large = (model.pattern(p["pattern_id"]).activation_bytes * 8 / link.goodput_bps for p in pair)
     return probe_medians(rests[0], rests[1], small, large)
-
-
-def prime_prices(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, link: Link,
-                 work: Callable[[], object], requests: int = CUT_WINDOW) -> None:
-    """After the link probe, ``requests`` lone cut-0 uploads (the fewest bits, sent as is), each
-    after ``work`` (the device's own compute, as a round runs it between requests) and
-    :meth:`ShapedLink.quiet`, answers unused.
-
-    The server prices cut 0's tail and a packet's decoding by its last lone requests
-    (:mod:`server.tail_times`, :mod:`server.decode_times`), and the sitting plans right after the
-    probe, whose 42 requests come nearly back to back at high rates and find the server warm. In
-    the full grid at 79ce700 the cut-0 server price so read was 0.19 to 0.61 ms below what the
-    rounds measured at 100 Mbit/s (median per model, cold ``all-server`` cells), and within
-    0.04 ms at 1 Mbit/s, where each probe request waits for its upload
-    (``bench/results/server-price-79ce700.json``). These requests come as the rounds' do, so the
-    prices the sitting plans with are those of a device's requests, not of the probe's burst.
-    """
-    p = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
-    packet = encode_for_plan(image, PacketFormat.model_validate(p))
-    for _ in range(requests):
-        work()
-        link.wire.quiet()
-        client.post(url + p["infer_url"], content=packet).raise_for_status()
 
 
 def fit_link(model: ModelView, link: Link, probes: Sequence[ExchangeProbe]) -> tuple[float, float]:

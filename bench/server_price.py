@@ -20,6 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
+
 PARTS = ("queue", "compute", "decode")
 
 
@@ -71,14 +73,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", default="all-server", help="the strategy of the by-rate figure")
     parser.add_argument("--cache", default="cold", choices=("cold", "warm"), help="its cache state")
     args = parser.parse_args(argv)
-    cells = json.loads(args.grid.read_text())["cells"]
-    doc = {"grid": str(args.grid), "overrun_ms": overrun_ms(cells), "parts_ms": parts_ms(cells),
+    grid = json.loads(args.grid.read_text())
+    cells = grid["cells"]
+    doc = {"grid": str(args.grid), "grid_provenance": grid.get("provenance"),
+           "overrun_ms": overrun_ms(cells), "parts_ms": parts_ms(cells),
            "price_error_by_rate_ms": price_error_by_rate_ms(cells, args.strategy, args.cache),
            "strategy": args.strategy, "cache": args.cache}
-    text = json.dumps(doc, indent=1)
     if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
+        write_json(args.json, doc)  # with this run's provenance
+    print(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

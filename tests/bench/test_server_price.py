@@ -32,6 +32,8 @@ def test_the_overrun_parts_and_price_error_by_rate(tmp_path):
                        "n": {"5": pytest.approx(1.0)}}
     assert price_error_by_rate_ms(cells, cache="warm") == {"m": {"100": pytest.approx(-0.2)}}
     grid, out = tmp_path / "grid.json", tmp_path / "out.json"
-    grid.write_text(json.dumps({"cells": cells}))
+    grid.write_text(json.dumps({"cells": cells, "provenance": {"commit": "abc"}}))
     main([str(grid), "--json", str(out)])
-    assert json.loads(out.read_text())["price_error_by_rate_ms"]["m"]["100"] == pytest.approx(-0.6)
+    written = json.loads(out.read_text())
+    assert written["price_error_by_rate_ms"]["m"]["100"] == pytest.approx(-0.6)
+    assert written["grid_provenance"] == {"commit": "abc"} and "commit" in written["provenance"]

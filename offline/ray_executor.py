@@ -11,13 +11,19 @@ factory's module) must be importable on every node: installed there, or sent wit
 
 A cut's levels are checkpointed when its task returns (locally: as each level ends). A cluster
 that goes away ends the job with :class:`~offline.errors.ExecutorError`; the cuts saved so far
-stay resumable.
+stay resumable. Ray itself fails a task already sent to a worker that died, but not one still
+waiting for a worker: with the cluster's GCS gone nothing ever answers for it, and after 60 s
+Ray's core worker ends the driver process with its own log line instead (seen once in CI on a
+loaded host). So while no task finishes, the job checks every :data:`_WAIT_S` that something
+still listens at the GCS's address (:func:`_check_gcs`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import socket
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,8 @@ from qpart.offline.patterns import CutRecord, Executor, Plan, Save, cut_patterns
 from qpart.offline.state import State, in_memory
 
 _WAIT_S = 1.0
+_CONNECT_S = 2.0  # one check of the GCS's port waits at most this
+_UNREACHABLE_S = 15.0  # a GCS that times out (not refuses) this long is gone
 _STATES: dict[str, State] = {}  # per Ray worker process: the job's state, built by its first task
 
 
@@ -45,6 +53,35 @@ def _task(job: str, context: dict[str, Any], cut: int, record: CutRecord | None)
         _STATES.clear()  # one job at a time per worker process
         _STATES[job] = state
     return cut, cut_patterns(state, cut, context["plan"], record, lambda c, r: None)
+
+
+def _check_gcs(address: str, unreachable_since: float | None) -> float | None:
+    """Connect to the GCS at ``address`` (``host:port``) and hang up. Refused: nothing listens,
+    the cluster is gone (:class:`ConnectionError`). Timed out or unreachable: perhaps only slow, so
+    gone only after :data:`_UNREACHABLE_S` of that. Returns when that began (None: reached). A
+    stopped (SIGSTOP) but living GCS still accepts the connection: load is no false alarm."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_S).close()
+    except ConnectionRefusedError as exc:
+        raise ConnectionError(f"nothing listens at the cluster's GCS address {address}") from exc
+    except OSError as exc:
+        since = time.monotonic() if unreachable_since is None else unreachable_since
+        if time.monotonic() - since > _UNREACHABLE_S:
+            raise ConnectionError(f"the cluster's GCS at {address} is unreachable") from exc
+        return since
+    return None
+
+
+def _drain(ray: Any, pending: list[Any], keep: Save, gcs: str) -> None:
+    """Keep each task's result as it comes; while none comes, check that the GCS is there."""
+    unreachable_since: float | None = None
+    while pending:
+        finished, pending = ray.wait(pending, num_returns=1, timeout=_WAIT_S)
+        for ref in finished:
+            keep(*ray.get(ref))
+        if not finished:
+            unreachable_since = _check_gcs(gcs, unreachable_since)
 
 
 NO_RAY = "--executor ray needs Ray: pip install 'qpart-serving[ray]'"
@@ -87,10 +124,7 @@ def ray_executor(address: str | None) -> Executor:
             task = ray.remote(num_cpus=threads, max_retries=0)(_task)
             job = ray.get_runtime_context().get_job_id()
             pending = [task.remote(job, context, cut, record) for cut, record in todo.items()]
-            while pending:
-                finished, pending = ray.wait(pending, num_returns=1, timeout=_WAIT_S)
-                for ref in finished:
-                    keep(*ray.get(ref))
+            _drain(ray, pending, keep, ray.get_runtime_context().gcs_address)
         except RayTaskError as exc:  # the task's own error, as the local pool would raise it
             cause = getattr(exc, "cause", None)
             if isinstance(cause, Exception):

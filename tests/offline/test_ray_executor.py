@@ -184,3 +184,28 @@ def test_without_ray_the_executor_is_refused_before_the_job_starts(monkeypatch):
                         lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(ExecutorError, match=r"--executor ray needs Ray: pip install 'qpart-serving\[ray\]'"):
         ray_executor(None)
+
+
+def test_the_gcs_check_tells_a_gone_cluster_from_a_slow_one(monkeypatch):
+    """Refused: gone at once. Listening (even if it never answers): there. Timing out: gone only
+    after the grace period."""
+    import socket
+
+    from qpart.offline import ray_executor as rx
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        host, port = listening.getsockname()
+        assert rx._check_gcs(f"{host}:{port}", None) is None  # a stopped GCS still accepts
+    with pytest.raises(ConnectionError, match="nothing listens"):
+        rx._check_gcs(f"{host}:{port}", None)  # closed: refused
+
+    def times_out(*args, **kwargs):
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(rx.socket, "create_connection", times_out)
+    since = rx._check_gcs("10.0.0.1:6379", None)
+    assert since is not None and rx._check_gcs("10.0.0.1:6379", since) == since
+    with pytest.raises(ConnectionError, match="unreachable"):
+        rx._check_gcs("10.0.0.1:6379", since - rx._UNREACHABLE_S - 1)

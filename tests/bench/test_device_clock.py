@@ -47,8 +47,29 @@ def test_rounds_scale_device_seconds_by_the_hosts_speed_in_that_round():
     # local seconds follow the reference; what crossed the link and the server's are as measured
     assert [r["local"] for r in runs["a"]] == [4e-3, 4e-3, 2e-3, 2e-3]
     assert all(r["round_trip"] == 1e-3 and r["server"] == 5e-4 for r in runs["b"])
-    # every pattern once per round, on the round's image (cycling through the images)
-    assert sorted(seen) == sorted((p, i) for p in "ab" for i in (0, 1, 2, 0))
+    # every pattern once per round, on the round's image; each image once before any again
+    rounds = [{i for _, i in seen[k : k + 2]} for k in range(0, len(seen), 2)]
+    assert all(len(r) == 1 for r in rounds)
+    assert all({p, q} == {"a", "b"} for (p, _), (q, _) in zip(seen[::2], seen[1::2], strict=True))
+    images = [r.pop() for r in rounds]
+    assert sorted(images[:3]) == [0, 1, 2] and images[3] == images[0]
+
+
+def test_rounds_draw_their_images_from_all_of_them_not_the_first_few():
+    def images_seen(seed: int) -> list[int]:
+        seen: list[int] = []
+
+        def once(pid: str, i: int) -> dict[str, float]:
+            seen.append(i)
+            return {"local": 0.0}
+
+        run_rounds(once, ["a"], 100, SlowingClock(), 1e-3, random.Random(seed), (5, 5, 0.0))
+        return seen
+
+    draws = [images_seen(seed) for seed in range(4)]
+    assert all(len(set(d)) == 5 for d in draws)  # no image twice while some are left
+    assert len({tuple(d) for d in draws}) == 4  # each repetition (its own rng) its own images
+    assert max(max(d) for d in draws) >= 50  # from the whole pool, not its head
 
 
 def test_rounds_stop_at_the_most_even_with_seconds_left():

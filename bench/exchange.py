@@ -42,7 +42,7 @@ TRAFFIC_WINDOW = 2  # sittings whose exchanges' implied overhead the next plan r
 class ExchangeProbe:
     """One probe, in seconds: median rest of the small exchange; median hidden part of the large
     body's extra wire time (may be negative: noise); that extra wire time; the small body's wire
-    time. Body wire times are the bodies' bytes as sent at the measured goodput."""
+    time. Body wire times are the cost model's (its activation bytes at the measured rate)."""
 
     small_rest_s: float
     hidden_s: float

@@ -77,17 +77,11 @@ def probe_uploads(model: ModelView, image: np.ndarray) -> tuple[ProbeUpload, Pro
     that packet most (``CutProfile.coding_ratio``; as is where none shrinks it).
 
     Sent as is, fmnist-mobilenet's float32 packet is 49 KB, ten times the largest body any of its
-    plans uploads (its coded float32, about 4 KB), so the fitted upload rate came from bodies no
-    plan sends. At 5 Mbit/s each such upload also took about 85 ms, the server idle but for
-    reading it, before that probe request's tail ran; the server prices a cut's tail by its last
-    lone requests (``server.tail_times``), which after a probe are the probe's. At 79ce700
-    fmnist-mobilenet's cut-0 tail was priced 0.2 to 0.9 ms (cell medians) over what the rounds
-    measured at 5 Mbit/s, but not at 1 Mbit/s, where the float32 upload took 430 ms: that link is
-    a working explanation, not a measured cause.
-
-    Coded, fmnist-cnn's two bodies differ by about 600 B, 0.05 ms at 100 Mbit/s, about the
-    exchange's hidden part there: the fit may then price its bodies as nearly free
-    (:data:`bench.exchange.MAX_RATE_FACTOR`), as ADR 0006 found such sizes to cost there.
+    plans uploads (its coded float32, about 4 KB): at 5 Mbit/s it held the server idle 79 ms
+    before each of the probe's tail requests, and the server prices a cut's tail by its last lone
+    requests (``server.tail_times``), here the probe's: at 79ce700 fmnist-mobilenet's cut-0 tail
+    was priced 0.2 to 0.9 ms over what the rounds measured at 5 Mbit/s. The fitted upload rate
+    also came from bodies no plan sends.
     """
     cut0 = [p for p in model.patterns if p["cut"] == 0]
     ratios = model.artifact.cuts[0].coding_ratio

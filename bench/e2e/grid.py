@@ -90,7 +90,7 @@ def _measure_sitting(*, client: httpx.Client, url: str, model: ModelView, device
     profile, ratios = device_profile(device, [model])
     profiled = time.perf_counter()
     probes.append(probe_exchange(client, url, model, images[:1], link, probe_rng))
-    fitted, link.upload_rate_bps = fit_link(model, link, probes, images[:1])
+    fitted, link.upload_rate_bps = fit_link(model, link, probes)
     link.rtt_s = overhead(fitted, implied)
     probed = time.perf_counter()
     records, implied_s, got = run_sitting(client, url, model, profile, ratios[model.name], presets, link,

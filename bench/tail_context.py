@@ -13,10 +13,13 @@ kept busy (``bench.spin``), as in the grid:
 - ``back-to-back``: nothing;
 - ``sleep``: ``--gap-ms`` of sleep;
 - ``busy``: ``--gap-ms`` of a pure-Python loop (the client's core busy, little memory traffic);
-- ``torch``: the model's float forward pass in torch on the client, repeated for ``--gap-ms``.
+- ``torch``: the model's float forward pass in torch on the client (one thread, as the grid's
+  device), repeated for ``--gap-ms`` (finishing the pass it is in).
 
-Writes the per-condition median, quartiles and count of ``compute_s`` (through
-:func:`bench.write_json`, with provenance).
+Writes the per-condition median, quartiles and count of ``compute_s``, and of how long the
+client's work before it took (``before``), through :func:`bench.write_json` with provenance. Run
+it as the grid runs, under ``OMP_NUM_THREADS=1``. With the spinners on, ``sleep`` leaves the
+client's core to a spinner, not halted.
 """
 
 from __future__ import annotations
@@ -63,8 +66,10 @@ def _torch_for(net: torch.nn.Module, x: torch.Tensor) -> Callable[[float], None]
     return run
 
 
-def measure(url: str, model: str, rounds: int, gap_s: float, rng: random.Random) -> dict[str, list[float]]:
-    """Per condition, the server's ``compute_s`` of each cut-0 request."""
+def measure(url: str, model: str, rounds: int, gap_s: float,
+            rng: random.Random) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per condition, the server's ``compute_s`` of each cut-0 request, and how long the client's
+    work before it took (``torch`` finishes the forward pass it is in, so it may run past the gap)."""
     info = httpx.get(f"{url}/v1/models/{model}", timeout=30).json()
     pattern = min((p for p in info["patterns"] if p["cut"] == 0 and p["level"] <= 0.01),
                   key=lambda p: p["activation_bits"])
@@ -75,17 +80,21 @@ def measure(url: str, model: str, rounds: int, gap_s: float, rng: random.Random)
         "back-to-back": lambda s: None, "sleep": time.sleep, "busy": _spin,
         "torch": _torch_for(net, torch.from_numpy(image))}
     out: dict[str, list[float]] = {c: [] for c in CONDITIONS}
+    took: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     order = list(CONDITIONS)
     with httpx.Client(timeout=30) as client:
         for r in range(rounds + 5):  # the first 5 rounds warm up
             rng.shuffle(order)
             for c in order:
+                start = time.perf_counter()
                 before[c](gap_s)
+                spent = time.perf_counter() - start
                 answer = client.post(url + pattern["infer_url"], content=packet)
                 answer.raise_for_status()
                 if r >= 5:
                     out[c].append(float(answer.json()["compute_s"]))
-    return out
+                    took[c].append(spent)
+    return out, took
 
 
 def summary(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -114,12 +123,14 @@ def main(argv: list[str] | None = None) -> None:
         server = start_server([sys.executable, "-m", "qpart", "serve", "--artifacts", tmp],
                               f"http://127.0.0.1:{PORT}", "/v2/health/ready", env)
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
+        torch.set_num_threads(1)  # as the grid's device (bench.e2e.grid), one core
         try:
-            samples = measure(server.url, args.model, args.rounds, args.gap_ms / 1e3, random.Random(0))
+            samples, took = measure(server.url, args.model, args.rounds, args.gap_ms / 1e3, random.Random(0))
         finally:
             server.stop()
     doc: dict[str, Any] = {"model": args.model, "rounds": args.rounds, "gap_ms": args.gap_ms,
-                           "spin": args.spin, "compute": summary(samples), "samples_s": samples}
+                           "spin": args.spin, "compute": summary(samples), "before": summary(took),
+                           "samples_s": samples}
     write_json(args.json, doc)
     for c, s in doc["compute"].items():
         print(f"{c:>13}: median {s['median_s'] * 1e3:.3f} ms (quartiles {s['q1_s'] * 1e3:.3f}, "

@@ -12,7 +12,7 @@ def test_the_summary_gives_each_conditions_median_quartiles_and_count():
     assert s["torch"]["median_s"] == 2.0
 
 
-def test_busy_keeps_the_client_busy_for_its_seconds():
+def test_the_busy_condition_keeps_the_client_busy_for_its_seconds():
     import time
     start = time.perf_counter()
     _spin(0.01)

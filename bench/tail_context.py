@@ -51,18 +51,12 @@ PORT = 18520
 CONDITIONS = ("back-to-back", "sleep", "busy", "torch")
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def _torch_for(net: torch.nn.Module, x: torch.Tensor) -> Callable[[float], None]:
+def _repeat(work: Callable[[], object]) -> Callable[[float], None]:
+    """A condition: ``work`` again and again until its seconds are up (finishing the one it is in)."""
     def run(seconds: float) -> None:
         end = time.perf_counter() + seconds
-        with torch.inference_mode():
-            while time.perf_counter() < end:
-                net(x)
+        while time.perf_counter() < end:
+            work()
     return run
 
 
@@ -76,13 +70,14 @@ def measure(url: str, model: str, rounds: int, gap_s: float,
     image = model_images(model, 1)
     packet = encode_for_plan(image, PacketFormat.model_validate(pattern))
     net = get_model(model).load().eval()
+    x = torch.from_numpy(image)
     before: dict[str, Callable[[float], None]] = {
-        "back-to-back": lambda s: None, "sleep": time.sleep, "busy": _spin,
-        "torch": _torch_for(net, torch.from_numpy(image))}
+        "back-to-back": lambda s: None, "sleep": time.sleep, "busy": _repeat(lambda: None),
+        "torch": _repeat(lambda: net(x))}
     out: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     took: dict[str, list[float]] = {c: [] for c in CONDITIONS}
     order = list(CONDITIONS)
-    with httpx.Client(timeout=30) as client:
+    with httpx.Client(timeout=30) as client, torch.inference_mode():
         for r in range(rounds + 5):  # the first 5 rounds warm up
             rng.shuffle(order)
             for c in order:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.tail_context import CONDITIONS, _spin, summary
+from bench.tail_context import CONDITIONS, _repeat, summary
 
 
 def test_the_summary_gives_each_conditions_median_quartiles_and_count():
@@ -15,6 +15,8 @@ def test_the_summary_gives_each_conditions_median_quartiles_and_count():
 def test_the_busy_condition_keeps_the_client_busy_for_its_seconds():
     import time
     start = time.perf_counter()
-    _spin(0.01)
+    calls: list[int] = []
+    _repeat(lambda: calls.append(1))(0.01)
     assert time.perf_counter() - start >= 0.01  # at least its seconds (a loaded host may add more)
+    assert calls  # the work ran, again and again
     assert CONDITIONS == ("back-to-back", "sleep", "busy", "torch")

@@ -57,6 +57,7 @@ class BatchReport(Generic[K]):
     size: int
     queue_s: list[float]
     compute_s: float
+    started: float  # time.perf_counter() when the batch began to run
 
 
 def _fail(jobs: list[_Job[R]], exc: BaseException) -> None:
@@ -211,7 +212,7 @@ class Batcher(Generic[K, R]):
             offset += j.size
         if self._on_batch:
             try:
-                self._on_batch(BatchReport(key, total, queue_s, compute_s))
+                self._on_batch(BatchReport(key, total, queue_s, compute_s, started))
             except Exception:  # metrics must not take the collector down
                 log.exception("recording batch metrics failed")
 

@@ -23,12 +23,24 @@ cut-28 and cut-30 tails took 1.0-2.1 ms and were priced at 0.0-3.2 ms, their pro
 shared extra the probe had just set. A cut's first sample after a lapse starts its window afresh:
 kept, the old window's median (say, of samples under load) would price it again at once, and a
 cut priced too high would be retried once a lapse. Batches of
-several samples run at another per-sample cost and leave both alone. Lone requests under load
-also carry waits for the interpreter lock; those are real too.
+several samples run at another per-sample cost and leave both alone.
+
+A lone request is also one that found the server idle: a batch of one that began less than
+LONE_AFTER_IDLE_S after the previous tail batch (of any model) ended leaves both prices alone
+(ADR 0018). Right after other work the server is still warm: in ``bench.tail_context`` at 94d57ed,
+fmnist-mobilenet's cut-0 tail took 2.4 ms back to back and after 5 ms without a request, 3.0 and
+3.4 ms in the run that paused 20 ms, 3.2 and 4.1 ms in the one that paused 100 ms. A burst of
+requests, such as the 42 cut-0 requests of a sitting's link probe in issue 27's grid (each sent
+1.24 ms after the previous answer at 100 Mbit/s), had set cut 0's window to warm samples alone:
+fmnist-mobilenet's cut-0 tail was priced at 2.53 ms where the sitting's requests, each after a
+device's work, took 3.54. Under steady load every batch follows another closely and the prices
+keep what the last idle requests took, which is above what warm requests take (the waits for the
+interpreter lock such requests meet are not priced).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -40,6 +52,7 @@ MAX_EXTRA_S = 0.05  # one stalled run moves the extra by at most ALPHA x this
 CUT_WINDOW = 9  # a cut's own extra: the median of its last this many lone samples
 CUT_MIN_SAMPLES = 3  # ... once it has at least this many
 CUT_STALE_AFTER_S = 300.0  # ... and while its newest sample is at most this many seconds old
+LONE_AFTER_IDLE_S = 0.01  # a batch of one prices lone requests if no tail ran this long before it
 
 
 @dataclass
@@ -92,10 +105,13 @@ class TailTimes:
         return [max(0.0, t + entry.extra_at(cut, now)) if t > 0 else 0.0
                 for cut, t in enumerate(entry.profile)]
 
-    def observe(self, name: str, version: str, cut: int, samples: int, compute_s: float) -> None:
-        """One executed batch; only batches of one sample move the extra."""
+    def observe(self, name: str, version: str, cut: int, samples: int, compute_s: float,
+                idle_s: float = math.inf) -> None:
+        """One executed batch, begun ``idle_s`` after the previous tail batch ended; only batches
+        of one sample after at least LONE_AFTER_IDLE_S of idling move the prices."""
         entry = self._models.get((name, version))
-        if entry is None or samples != 1 or not 0 <= cut < len(entry.profile) or entry.profile[cut] <= 0:
+        if (entry is None or samples != 1 or idle_s < LONE_AFTER_IDLE_S
+                or not 0 <= cut < len(entry.profile) or entry.profile[cut] <= 0):
             return
         delta = min(MAX_EXTRA_S, max(-entry.profile[cut], compute_s - entry.profile[cut]))
         now = self.clock()

@@ -10,6 +10,7 @@ from qpart.server.tail_times import (
     CUT_MIN_SAMPLES,
     CUT_STALE_AFTER_S,
     CUT_WINDOW,
+    LONE_AFTER_IDLE_S,
     MAX_EXTRA_S,
     TailTimes,
 )
@@ -128,6 +129,23 @@ def test_a_burst_at_one_cut_does_not_lapse_the_others_own_prices():
         times.observe("m", "1", 0, 1, 0.009)
     assert times.extra("m", "1") == pytest.approx(0.003, rel=1e-3)  # the shared extra follows cut 0
     assert times.seconds("m", "1")[:2] == pytest.approx([0.009, 0.0015])  # cut 1 keeps its own
+
+
+def test_a_batch_of_one_right_after_other_work_leaves_the_prices_alone():
+    """A burst of requests finds the server warm: its samples do not price lone requests, which
+    find it idle (ADR 0018)."""
+    times = TailTimes()
+    times.set_profile("m", "1", [0.002, 0.0015, 0.0])
+    for _ in range(CUT_WINDOW):  # lone requests, each after a device's work
+        times.observe("m", "1", 0, 1, 0.003, idle_s=0.05)
+    assert times.seconds("m", "1")[0] == pytest.approx(0.003)
+    for _ in range(5 * CUT_WINDOW):  # then a burst, each request just after the last
+        times.observe("m", "1", 0, 1, 0.002, idle_s=LONE_AFTER_IDLE_S / 3)
+        times.observe("m", "1", 1, 1, 0.001, idle_s=0.0)
+    assert times.seconds("m", "1")[0] == pytest.approx(0.003)
+    assert times.extra("m", "1") == pytest.approx(0.001 * (1 - (1 - ALPHA) ** CUT_WINDOW))
+    times.observe("m", "1", 0, 1, 0.0025, idle_s=LONE_AFTER_IDLE_S)  # idle long enough: counts
+    assert list(times._models[("m", "1")].cut_deltas[0])[-1] == pytest.approx(0.0005)
 
 
 class _Clock:

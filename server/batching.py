@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -57,7 +58,7 @@ class BatchReport(Generic[K]):
     size: int
     queue_s: list[float]
     compute_s: float
-    started: float  # time.perf_counter() when the batch began to run
+    idle_s: float  # how long no batch of any key had run when this one began; 0 if one ran meanwhile
 
 
 def _fail(jobs: list[_Job[R]], exc: BaseException) -> None:
@@ -92,6 +93,9 @@ class Batcher(Generic[K, R]):
         self._on_batch = on_batch
         self._lanes: dict[K, _Lane[R]] = {}
         self._closing = False
+        self._running = 0  # batches of any key handed to the pool and not yet back
+        self._starts = 0  # batches begun so far
+        self._last_end = -math.inf  # time.perf_counter() when the last batch to finish finished
 
     def depth(self) -> dict[K, int]:
         """Samples waiting per key."""
@@ -201,8 +205,21 @@ class Batcher(Generic[K, R]):
         batch = np.concatenate([j.inputs for j in jobs]) if len(jobs) > 1 else jobs[0].inputs
         started = time.perf_counter()
         queue_s = [started - j.enqueued for j in jobs]
-        out = await asyncio.get_running_loop().run_in_executor(self._pool, run, batch)
+        # Whether the batch found the pool idle, and for how long: a batch that began while another
+        # ran, or during which another began, shared the workers (server.tail_times prices lone
+        # tails from batches that found the server idle).
+        idle_s = 0.0 if self._running else max(0.0, started - self._last_end)
+        self._running += 1
+        self._starts += 1
+        starts = self._starts
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(self._pool, run, batch)
+        finally:
+            self._running -= 1
+            self._last_end = max(self._last_end, time.perf_counter())
         compute_s = time.perf_counter() - started
+        if self._starts != starts:
+            idle_s = 0.0
         offset = 0
         total = max(1, batch.shape[0])
         for j, q in zip(jobs, queue_s, strict=True):
@@ -212,7 +229,7 @@ class Batcher(Generic[K, R]):
             offset += j.size
         if self._on_batch:
             try:
-                self._on_batch(BatchReport(key, total, queue_s, compute_s, started))
+                self._on_batch(BatchReport(key, total, queue_s, compute_s, idle_s))
             except Exception:  # metrics must not take the collector down
                 log.exception("recording batch metrics failed")
 

@@ -131,8 +131,10 @@ class Metrics:
             "qpart_tail_measured_seconds", "Measured server tail seconds of executed requests.",
             ["model"], registry=r)
         self.tail_extra = Gauge(
-            "qpart_tail_extra_seconds", "Seconds lone tail requests took beyond the start-up profile "
-            "lately; plans price each tail at profile + this.", ["model", "version"], registry=r)
+            "qpart_tail_extra_seconds",
+            "Seconds lone tail requests (batches of one that found the server idle 10 ms) took "
+            "beyond the start-up profile, a moving average; plans price a cut at profile + this "
+            "unless recent lone requests ran it (then by its own median).", ["model", "version"], registry=r)
         self.in_flight = Gauge("qpart_in_flight_requests", "Requests being processed.", registry=r)
         self.queue_depth = Gauge("qpart_tail_queue_depth", "Tail samples waiting, all models.", registry=r)
         self.queue_limit = Gauge("qpart_tail_queue_limit", "Tail samples that may wait per model "

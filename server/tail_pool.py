@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,7 +55,6 @@ class TailPool:
         self._run_models: dict[TailKey, LoadedModel] = {}  # batch key -> its model, for the batch metrics
         self._graphs: dict[tuple[str, str], fx.GraphModule] = {}
         self.tail_times = TailTimes()
-        self._idle_since = -math.inf  # perf_counter when the last tail batch to finish finished
         self._answer_bytes: dict[tuple[str, str], int] = {}
 
     def warm_up(self, model: LoadedModel) -> None:
@@ -166,11 +164,7 @@ class TailPool:
 
     def _record_batch(self, report: BatchReport[TailKey]) -> None:
         model, version, cut = report.key.model, report.key.version, report.key.cut
-        # how long no tail batch (of any model) had run when this one began: negative if another
-        # was still running
-        idle_s = report.started - self._idle_since
-        self._idle_since = max(self._idle_since, report.started + report.compute_s)
-        self.tail_times.observe(model, version, cut, report.size, report.compute_s, idle_s)
+        self.tail_times.observe(model, version, cut, report.size, report.compute_s, idle_s=report.idle_s)
         # What plans price these samples at (batch-1 time each) against what they took: every
         # sample the tail ran, including v2 full-model requests (which share cut 0's batches) and
         # requests that then failed (non-finite logits) or whose client had gone.

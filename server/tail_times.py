@@ -4,43 +4,46 @@ took beyond it lately.
 The start-up profile times every cut's tail in interleaved rounds through the worker pool. A
 request from an edge device usually finds the server idle, and an idle server is slower by a
 roughly fixed amount (caches and the worker thread go cold), not a factor: priced with the profile
-alone, a lone device's request cost up to twice what the planner said. So every executed batch of
-one sample moves a per-model-version extra (an exponential average of measured minus profiled
-time, each sample clamped to [-profile, +MAX_EXTRA_S]), which prices every cut with a tail.
+alone, a lone device's request cost up to twice what the planner said. So every lone request (a
+batch of one sample that found the server idle, below) moves a per-model-version extra (an
+exponential average of measured minus profiled time, each sample clamped to [-profile,
++MAX_EXTRA_S]), which prices every cut with a tail.
 
 The profile is also wrong by different amounts at different cuts, and one extra moved by every
-cut's requests then misprices them all: in issue 27's grid, where every cut runs, fmnist-mobilenet's
-cut-30 tail took 1.0-1.6 ms and was priced at 1.4-5.4 ms as the extra followed the other cuts. So each cut
-that lone requests ran at least CUT_MIN_SAMPLES times is priced with an extra of its own instead,
-the median of its last CUT_WINDOW samples (one stall moves no median): a cut the planner uses
-converges to what it takes, a cut no request ran keeps profile + the shared extra. A cut's own price
-lapses back to the shared one once CUT_STALE_AFTER_S seconds passed since its newest sample: the
-planner stops choosing a cut priced too high (say, sampled under load), so its samples would never
-be corrected. The lapse counts seconds, not other cuts' samples: counted in samples (64 of them),
-a burst at one cut lapsed every other cut to an extra that burst alone had set. In issue 27's grid
-at 01785b1, the 42 cut-0 requests of each sitting's link probe did that to fmnist-mobilenet: its
-cut-28 and cut-30 tails took 1.0-2.1 ms and were priced at 0.0-3.2 ms, their profiles plus the
-shared extra the probe had just set. A cut's first sample after a lapse starts its window afresh:
-kept, the old window's median (say, of samples under load) would price it again at once, and a
-cut priced too high would be retried once a lapse. Batches of
-several samples run at another per-sample cost and leave both alone.
+cut's requests then misprices them all: in issue 27's grid, where every cut runs,
+fmnist-mobilenet's cut-30 tail took 1.0-1.6 ms and was priced at 1.4-5.4 ms as the extra followed
+the other cuts. So each cut that lone requests ran at least CUT_MIN_SAMPLES times is priced with an
+extra of its own instead, the median of its last CUT_WINDOW samples (one stall moves no median): a
+cut the planner uses converges to what it takes, a cut no request ran keeps profile + the shared
+extra. A cut's own price lapses back to the shared one once CUT_STALE_AFTER_S seconds passed since
+its newest sample: the planner stops choosing a cut priced too high (say, sampled during a slow
+spell), so its samples would never be corrected. The lapse counts seconds, not other cuts' samples:
+counted in samples (64 of them), a burst at one cut lapsed every other cut to an extra that burst
+alone had set. In issue 27's grid at 01785b1, the 42 cut-0 requests of each sitting's link probe
+did that to fmnist-mobilenet: its cut-28 and cut-30 tails took 1.0-2.1 ms and were priced at
+0.0-3.2 ms, their profiles plus the shared extra the probe had just set. A cut's first sample after
+a lapse starts its window afresh: kept, the old window's median (say, of slow samples) would price
+it again at once, and a cut priced too high would be retried once a lapse. Batches of several
+samples run at another per-sample cost and leave both alone.
 
 A lone request is also one that found the server idle: a batch of one that began less than
-LONE_AFTER_IDLE_S after the previous tail batch (of any model) ended leaves both prices alone
-(ADR 0018). Right after other work the server is still warm: in ``bench.tail_context`` at 94d57ed,
-fmnist-mobilenet's cut-0 tail took 2.4 ms back to back and after 5 ms without a request, 3.0 and
-3.4 ms in the run that paused 20 ms, 3.2 and 4.1 ms in the one that paused 100 ms. A burst of
+LONE_AFTER_IDLE_S after the previous tail batch (of any model) ended, or that ran beside another
+batch, leaves both prices alone (ADR 0018; the batcher reports each batch's idle time). Right
+after other work the server is still warm: in ``bench.tail_context`` at 94d57ed, where the client
+paused between requests, fmnist-mobilenet's cut-0 compute (tail and decoding) took 2.4 ms back to
+back and 2.5 ms after 5 ms pauses, 3.0 and 3.4 ms in the run that paused 20 ms, 3.2 and 4.1 ms in
+the one that paused 100 ms. A burst of
 requests, such as the 42 cut-0 requests of a sitting's link probe in issue 27's grid (each sent
 1.24 ms after the previous answer at 100 Mbit/s), had set cut 0's window to warm samples alone:
 fmnist-mobilenet's cut-0 tail was priced at 2.53 ms where the sitting's requests, each after a
-device's work, took 3.54. Under steady load every batch follows another closely and the prices
-keep what the last idle requests took, which is above what warm requests take (the waits for the
-interpreter lock such requests meet are not priced).
+device's work, took 3.54. Under steady load every batch follows another closely, and the prices
+keep what the last idle requests took: a cut's own until it lapses, the shared extra until idle
+requests move it again. What lone requests under steady load take (warmer caches, but waits for
+the interpreter lock and the event loop) no longer moves them, and is not measured here.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import deque
@@ -105,8 +108,8 @@ class TailTimes:
         return [max(0.0, t + entry.extra_at(cut, now)) if t > 0 else 0.0
                 for cut, t in enumerate(entry.profile)]
 
-    def observe(self, name: str, version: str, cut: int, samples: int, compute_s: float,
-                idle_s: float = math.inf) -> None:
+    def observe(self, name: str, version: str, cut: int, samples: int, compute_s: float, *,
+                idle_s: float) -> None:
         """One executed batch, begun ``idle_s`` after the previous tail batch ended; only batches
         of one sample after at least LONE_AFTER_IDLE_S of idling move the prices."""
         entry = self._models.get((name, version))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,10 @@ def _gate():
         return batch
 
     return gate, gated
+
+
+def _echo(batch):
+    return batch
 
 
 def test_concurrent_requests_are_batched_and_answered_in_order():
@@ -184,6 +189,39 @@ def test_with_no_delay_requests_queued_during_a_batch_form_the_next_one():
     outs = asyncio.run(main())
     assert [r.size for r in reports] == [1, 5]
     assert [float(o[0][0, 0]) for o in outs[1:]] == [0, 1, 2, 3, 4]
+
+
+def test_a_batch_reports_how_long_the_pool_idled_before_it_and_none_if_it_shared_the_workers():
+    """Idle time is taken across keys: a batch that begins while another key's runs, or during
+    which another begins, found no idle pool (server.tail_times prices lone tails from those that
+    did). Two workers, so the two keys' batches really run side by side."""
+    reports: list[BatchReport] = []
+    gate, gated = _gate()
+
+    async def main():
+        with ThreadPoolExecutor(2) as pool:
+            started = threading.Barrier(2)
+            list(pool.map(lambda _: started.wait(5), range(2)))  # both worker threads exist
+            batcher = Batcher(pool, max_batch=8, max_delay_s=0, max_queue=100, retry_after_s=1,
+                              on_batch=reports.append)
+            x = np.zeros((1, 1), np.float32)
+            await batcher.submit("a", _echo, x)  # the first batch: nothing ran before it
+            await asyncio.sleep(0.05)
+            await batcher.submit("a", _echo, x)  # alone, after 50 ms of nothing
+            slow = asyncio.create_task(batcher.submit("c", gated, x))
+            await asyncio.sleep(0.05)  # "c" is running, blocked on the gate
+            await batcher.submit("b", _echo, x)  # runs beside it on the other worker
+            gate.set()
+            await slow
+            await batcher.submit("b", _echo, x)  # right after
+            await batcher.close()
+
+    asyncio.run(main())
+    idle = {i: r.idle_s for i, r in enumerate(reports)}
+    assert idle[0] == math.inf and 0.04 < idle[1] < 1.0
+    assert [r.key for r in reports] == ["a", "a", "b", "c", "b"]  # the blocked batch finished last
+    assert idle[2] == 0.0 and idle[3] == 0.0  # each shared the workers with the other
+    assert 0.0 < idle[4] < 0.04
 
 
 def test_close_fails_queued_and_running_requests_with_503_instead_of_hanging():

@@ -15,21 +15,23 @@ from qpart.server.tail_times import (
     TailTimes,
 )
 
+IDLE = 1.0  # seconds without a tail batch before a lone request
+
 
 def test_no_profile_no_figures():
     times = TailTimes()
     assert times.seconds("m", "1") is None and times.profile("m", "1") is None
-    times.observe("m", "1", 0, 1, 0.5)  # nothing to compare with yet: ignored
+    times.observe("m", "1", 0, 1, 0.5, idle_s=IDLE)  # nothing to compare with yet: ignored
     assert times.extra("m", "1") == 0.0
 
 
 def test_lone_requests_add_one_extra_to_every_cut_with_a_tail():
     times = TailTimes()
     times.set_profile("m", "1", [0.002, 0.0001, 0.0])
-    times.observe("m", "1", 0, 1, 0.003)  # 1 ms over the profile
+    times.observe("m", "1", 0, 1, 0.003, idle_s=IDLE)  # 1 ms over the profile
     assert times.extra("m", "1") == pytest.approx(ALPHA * 0.001)
     for _ in range(80):
-        times.observe("m", "1", 1, 1, 0.0011)  # a short late tail sees the same idle cost
+        times.observe("m", "1", 1, 1, 0.0011, idle_s=IDLE)  # a short late tail sees the same idle cost
     assert times.seconds("m", "1") == pytest.approx([0.003, 0.0011, 0.0], rel=1e-3)
     assert times.profile("m", "1") == [0.002, 0.0001, 0.0]  # the start-up profile is kept
 
@@ -37,20 +39,20 @@ def test_lone_requests_add_one_extra_to_every_cut_with_a_tail():
 def test_batches_other_versions_and_the_last_cut_leave_the_extra_alone():
     times = TailTimes()
     times.set_profile("m", "1", [0.002, 0.0])
-    times.observe("m", "1", 0, 8, 0.1)
-    times.observe("m", "2", 0, 1, 0.1)
-    times.observe("m", "1", 1, 1, 0.1)  # no tail at the last cut
-    times.observe("m", "1", 7, 1, 0.1)
+    times.observe("m", "1", 0, 8, 0.1, idle_s=IDLE)
+    times.observe("m", "2", 0, 1, 0.1, idle_s=IDLE)
+    times.observe("m", "1", 1, 1, 0.1, idle_s=IDLE)  # no tail at the last cut
+    times.observe("m", "1", 7, 1, 0.1, idle_s=IDLE)
     assert times.extra("m", "1") == 0.0
 
 
 def test_one_stalled_run_moves_the_extra_by_a_bounded_step_and_fast_runs_cannot_go_negative():
     times = TailTimes()
     times.set_profile("m", "1", [0.001, 0.0])
-    times.observe("m", "1", 0, 1, 10.0)  # a 10 s stall
+    times.observe("m", "1", 0, 1, 10.0, idle_s=IDLE)  # a 10 s stall
     assert times.extra("m", "1") == pytest.approx(ALPHA * MAX_EXTRA_S)
     for _ in range(200):
-        times.observe("m", "1", 0, 1, 0.0)
+        times.observe("m", "1", 0, 1, 0.0, idle_s=IDLE)
     assert times.seconds("m", "1")[0] >= 0.0
 
 
@@ -58,8 +60,8 @@ def test_a_cut_lone_requests_ran_is_priced_by_its_own_samples_and_the_others_by_
     times = TailTimes()
     times.set_profile("m", "1", [0.002, 0.006, 0.001, 0.0])  # cut 1's profile 5 ms too high
     for _ in range(30):  # interleaved, as every cut runs in the end-to-end grid
-        times.observe("m", "1", 0, 1, 0.0025)
-        times.observe("m", "1", 1, 1, 0.001)
+        times.observe("m", "1", 0, 1, 0.0025, idle_s=IDLE)
+        times.observe("m", "1", 1, 1, 0.001, idle_s=IDLE)
     got = times.seconds("m", "1")
     assert got[0] == pytest.approx(0.0025) and got[1] == pytest.approx(0.001)  # each what it took
     # cut 2 never ran: its profile plus the shared extra, which mixes the others' samples
@@ -71,11 +73,11 @@ def test_a_cuts_own_price_needs_a_few_samples_and_ignores_one_stall():
     times = TailTimes()
     times.set_profile("m", "1", [0.002, 0.0])
     for _ in range(CUT_MIN_SAMPLES - 1):
-        times.observe("m", "1", 0, 1, 0.001)
+        times.observe("m", "1", 0, 1, 0.001, idle_s=IDLE)
     assert times.seconds("m", "1")[0] == pytest.approx(0.002 + times.extra("m", "1"))  # not yet its own
-    times.observe("m", "1", 0, 1, 0.001)
+    times.observe("m", "1", 0, 1, 0.001, idle_s=IDLE)
     assert times.seconds("m", "1")[0] == pytest.approx(0.001)
-    times.observe("m", "1", 0, 1, 10.0)  # one stall: the median of the window does not move
+    times.observe("m", "1", 0, 1, 10.0, idle_s=IDLE)  # one stall: the median of the window does not move
     assert times.seconds("m", "1")[0] == pytest.approx(0.001)
 
 
@@ -83,20 +85,20 @@ def test_a_cuts_own_price_keeps_its_last_window_clamped_and_lapses_when_no_reque
     clock = _Clock()
     times = TailTimes(clock=clock)
     times.set_profile("m", "1", [0.002, 0.003, 0.0])
-    times.observe("m", "1", 1, 1, 0.030)
-    times.observe("m", "1", 1, 1, 10.0)  # stalls: each clamped to MAX_EXTRA_S over the profile
-    times.observe("m", "1", 1, 1, 10.0)
+    times.observe("m", "1", 1, 1, 0.030, idle_s=IDLE)
+    times.observe("m", "1", 1, 1, 10.0, idle_s=IDLE)  # stalls: each clamped to MAX_EXTRA_S over the profile
+    times.observe("m", "1", 1, 1, 10.0, idle_s=IDLE)
     assert times.seconds("m", "1")[1] == pytest.approx(0.003 + MAX_EXTRA_S)
     for _ in range(CUT_WINDOW):  # under load, then quiet: only the last window counts
-        times.observe("m", "1", 1, 1, 0.030)
+        times.observe("m", "1", 1, 1, 0.030, idle_s=IDLE)
     for _ in range(CUT_WINDOW):
-        times.observe("m", "1", 1, 1, 0.004)
+        times.observe("m", "1", 1, 1, 0.004, idle_s=IDLE)
     assert times.seconds("m", "1")[1] == pytest.approx(0.004)
     for _ in range(3):
-        times.observe("m", "1", 1, 1, 0.030)
+        times.observe("m", "1", 1, 1, 0.030, idle_s=IDLE)
     assert times.seconds("m", "1")[1] == pytest.approx(0.004)  # the median of the window
     clock.now += CUT_STALE_AFTER_S + 1  # no request ran cut 1 since: it is not chosen any more
-    times.observe("m", "1", 0, 1, 0.002)
+    times.observe("m", "1", 0, 1, 0.002, idle_s=IDLE)
     assert times.seconds("m", "1")[1] == pytest.approx(0.003 + times.extra("m", "1"))  # back to shared
 
 
@@ -105,13 +107,13 @@ def test_a_lapsed_cut_starts_its_window_afresh():
     times = TailTimes(clock=clock)
     times.set_profile("m", "1", [0.002, 0.003, 0.0])
     for _ in range(CUT_WINDOW):  # sampled under load
-        times.observe("m", "1", 1, 1, 0.009)
+        times.observe("m", "1", 1, 1, 0.009, idle_s=IDLE)
     assert times.seconds("m", "1")[1] == pytest.approx(0.009)
     clock.now += CUT_STALE_AFTER_S + 1
-    times.observe("m", "1", 1, 1, 0.003)  # tried again once lapsed: the old window is gone
+    times.observe("m", "1", 1, 1, 0.003, idle_s=IDLE)  # tried again once lapsed: the old window is gone
     assert times.seconds("m", "1")[1] == pytest.approx(0.003 + times.extra("m", "1"))  # too few of its own
     for _ in range(CUT_MIN_SAMPLES - 1):
-        times.observe("m", "1", 1, 1, 0.003)
+        times.observe("m", "1", 1, 1, 0.003, idle_s=IDLE)
     assert times.seconds("m", "1")[1] == pytest.approx(0.003)  # what it takes now
 
 
@@ -122,11 +124,11 @@ def test_a_burst_at_one_cut_does_not_lapse_the_others_own_prices():
     times = TailTimes(clock=clock)
     times.set_profile("m", "1", [0.006, 0.0015, 0.0])
     for _ in range(CUT_WINDOW):  # a round of the grid: every cut runs
-        times.observe("m", "1", 0, 1, 0.006)
-        times.observe("m", "1", 1, 1, 0.0015)
+        times.observe("m", "1", 0, 1, 0.006, idle_s=IDLE)
+        times.observe("m", "1", 1, 1, 0.0015, idle_s=IDLE)
     for _ in range(1000):  # then a burst of slow cut-0 requests within a few seconds
         clock.now += 0.005
-        times.observe("m", "1", 0, 1, 0.009)
+        times.observe("m", "1", 0, 1, 0.009, idle_s=IDLE)
     assert times.extra("m", "1") == pytest.approx(0.003, rel=1e-3)  # the shared extra follows cut 0
     assert times.seconds("m", "1")[:2] == pytest.approx([0.009, 0.0015])  # cut 1 keeps its own
 

@@ -1,6 +1,8 @@
 """Runs a small calibration, and kills its own process with SIGKILL at a chosen point, for
 ``test_checkpoint.py`` and ``test_ray_executor.py``: ``python resume_driver.py OUT WORKERS [KILL]``;
 ``QPART_TEST_RAY_ADDRESS`` in the environment runs the validation stage on that Ray cluster.
+With a ``stop:`` point there, every cut's Ray task but cut 0's waits 120 s before it runs, so that
+only cut 0 can come back before the test freezes the cluster.
 
 KILL is ``STAGE@STEP`` (when the progress of the stage whose label starts with STAGE reaches
 STEP; ``@start``: as it starts), ``stop:STAGE@STEP`` (the same point, but the process stops with
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,6 +70,23 @@ def torn_writes(name: str) -> None:
     os.fsync = fsync
 
 
+def hold_back_all_but_cut_0() -> None:
+    """Every cut's Ray task but cut 0's sleeps 120 s first. The test stops the job once its first
+    cut came back, then freezes and stops the cluster: the other tasks must not finish, and hand
+    their results to the stopped job, in between. Without this they did on a loaded host (the
+    continued job got every cut and wrote its artifact)."""
+    from qpart.offline import ray_executor
+
+    def held(job: str, context: dict[str, object], cut: int, record: object) -> object:
+        from qpart.offline.ray_executor import _task  # the worker process's own, unpatched
+
+        if cut != 0:
+            time.sleep(120)
+        return _task(job, context, cut, record)  # type: ignore[arg-type]
+
+    ray_executor._task = held  # type: ignore[assignment]
+
+
 def main(argv: list[str]) -> None:
     out, workers = Path(argv[0]), int(argv[1])
     sink = None
@@ -78,6 +98,8 @@ def main(argv: list[str]) -> None:
         else:
             sink = KillingSink(what, where, signal.SIGSTOP if kill != argv[2] else signal.SIGKILL)
     address = os.environ.get("QPART_TEST_RAY_ADDRESS")
+    if address and len(argv) > 2 and argv[2].startswith("stop:"):
+        hold_back_all_but_cut_0()
     executor = ray_executor(address) if address else None
     calibrate(get_model("fmnist-cnn"), settings(workers), out, sink, executor=executor)
 

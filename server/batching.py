@@ -215,9 +215,10 @@ class Batcher(Generic[K, R]):
         try:
             out = await asyncio.get_running_loop().run_in_executor(self._pool, run, batch)
         finally:
+            ended = time.perf_counter()
             self._running -= 1
-            self._last_end = max(self._last_end, time.perf_counter())
-        compute_s = time.perf_counter() - started
+            self._last_end = max(self._last_end, ended)
+        compute_s = ended - started
         if self._starts != starts:
             idle_s = 0.0
         offset = 0

@@ -5,17 +5,18 @@ runs heads with PyTorch (ADR 0003), :mod:`client.onnx_runtime` with ONNX Runtime
 
 from __future__ import annotations
 
+import functools
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from qpart.client.errors import ServerRejectedError
+from qpart.client.errors import CACHE_HEALED, SegmentError, ServerRejectedError
 from qpart.client.image_offers import IMAGE_PNG, IMAGE_WEBP, ImageOffers  # the image plans' uploads
 from qpart.client.inputs import read_image_files
 from qpart.client.plans import ModelMetadata, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
@@ -28,6 +29,7 @@ from qpart.kernels.wire import encode_float_activation, encode_quantized_activat
 from qpart.profiles.devices import DeviceProfile
 
 FLOAT_BITS = 32
+_T = TypeVar("_T")
 DEFAULT_RATE_BPS = 10e6
 MAX_UPLOAD_BATCH = 64
 
@@ -258,6 +260,24 @@ class DeviceClient:
         """The plan's head as a function of a float32 batch (subclasses run it somewhere)."""
         raise NotImplementedError
 
+    def _healing(self, plan: Plan, step: Callable[[], _T]) -> _T:
+        """``step()`` (loading or running the plan's head); where it fails, the segment is deleted
+        from the cache, so that it is never again announced as held nor loaded from there, and the
+        error says so: one broken download does not break every later run."""
+        try:
+            return step()
+        except Exception as exc:  # a runtime's own errors (torch, ONNX Runtime) derive from Exception
+            if plan.segment is None:
+                raise
+            self.cache.discard(plan.segment.id)
+            if isinstance(exc, SegmentError):
+                if CACHE_HEALED in str(exc):
+                    raise
+                raise SegmentError(f"{exc}; {CACHE_HEALED}") from exc
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise SegmentError(f"the head of segment {plan.segment.id[:12]} (cut {plan.cut}) failed: "
+                               f"{first}; {CACHE_HEALED}") from exc
+
     def upload(self, plan: Plan, packet: bytes) -> TailAnswer:
         """POST the activation packet to the plan's tail (compressed if the plan says so) and return
         the server's result."""
@@ -290,12 +310,13 @@ class DeviceClient:
         t1 = time.perf_counter()
         segment, run.downloaded_bytes = self.fetch_segment(plan, progress)
         t2 = time.perf_counter()
-        head = self.load_head(plan, segment)
+        head = self._healing(plan, lambda: self.load_head(plan, segment))
         head_s = time.perf_counter() - t2
         upload_s = 0.0
         for start in range(0, len(images), MAX_UPLOAD_BATCH):
             h0 = time.perf_counter()
-            act_np = head(np.ascontiguousarray(images[start : start + MAX_UPLOAD_BATCH], dtype=np.float32))
+            batch = np.ascontiguousarray(images[start : start + MAX_UPLOAD_BATCH], dtype=np.float32)
+            act_np = self._healing(plan, functools.partial(head, batch))
             h1 = time.perf_counter()
             head_s += h1 - h0
             if plan.infer_url is None:

@@ -13,6 +13,10 @@
 
 from __future__ import annotations
 
+CACHE_HEALED = "the cached copy was deleted and the next run downloads it again"
+"""What a :class:`SegmentError` adds when the segment that failed to load or run was deleted from
+the device's cache (it is then never announced as held again)."""
+
 
 class DeviceError(Exception):
     """Base class of every error raised by :mod:`client`."""

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from qpart.client.device import DeviceClient, HeadFunction
-from qpart.client.errors import SegmentError, SegmentRefusedError
+from qpart.client.errors import CACHE_HEALED, SegmentError, SegmentRefusedError
 from qpart.client.plans import Plan
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
@@ -116,7 +116,7 @@ class OnnxDeviceRuntime(DeviceClient):
             session = create_session(segment, self.threads)
         except SegmentError as exc:  # passed the check, refused by ONNX Runtime: never from the cache again
             self.cache.discard(seg_id)
-            raise SegmentError(f"{exc}; the cached copy was deleted") from exc
+            raise SegmentError(f"{exc}; {CACHE_HEALED}") from exc
 
         def run(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
             try:
@@ -125,7 +125,7 @@ class OnnxDeviceRuntime(DeviceClient):
                 self.cache.discard(seg_id)
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise SegmentError(f"ONNX Runtime could not run segment {seg_id[:12]} on an input of shape "
-                                   f"{list(x.shape)}: {first[:300]}; the cached copy was deleted") from exc
+                                   f"{list(x.shape)}: {first[:300]}; {CACHE_HEALED}") from exc
             return np.asarray(out, dtype=np.float32)
 
         return run

@@ -63,7 +63,7 @@ def load_head(plan: HeadSpec, segment: bytes | None) -> fx.GraphModule:
             if tuple(values.shape) != tuple(tensor.shape):
                 raise SegmentError(f"tensor '{name}' is {values.shape} in the segment, "
                                    f"{tuple(tensor.shape)} in the head")
-            tensor.copy_(torch.from_numpy(np.ascontiguousarray(values)))
+            tensor.copy_(torch.from_numpy(np.require(values, requirements="C")))  # 0-d stays 0-d
     return head.eval()
 
 

@@ -53,7 +53,7 @@ def _content_digest(descriptors: list[dict[str, object]], arrays: Mapping[str, n
     h = hashlib.sha256(json.dumps(descriptors, sort_keys=True).encode())
     for name in sorted(arrays):
         h.update(name.encode() + b"\0")
-        arr = np.ascontiguousarray(arrays[name])
+        arr = np.require(arrays[name], requirements="C")  # keeps a 0-d tensor 0-d
         h.update(arr.astype(arr.dtype.newbyteorder("<")).tobytes())  # same digest on any host
     return h.hexdigest()
 
@@ -74,7 +74,7 @@ def encode_segment(
         arrays[f"{name}.scales"] = pt.scales.astype(np.float32)
         arrays[f"{name}.mins"] = pt.mins.astype(np.float32)
     for name in sorted(floats):
-        arr = np.ascontiguousarray(floats[name])
+        arr = np.require(floats[name], requirements="C")  # keeps a 0-d tensor 0-d
         kind = "fp16" if arr.dtype == np.float16 else "fp32"
         arr = arr.astype(np.float16 if kind == "fp16" else np.float32)
         descriptors.append({"name": name, "kind": kind, "shape": list(arr.shape)})
@@ -103,7 +103,7 @@ def _serialize(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]) ->
     blobs = []
     offset = 0
     for name in sorted(arrays):
-        arr = np.ascontiguousarray(arrays[name])
+        arr = np.require(arrays[name], requirements="C")  # keeps a 0-d tensor 0-d
         raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
         header[name] = {"dtype": _DTYPE_NAMES[arr.dtype.newbyteorder("<")], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + len(raw)]}

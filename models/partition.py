@@ -90,11 +90,20 @@ def _is_free(gm: fx.GraphModule, node: fx.Node) -> bool:
     return node.op == "call_method" and node.target in _FREE_METHODS
 
 
-def _shape(node: fx.Node) -> tuple[int, ...]:
+def _tensor_shape(node: fx.Node) -> tuple[int, ...] | None:
+    """One sample's shape of the tensor ``node`` makes; None for anything else (a tuple of tensors
+    from ``chunk`` or ``unbind``, a size from ``x.shape``)."""
     meta = node.meta.get("tensor_meta")
     if meta is None or not hasattr(meta, "shape"):
-        raise PartitionError(f"node '{node.name}' does not produce a single tensor")
+        return None
     return tuple(int(d) for d in meta.shape[1:])
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    shape = _tensor_shape(node)
+    if shape is None:
+        raise PartitionError(f"node '{node.name}' does not produce a single tensor")
+    return shape
 
 
 def cuts_of(gm: fx.GraphModule) -> list[Cut]:
@@ -111,8 +120,8 @@ def cuts_of(gm: fx.GraphModule) -> list[Cut]:
         is_last = k == len(ops) - 1
         if is_last or (len(live) == 1 and not _is_free(gm, ops[k + 1])):
             value = op if is_last else live[0]
-            if not is_last and value is placeholder:
-                continue
+            if not is_last and (value is placeholder or _tensor_shape(value) is None):
+                continue  # only one tensor can cross: not a tuple of them, not a size
             found.append(Cut(len(found), value.name, _shape(value), k))
     return found
 
@@ -161,7 +170,7 @@ def cut_flops(gm: fx.GraphModule) -> list[int]:
     flops = []
     for node in _ops(gm):
         out = 1
-        for d in _shape(node):
+        for d in _tensor_shape(node) or (0,):  # sizes and tuples of views cost nothing
             out *= d
         mod = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
         if isinstance(mod, nn.Conv2d):

@@ -46,6 +46,9 @@ class Initializer:
     data_type: int
     raw: memoryview | None = None
     int64_data: tuple[int, ...] = ()
+    tracked: bool = False
+    """A value the check worked out (``Shape``, then ``Concat``), not one the segment holds: its
+    ``int64_data`` entries equal to :data:`BATCH` stand for the input's batch size."""
 
 
 def elements(shape: Shape) -> int:

@@ -36,6 +36,15 @@ _POOL = {"auto_pad": STRING, "ceil_mode": INT, "kernel_shape": INTS, "pads": INT
 ATTRIBUTES: dict[str, dict[str, int]] = {
     "Add": _NONE, "Mul": _NONE, "BitwiseAnd": _NONE, "Relu": _NONE, "Floor": _NONE, "Identity": _NONE,
     "MatMul": _NONE, "GlobalAveragePool": _NONE, "Slice": _NONE, "Clip": _NONE,
+    "Sub": _NONE, "Div": _NONE, "Pow": _NONE, "Sigmoid": _NONE, "HardSwish": _NONE, "Erf": _NONE,
+    "Tanh": _NONE, "Sqrt": _NONE, "Exp": _NONE, "Neg": _NONE, "Abs": _NONE, "Reciprocal": _NONE,
+    "Softplus": _NONE, "Squeeze": _NONE, "Unsqueeze": _NONE, "Expand": _NONE,
+    "HardSigmoid": {"alpha": FLOAT, "beta": FLOAT}, "LeakyRelu": {"alpha": FLOAT}, "Elu": {"alpha": FLOAT},
+    "Softmax": {"axis": INT},
+    "Transpose": {"perm": INTS}, "Shape": {"start": INT, "end": INT},
+    **{op: {"keepdims": INT, "noop_with_empty_axes": INT} for op in ("ReduceMean", "ReduceSum", "ReduceMax")},
+    "Split": {"axis": INT, "num_outputs": INT},
+    "LayerNormalization": {"axis": INT, "epsilon": FLOAT, "stash_type": INT},
     "Mod": {"fmod": INT}, "BitShift": {"direction": STRING}, "Cast": {"to": INT},
     "Concat": {"axis": INT}, "Flatten": {"axis": INT}, "Gather": {"axis": INT},
     "Reshape": {"allowzero": INT},
@@ -264,9 +273,13 @@ def _gather(ins: list[Shape | None], node: Node, consts: dict[str, Initializer])
     return (*data[:axis], *indices, *data[axis + 1 :])
 
 
-def _constant(consts: dict[str, Initializer], name: str, what: str) -> tuple[int, ...]:
-    """The values of a small 1-D int64 initializer."""
+def int64_values(consts: dict[str, Initializer], name: str, what: str, *,
+                 tracked: bool = False) -> tuple[int, ...]:
+    """The values of a small 1-D int64 initializer (or, where ``tracked``, of a value the check
+    worked out, whose :data:`BATCH` entries are the batch)."""
     init = consts.get(name)
+    if init is not None and init.tracked and not tracked:
+        raise Refused(f"its {what} is computed in the graph, not an initializer")
     if init is None or init.data_type != INT64 or len(init.dims) != 1 or init.dims[0] > _SMALL:
         raise Refused(f"its {what} is not a 1-D int64 initializer of at most {_SMALL} values")
     count = init.dims[0]
@@ -281,7 +294,7 @@ def _constant(consts: dict[str, Initializer], name: str, what: str) -> tuple[int
 
 def _reshape(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) -> Shape:
     x, _ = _given(ins, 2)
-    target = _constant(consts, node.inputs[1], "shape")
+    target = int64_values(consts, node.inputs[1], "shape")
     allowzero = _int(node, "allowzero", 0)
     out, unknown = [], None
     for i, d in enumerate(target):
@@ -313,11 +326,11 @@ def _slice(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) 
     _arity(ins, 3, 5, required=3)
     x = ins[0]
     assert x is not None
-    starts = _constant(consts, node.inputs[1], "starts")
-    ends = _constant(consts, node.inputs[2], "ends")
-    axes = _constant(consts, node.inputs[3], "axes") if len(ins) > 3 and ins[3] is not None \
+    starts = int64_values(consts, node.inputs[1], "starts")
+    ends = int64_values(consts, node.inputs[2], "ends")
+    axes = int64_values(consts, node.inputs[3], "axes") if len(ins) > 3 and ins[3] is not None \
         else tuple(range(len(starts)))
-    steps = _constant(consts, node.inputs[4], "steps") if len(ins) > 4 and ins[4] is not None \
+    steps = int64_values(consts, node.inputs[4], "steps") if len(ins) > 4 and ins[4] is not None \
         else (1,) * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise Refused("starts, ends, axes and steps differ in length")
@@ -354,6 +367,9 @@ RULES: dict[str, _Rule] = {
     "AveragePool": _pool, "GlobalAveragePool": _global_pool, "BatchNormalization": _batch_norm,
     "Flatten": _flatten, "Concat": _concat, "Gather": _gather, "Reshape": _reshape, "Slice": _slice,
     "Relu": _same, "Floor": _same, "Identity": _same, "Cast": _same, "Clip": _clip,
+    "Sub": _elementwise, "Div": _elementwise, "Pow": _elementwise,
+    **{op: _same for op in ("Sigmoid", "HardSigmoid", "HardSwish", "Erf", "Tanh", "Sqrt", "Exp", "Neg",
+                             "Abs", "Reciprocal", "Softplus", "LeakyRelu", "Elu")},
 }
 
 

@@ -18,8 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qpart.kernels.errors import OversizeError, UnsafeSegmentError, WireFormatError
-from qpart.kernels.onnx_graph import Initializer, Node, Shape, elements
-from qpart.kernels.onnx_shape_rules import RULES, Refused
+from qpart.kernels.onnx_graph import INT64, Initializer, Node, Shape, elements
+from qpart.kernels.onnx_layout_rules import LAYOUT_RULES, split_shapes
+from qpart.kernels.onnx_shape_rules import RULES as BASIC_RULES
+from qpart.kernels.onnx_shape_rules import Refused, int64_values
+
+RULES = {**BASIC_RULES, **LAYOUT_RULES}
 
 
 def check_shapes(input_name: str, input_dims: Shape, initializers: Sequence[Initializer],
@@ -67,24 +71,57 @@ def _where(index: int, node: Node) -> str:
 
 def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[str, Initializer],
                max_elements: int) -> int:
-    """One node's output shape into ``shapes``; its size."""
+    """One node's output shapes into ``shapes`` (and, for ``Shape`` and a ``Concat`` of such
+    values, the value into ``consts`` as a tracked one); the size of its largest output."""
     where = _where(index, node)
     missing = next((name for name in node.inputs if name and name not in shapes), None)
     if missing is not None:
         raise UnsafeSegmentError(f"ONNX segment {where} reads {missing[:40]!a} before any node makes it "
                                  "(the graph is not in topological order)")
-    if len(node.outputs) != 1 and not (node.op == "MaxPool" and len(node.outputs) == 2):
+    several = (node.op == "MaxPool" and len(node.outputs) == 2) or (node.op == "Split" and node.outputs)
+    if len(node.outputs) != 1 and not several:
         raise UnsafeSegmentError(f"ONNX segment {where} has {len(node.outputs)} outputs, not 1")
+    ins = [shapes[name] if name else None for name in node.inputs]
     try:
-        out = RULES[node.op]([shapes[name] if name else None for name in node.inputs], node, consts)
+        outs = split_shapes(ins, node, consts) if node.op == "Split" else \
+            [RULES[node.op](ins, node, consts)] * len(node.outputs)
+        value = _tracked(node, ins, consts)
     except Refused as exc:
         raise UnsafeSegmentError(f"ONNX segment {where}: {exc}") from None
-    n = elements(out)
-    if n > max_elements:
-        raise OversizeError(f"ONNX segment {where} makes a tensor of {n} elements per sample, over "
-                            f"the cap of {max_elements}")
-    for name in (o for o in node.outputs if o):
+    largest = 0
+    for name, out in zip(node.outputs, outs, strict=True):
+        n = elements(out)
+        if n > max_elements:
+            raise OversizeError(f"ONNX segment {where} makes a tensor of {n} elements per sample, over "
+                                f"the cap of {max_elements}")
+        largest = max(largest, n)
+        if not name:
+            continue
         if name in shapes:
             raise UnsafeSegmentError(f"ONNX segment {where} defines {name[:40]!a} again")
         shapes[name] = out
-    return n
+    if value is not None:
+        name = node.outputs[0]
+        consts[name] = Initializer(name, (len(value),), INT64, None, value, tracked=True)
+    return largest
+
+
+def _tracked(node: Node, ins: list[Shape | None], consts: dict[str, Initializer]) -> tuple[int, ...] | None:
+    """The value of a ``Shape`` node (its input's sizes, the batch as :data:`BATCH`), or of a
+    ``Concat`` of such values and small int64 initializers; None for any other node."""
+    if node.op == "Shape":
+        x = ins[0]
+        assert x is not None
+        (length,) = RULES["Shape"](ins, node, consts)
+        start = node.attributes["start"].i if "start" in node.attributes else 0
+        start = max(0, min(len(x), start + len(x) if start < 0 else start))
+        return x[start : start + length]
+    if node.op != "Concat" or not any(consts.get(n) is not None and consts[n].tracked for n in node.inputs):
+        return None
+    joined: list[int] = []
+    for name in node.inputs:
+        init = consts.get(name)
+        if init is None or init.data_type != INT64 or len(init.dims) != 1:
+            return None
+        joined += int64_values(consts, name, "input", tracked=True)
+    return tuple(joined)

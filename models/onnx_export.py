@@ -1,22 +1,35 @@
-"""A head, cut from the fx graph, written as an ONNX model whose weights stay packed (ADR 0012).
+"""A head, cut from the fx graph, written as an ONNX model whose weights stay packed (ADR 0012, 0019).
 
-The translation walks the head's fx graph node by node: each module or function it knows becomes
-one ONNX operator of :data:`kernels.onnx_segment.ALLOWED_OPS`; a quantized weight becomes its
-packed codes, scales and mins plus the nodes that rebuild it (:mod:`models.onnx_dequant`); a
-float tensor is an initializer. Dropout and identity modules are aliases, not nodes. A head with
-an operation outside the table is refused with :class:`PartitionError` naming it.
+``torch.onnx.export`` (the TorchScript exporter, opset 18) translates the head, whatever ATen
+operators it uses, once per head (cached). The float graph it writes is then made a segment:
+
+- every head tensor it reads (by its parameter or buffer name; the exporter's de-duplicating
+  ``Identity`` aliases resolved) is replaced by the segment's own: a quantized weight by its packed
+  codes, scales and mins plus the nodes that rebuild it (:mod:`models.onnx_dequant`), any other by a
+  float32 initializer;
+- the size arithmetic the exporter writes for ``x.shape`` (``Shape``, ``Gather``, ``Concat``, ...)
+  is worked out here (:mod:`models.onnx_fold`), leaving constants, a ``-1`` in a ``Reshape``, or
+  the input's batch for an ``Expand``;
+- ``Constant`` nodes become initializers, values get short names, attributes at ONNX's defaults
+  and node names are dropped: a small head's graph stays near its safetensors segment's size.
+
+A head the exporter cannot translate, or whose sizes depend on the batch in another way, is
+refused with :class:`PartitionError` saying why.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping
+import io
+import threading
+import warnings
+import weakref
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper
-from torch import fx, nn
+from torch import fx
 
 from qpart.kernels import PackedTensor
 from qpart.kernels.onnx_segment import (
@@ -29,129 +42,55 @@ from qpart.kernels.onnx_segment import (
 )
 from qpart.models.errors import PartitionError
 from qpart.models.onnx_dequant import GraphParts, dequantize_nodes
+from qpart.models.onnx_fold import Folded, constant_values, fold_sizes
 
-_RELU_FUNCTIONS = {torch.relu, nn.functional.relu}
-_ADD_FUNCTIONS = {operator.add, torch.add}
-_ALIAS_MODULES = (nn.Dropout, nn.Identity)
+_DEFAULTS: dict[str, dict[str, object]] = {
+    op: {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1, "ceil_mode": 0,
+         "auto_pad": b"NOTSET"} for op in ("Conv", "MaxPool", "AveragePool")}
+_DEFAULTS["Gemm"] = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+_DEFAULTS["Reshape"] = {"allowzero": 0}
+_DEFAULTS["LayerNormalization"] = {"axis": -1, "stash_type": 1}
+_DEFAULTS["Softmax"] = {"axis": -1}
+_DEFAULTS["Concat"] = {}
+_DEFAULTS["Gather"] = {"axis": 0}
+_DEFAULTS["Split"] = {"axis": 0}
 
-
-def _pair(value: int | tuple[int, ...]) -> list[int]:
-    return [value, value] if isinstance(value, int) else list(value)
-
-
-def _conv(parts: GraphParts, mod: nn.Module, x: str, w: str, b: str | None) -> str:
-    if not isinstance(mod, nn.Conv2d) or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
-        raise PartitionError(f"a convolution with padding {getattr(mod, 'padding', '?')!r} has no "
-                             "ONNX translation here")
-    pad = _pair(mod.padding)
-    attrs = _non_default(strides=_pair(mod.stride), pads=[pad[0], pad[1], pad[0], pad[1]],
-                         dilations=_pair(mod.dilation), group=mod.groups)
-    return parts.add("Conv", [x, w, *([b] if b else [])], **attrs)
+_lock = threading.Lock()  # the TorchScript exporter keeps global state
+_exported: weakref.WeakKeyDictionary[fx.GraphModule, tuple[tuple[int, ...], onnx.ModelProto]] = \
+    weakref.WeakKeyDictionary()
 
 
-_DEFAULTS: dict[str, object] = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1,
-                                "ceil_mode": 0}
+def export_head(head: fx.GraphModule, input_shape: tuple[int, ...]) -> onnx.ModelProto:
+    """The head's float graph as ``torch.onnx.export`` writes it: ``input`` ``[N, *input_shape]``
+    → ``activation`` (cached per head).
 
-
-def _non_default(**attrs: object) -> dict[str, object]:
-    """The attributes that differ from ONNX's defaults: every byte of a small head's graph counts
-    against the segment's size (kernel shapes are read from the weights)."""
-    return {k: v for k, v in attrs.items() if _DEFAULTS.get(k) != v}
-
-
-def _module_node(parts: GraphParts, mod: nn.Module, target: str, x: str,
-                 tensor: Callable[[str], str]) -> str:
-    """One call_module node as ONNX; ``tensor`` names a head tensor (dequantized if need be)."""
-    bias = f"{target}.bias" if getattr(mod, "bias", None) is not None else None
-    if isinstance(mod, nn.Conv2d):
-        return _conv(parts, mod, x, tensor(f"{target}.weight"), tensor(bias) if bias else None)
-    if isinstance(mod, nn.Linear):
-        return parts.add("Gemm", [x, tensor(f"{target}.weight"), *([tensor(bias)] if bias else [])], transB=1)
-    if isinstance(mod, nn.ReLU):
-        return parts.add("Relu", [x])
-    if isinstance(mod, nn.ReLU6):  # MobileNetV2's activation: min(max(x, 0), 6)
-        return parts.add("Clip", [x, parts.constant("z0", np.array(0.0, np.float32), scalar=True),
-                                   parts.constant("z6", np.array(6.0, np.float32), scalar=True)])
-    if isinstance(mod, nn.MaxPool2d) and not mod.return_indices:
-        pad = _pair(mod.padding)
-        return parts.add("MaxPool", [x], kernel_shape=_pair(mod.kernel_size), **_non_default(
-            strides=_pair(mod.stride or mod.kernel_size), pads=[pad[0], pad[1], pad[0], pad[1]],
-            dilations=_pair(mod.dilation), ceil_mode=int(mod.ceil_mode)))
-    if isinstance(mod, nn.AdaptiveAvgPool2d) and _pair(mod.output_size) == [1, 1]:  # type: ignore[arg-type]
-        return parts.add("GlobalAveragePool", [x])
-    if isinstance(mod, nn.Flatten) and mod.start_dim == 1 and mod.end_dim == -1:
-        return parts.add("Flatten", [x], axis=1)
-    if isinstance(mod, nn.BatchNorm2d) and mod.track_running_stats and mod.affine:
-        names = [f"{target}.{k}" for k in ("weight", "bias", "running_mean", "running_var")]
-        return parts.add("BatchNormalization", [x, *map(tensor, names)], epsilon=float(mod.eps))
-    raise PartitionError(f"module '{target}' ({type(mod).__name__}) has no ONNX translation here")
-
-
-def _function_node(parts: GraphParts, node: fx.Node, value: Callable[[object], str]) -> str:
-    if node.op == "call_function" and node.target in _RELU_FUNCTIONS and len(node.args) == 1:
-        return parts.add("Relu", [value(node.args[0])])
-    if node.op == "call_function" and node.target in _ADD_FUNCTIONS and len(node.args) == 2 \
-            and not node.kwargs:
-        return parts.add("Add", [value(a) for a in node.args])
-    if node.target is nn.functional.adaptive_avg_pool2d and len(node.args) == 2 \
-            and node.args[1] in (1, (1, 1), [1, 1]):
-        return parts.add("GlobalAveragePool", [value(node.args[0])])
-    if node.target in (torch.flatten, "flatten") and tuple(node.args[1:]) == (1,):
-        return parts.add("Flatten", [value(node.args[0])], axis=1)
-    if node.op == "call_method" and node.target == "relu":
-        return parts.add("Relu", [value(node.args[0])])
-    raise PartitionError(f"operation '{node.target}' of node '{node.name}' has no ONNX translation here")
-
-
-class _Translation:
-    """The state of one head's translation: the graph so far and the names of its values."""
-
-    def __init__(self, head: fx.GraphModule, quantized: Mapping[str, PackedTensor],
-                 floats: Mapping[str, np.ndarray]) -> None:
-        self.head, self.quantized, self.floats = head, quantized, floats
-        self.parts = GraphParts()
-        self.tensors: dict[str, str] = {}
-        self.env: dict[fx.Node, str] = {}
-
-    def tensor(self, name: str) -> str:
-        """A head tensor's value, made on first use (dequantized if packed)."""
-        if name not in self.tensors:  # short value names: every node that reads one repeats it
-            short = f"t{len(self.tensors)}"
-            if name in self.quantized:
-                self.tensors[name] = dequantize_nodes(self.parts, short, self.quantized[name])
-            elif name in self.floats:
-                self.tensors[name] = self.parts.constant(short, np.asarray(self.floats[name], np.float32))
-            else:
-                raise PartitionError(f"the head uses tensor '{name}', which the segment lacks")
-        return self.tensors[name]
-
-    def value(self, arg: object) -> str:
-        """The value an fx argument names."""
-        if not isinstance(arg, fx.Node):
-            raise PartitionError(f"a constant argument {arg!r} has no ONNX translation here")
-        return self.env[arg]
-
-    def node(self, node: fx.Node) -> str | None:
-        """Translate one fx node; the graph's output value for the output node, else None."""
-        if node.op == "placeholder":
-            self.env[node] = INPUT_NAME
-        elif node.op == "get_attr":
-            self.env[node] = self.tensor(str(node.target))
-        elif node.op == "call_module":
-            mod = self.head.get_submodule(str(node.target))
-            x = self.value(node.args[0])
-            self.env[node] = x if isinstance(mod, _ALIAS_MODULES) else _module_node(
-                self.parts, mod, str(node.target), x, self.tensor)
-        elif node.op in ("call_function", "call_method"):
-            self.env[node] = _function_node(self.parts, node, self.value)
-        elif node.op == "output":
-            return self.value(node.args[0])
-        return None
+    Raises:
+        PartitionError: the exporter cannot translate the head (its message, one line).
+    """
+    with _lock:
+        cached = _exported.get(head)
+        if cached is not None and cached[0] == input_shape:
+            return cached[1]
+        buffer = io.BytesIO()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+                # the TorchScript exporter writes to a file object too; the stubs name paths only
+                torch.onnx.export(head, (torch.zeros((1, *input_shape)),), buffer,  # type: ignore[arg-type]
+                                  dynamo=False, opset_version=ONNX_OPSET, input_names=[INPUT_NAME],
+                                  output_names=[OUTPUT_NAME], dynamic_axes={INPUT_NAME: {0: "N"}},
+                                  do_constant_folding=False)
+        except Exception as exc:  # the exporter raises many types for what it cannot translate
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise PartitionError(f"torch.onnx.export cannot translate the head: {first[:300]}") from exc
+        model = onnx.load_from_string(buffer.getvalue())
+        _exported[head] = (input_shape, model)
+        return model
 
 
 def head_to_onnx(head: fx.GraphModule, input_shape: tuple[int, ...], quantized: Mapping[str, PackedTensor],
                  floats: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> onnx.ModelProto:
-    """The head as an ONNX model: ``input`` ``[N, *input_shape]`` → ``activation``.
+    """The head as an ONNX segment: ``input`` ``[N, *input_shape]`` → ``activation``.
 
     Args:
         head: the head module cut by :func:`models.partition.split`.
@@ -160,13 +99,112 @@ def head_to_onnx(head: fx.GraphModule, input_shape: tuple[int, ...], quantized: 
         floats: every other head tensor, by name.
         metadata: ``metadata_props`` (model, version, cut, pattern id).
     """
-    translation = _Translation(head, quantized, floats)
-    outputs = [translation.node(node) for node in head.graph.nodes]
-    output = next((o for o in outputs if o is not None), None)
-    if output is None:
-        raise PartitionError("the head has no output")
-    _rename_output(translation.parts, output)
-    return _model(translation.parts, input_shape, metadata)
+    exported = export_head(head, input_shape)
+    rewrite = _Rewrite(exported, quantized, floats)
+    for node in exported.graph.node:
+        rewrite.node(node)
+    output = rewrite.name(exported.graph.output[0].name)
+    _rename_output(rewrite.parts, output)
+    return _model(rewrite.parts, input_shape, metadata)
+
+
+class _Rewrite:
+    """The exported graph made a segment, node by node (see the module's description)."""
+
+    def __init__(self, exported: onnx.ModelProto, quantized: Mapping[str, PackedTensor],
+                 floats: Mapping[str, np.ndarray]) -> None:
+        self.quantized, self.floats = quantized, floats
+        self.parts = GraphParts()
+        self.constants = constant_values(exported)
+        self.aliases = {n.output[0]: n.input[0] for n in exported.graph.node
+                        if n.op_type == "Identity" and n.input[0] in self.constants}
+        self.weights = frozenset(quantized) | frozenset(floats)
+        self.folded: Folded = fold_sizes(exported, self.weights, self.constants)
+        self.names: dict[str, str] = {INPUT_NAME: INPUT_NAME}
+        self.tensors: dict[str, str] = {}
+        self.batch: str | None = None
+        self.shared: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+
+    def node(self, node: onnx.NodeProto) -> None:
+        if node.op_type == "Constant" or (node.op_type == "Identity" and node.output[0] in self.aliases):
+            return
+        if all(out in self.folded.values for out in node.output if out):
+            return  # worked out here; its consumers read the value
+        if node.op_type == "Identity":  # dropout and identity modules: the same value
+            self.names[node.output[0]] = self.input(node, 0, node.input[0])
+            return
+        inputs = [self.input(node, i, name) for i, name in enumerate(node.input)]
+        outputs = [self.parts.value() if out else "" for out in node.output]
+        for out, short in zip(node.output, outputs, strict=True):
+            if out:
+                self.names[out] = short
+        defaults = _DEFAULTS.get(node.op_type, {})
+        attributes = [a for a in node.attribute if defaults.get(a.name, ...) != helper.get_attribute_value(a)
+                      and not (node.op_type == "Conv" and a.name == "kernel_shape")]
+        made = helper.make_node(node.op_type, inputs, outputs)
+        made.attribute.extend(attributes)
+        self.parts.nodes.append(made)
+
+    def name(self, value: str) -> str:
+        """The short name of an exported value that a node made."""
+        if value in self.names:
+            return self.names[value]
+        return self.input(None, 0, value)
+
+    def input(self, node: onnx.NodeProto | None, index: int, value: str) -> str:
+        """The name a rewritten node reads for the exported value ``value`` (its ``index``-th
+        input)."""
+        if not value:
+            return ""
+        value = self.aliases.get(value, value)
+        if value in self.weights:
+            return self.tensor(value)
+        if value in self.names:
+            return self.names[value]
+        if value in self.folded.values:
+            return self.sized(node, index, value)
+        raise PartitionError(f"the exported head reads {value!r}, which nothing makes")
+
+    def tensor(self, name: str) -> str:
+        """A head tensor's value, made on first use (dequantized if packed)."""
+        if name not in self.tensors:  # short value names: every node that reads one repeats it
+            short = f"t{len(self.tensors)}"
+            if name in self.quantized:
+                self.tensors[name] = dequantize_nodes(self.parts, short, self.quantized[name])
+            else:
+                array = np.asarray(self.floats[name], np.float32)
+                self.tensors[name] = self.parts.constant(short, array, scalar=array.ndim == 0)
+        return self.tensors[name]
+
+    def sized(self, node: onnx.NodeProto | None, index: int, value: str) -> str:
+        """A value worked out here: a constant, a ``Reshape`` target with ``-1`` for the batch, or
+        an ``Expand`` shape with the input's batch."""
+        constant = self.folded.constant(value)
+        op = node.op_type if node is not None else "output"
+        if constant is not None:
+            return self._constant(constant)
+        if node is not None and op == "Reshape" and index == 1:
+            return self._constant(self.folded.reshape_target(value, node.input[0]))
+        if op == "Expand" and index == 1:
+            shape, at = self.folded.batch_shape(value)
+            pieces = ([self._constant(shape[:at])] if at else []) + [self._batch()] + \
+                ([self._constant(shape[at + 1:])] if at + 1 < len(shape) else [])
+            return self.parts.add("Concat", pieces, axis=0)
+        raise PartitionError(f"{op} reads a value that depends on the batch size; the segment format "
+                             "carries such values only as Reshape and Expand shapes")
+
+    def _constant(self, array: np.ndarray) -> str:
+        array = np.asarray(array)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.shared:  # one initializer per distinct constant
+            self.shared[key] = self.parts.constant(f"k{len(self.parts.initializers)}", array,
+                                                   scalar=array.ndim == 0)
+        return self.shared[key]
+
+    def _batch(self) -> str:
+        if self.batch is None:
+            self.batch = self.parts.add("Shape", [INPUT_NAME], end=1)
+        return self.batch
 
 
 def _rename_output(parts: GraphParts, output: str) -> None:

@@ -20,6 +20,7 @@ from torch import fx, nn
 
 from qpart.kernels import QuantScheme, activation_group, fake_quantize, weight_group_size
 from qpart.models.partition import Cut, cut_flops, cuts_of, prepare, split
+from qpart.models.runtimes import runtime_refusals
 from qpart.models.timing import median_latency
 from qpart.offline.errors import CalibrationConfigError
 from qpart.profiles.artifacts import FLOAT_BITS, CutProfile
@@ -175,6 +176,7 @@ class ModelRunner:
                     tail_flops=total_flops - self.head_flops(cut.index),
                     server_head_s=median_latency(head, x, warmup=3, repeats=15),
                     server_tail_s=median_latency(tail, act, warmup=3, repeats=15),
+                    runtimes_refused=runtime_refusals(head, input_shape) if cut.index else {},
                 ))
             return profiles
         finally:

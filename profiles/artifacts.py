@@ -69,6 +69,10 @@ class CutProfile(_Frozen):
     server_tail_s: float = Field(0.0, ge=0, description=(
         "Tail time, batch 1, on the machine that calibrated (kept in timing.json; 0: not measured). "
         "The server measures its own at start-up; this stands in before."))
+    runtimes_refused: dict[str, str] = Field(default_factory=dict, description=(
+        "Device runtimes (torch, onnx) that cannot run this cut's head, each with why; checked at "
+        "calibration (models.runtimes). Plans for such a runtime never offer the cut. Empty: every "
+        "runtime; an artifact from before the check has none recorded."))
     coding_ratio: dict[Coding, dict[Bits, Ratio]] = Field(
         default_factory=dict,
         description="Per upload coding (kernels.coding), per activation bits (1..8, 32): mean coded "

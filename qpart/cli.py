@@ -134,6 +134,7 @@ def models_register(
     from qpart.models.errors import LabelsError, PreprocessError
     from qpart.models.partition import legal_cuts
     from qpart.models.registry import register_model, registry_path
+    from qpart.models.runtimes import refusals_by_cut
 
     target = registry or registry_path()
     if target is None:
@@ -151,6 +152,18 @@ def models_register(
                 "; no preprocessing declared (calibrate it on fashion-mnist or arrays)")
     declared += f", {len(names)} labels" if names is not None else ""
     typer.echo(f"registered {name} in {target}: {len(cuts)} legal cuts{declared}")
+    _warn_runtimes(refusals_by_cut(registered.load(), shape), len(cuts))
+
+
+def _warn_runtimes(table: dict[str, dict[int, str]], cuts: int) -> None:
+    """One line per device runtime: how many cuts it can run, and the first reason it cannot."""
+    for runtime, refused in table.items():
+        if not refused:
+            typer.echo(f"  {runtime} devices: every cut")
+            continue
+        first = min(refused)
+        typer.echo(f"  warning: {runtime} devices: {cuts - len(refused)} of {cuts} cuts (cut 0 always); "
+                   f"{len(refused)} refused, first cut {first}: {refused[first]}", err=True)
 
 
 def _register_shape(text: str | None, spec: PreprocessSpec | None) -> tuple[int, ...]:

@@ -51,7 +51,7 @@ class PlanChoice:
     chosen: Candidate
     segment: SegmentEntry | None
     all_server: Candidate
-    all_device: Candidate
+    all_device: Candidate | None
     held: frozenset[str]
     image: Candidate | None = None  # the cheapest input-image plan the request's offer got
 
@@ -154,9 +154,15 @@ class Engine:
 
     def model_info(self, name: str, version: str | None,
                    runtime: HeadRuntime = HeadRuntime.TORCH) -> ModelView:
-        """Every pattern of a model version with its segment in ``runtime``'s form."""
+        """Every pattern of a model version that ``runtime`` can run, with its segment in that
+        runtime's form."""
         model = self.catalog.get(name, version)
-        patterns = [(p, self.segments.for_pattern(model, p, runtime)) for p in model.artifact.patterns]
+        patterns = []
+        for p in model.artifact.patterns:
+            try:
+                patterns.append((p, self.segments.for_pattern(model, p, runtime)))
+            except UnprocessableError:
+                continue  # not offered to that runtime (ADR 0019)
         return ModelView(model, patterns, self.tails.tail_seconds(model), self.tails.answer_bytes(model),
                          self.decode_seconds(model))
 
@@ -184,7 +190,10 @@ class Engine:
         answer = self.tails.answer_bytes(model)
         segments: dict[str, SegmentEntry | None] = {}
         for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
-            entry = segments[pattern.pattern_id] = self.segments.for_pattern(model, pattern, req.runtime)
+            try:
+                entry = segments[pattern.pattern_id] = self.segments.for_pattern(model, pattern, req.runtime)
+            except UnprocessableError:
+                continue  # the device's runtime cannot run this cut's head: never offered (ADR 0019)
             seg_id, size = (entry.segment_id, entry.size) if entry else (None, 0)
             # Raw and compressed uploads are separate candidates: the cheaper one may miss a
             # deadline the other meets (compressing can save energy and cost time).
@@ -199,7 +208,9 @@ class Engine:
         candidates += images
         _require_finite(candidates)
         chosen = choose(candidates, req.deadline_s)
-        choice = PlanChoice(model, chosen, segments[chosen.pattern.pattern_id], best_at_cut(candidates, 0),
+        all_server = best_at_cut(candidates, 0)
+        assert all_server is not None, "cut 0 has no head: every runtime is offered it"
+        choice = PlanChoice(model, chosen, segments[chosen.pattern.pattern_id], all_server,
                             best_at_cut(candidates, len(model.cuts) - 1), inputs.held,
                             min(images, key=lambda c: c.costs.objective) if images else None)
         self.metrics.plan_duration.observe(time.perf_counter() - started)

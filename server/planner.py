@@ -224,6 +224,7 @@ def choose(candidates: list[Candidate], deadline_s: float | None) -> Candidate:
     return min(meeting, key=lambda c: (c.pattern.level, c.costs.objective))
 
 
-def best_at_cut(candidates: list[Candidate], cut: int) -> Candidate:
-    """The cheapest candidate at one cut (for the all-server / all-device comparisons)."""
-    return min((c for c in candidates if c.pattern.cut == cut), key=lambda c: c.costs.objective)
+def best_at_cut(candidates: list[Candidate], cut: int) -> Candidate | None:
+    """The cheapest candidate at one cut (for the all-server / all-device comparisons); None where
+    no candidate is at that cut (the device's runtime cannot run its head, ADR 0019)."""
+    return min((c for c in candidates if c.pattern.cut == cut), key=lambda c: c.costs.objective, default=None)

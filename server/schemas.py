@@ -197,8 +197,9 @@ class PlanResponse(_Strict):
         description="The cheapest plan at cut 0 (the server runs the whole model): the input sent "
         "as a packet or, where the request offered its input image and the model takes it, the "
         "image itself (ADR 0014).")
-    all_device: CostBreakdown = Field(description="The cheapest plan at the last cut (the device "
-                                      "runs the whole model).")
+    all_device: CostBreakdown | None = Field(description="The cheapest plan at the last cut (the device "
+                                             "runs the whole model); null where the device's runtime "
+                                             "cannot run the whole model (ADR 0019).")
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
     upload_encoding: UploadEncoding = Field(

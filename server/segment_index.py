@@ -34,8 +34,18 @@ def _build(model: LoadedModel, pattern: Pattern, runtime: HeadRuntime) -> bytes:
     try:
         return build_onnx_segment(head, tuple(model.artifact.input_shape), model.name, model.version, pattern)
     except PartitionError as exc:
-        raise UnprocessableError(f"model '{model.name}' has no ONNX head at cut {pattern.cut} ({exc}); "
-                                 "plan with runtime 'torch'") from exc
+        raise UnprocessableError(_refusal(model, pattern.cut, runtime, str(exc))) from exc
+
+
+def _refusal(model: LoadedModel, cut: int, runtime: HeadRuntime, reason: str) -> str:
+    return f"model '{model.name}' has no {runtime.value} head at cut {cut} ({reason})"
+
+
+def refused_reason(model: LoadedModel, cut: int, runtime: HeadRuntime) -> str | None:
+    """Why the calibration found that ``runtime`` cannot run the head at ``cut`` (None: it can, or
+    the artifact predates the check)."""
+    profiles = model.artifact.cuts
+    return profiles[cut].runtimes_refused.get(runtime.value) if cut < len(profiles) else None
 
 
 class SegmentIndex:
@@ -47,18 +57,35 @@ class SegmentIndex:
         self.store = store
         self._by_pattern: dict[tuple[str, str, str, HeadRuntime], SegmentEntry | None] = {}
         self._by_segment: dict[str, SegmentEntry] = {}
+        self._refused: dict[tuple[str, str, int, HeadRuntime], str] = {}
 
     def for_pattern(self, model: LoadedModel, pattern: Pattern,
                     runtime: HeadRuntime = HeadRuntime.TORCH) -> SegmentEntry | None:
         """The pattern's segment in ``runtime``'s form (None: its head has no tensors, as at
-        cut 0), built once."""
+        cut 0), built once.
+
+        Raises:
+            UnprocessableError: ``runtime`` cannot run the head at the pattern's cut (as the
+                calibration recorded, or as building it found), saying why.
+        """
         key = (model.name, model.version, pattern.pattern_id, runtime)
+        refused = (model.name, model.version, pattern.cut, runtime)
+        if refused in self._refused:  # a head that failed to build is not tried on every plan
+            raise UnprocessableError(self._refused[refused])
         if key not in self._by_pattern:
             head = model.parts[pattern.cut][0]
+            reason = refused_reason(model, pattern.cut, runtime) if pattern.cut else None
+            if reason is not None:
+                self._refused[refused] = _refusal(model, pattern.cut, runtime, reason)
+                raise UnprocessableError(self._refused[refused])
             if not list(head.parameters()) and not list(head.buffers()):
                 self._by_pattern[key] = None
             else:
-                data = _build(model, pattern, runtime)
+                try:
+                    data = _build(model, pattern, runtime)
+                except UnprocessableError as exc:
+                    self._refused[refused] = str(exc)
+                    raise
                 digest = hashlib.sha256(data).hexdigest()
                 entry = SegmentEntry(digest, len(data), model.name, model.version, pattern.pattern_id,
                                      runtime)

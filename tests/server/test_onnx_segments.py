@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pytest
 
@@ -96,3 +97,21 @@ def test_the_model_listing_links_each_patterns_segment_in_the_runtime_asked_for(
     chosen = next(o for _, o in pairs if plan["plan_id"].endswith("/" + o["pattern_id"]))
     assert chosen["segment"] == plan["segment"]
     assert client.get("/v1/models/fmnist-cnn", params={"runtime": "tflite"}).status_code == 422
+
+
+def test_cuts_the_calibration_found_an_onnx_device_cannot_run_are_never_offered_to_it(tmp_path, cnn_only):
+    """ADR 0019: the artifact's per-cut runtime refusals keep those cuts out of ONNX plans (cut 0,
+    no head, always stays) and out of the ONNX listing, and torch plans are as before."""
+    from tests.server.conftest import make_client
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(cnn_only, root)
+    path = root / "fmnist-cnn" / "artifact.json"
+    doc = json.loads(path.read_text())
+    for cut in doc["cuts"][1:]:
+        cut["runtimes_refused"] = {"onnx": "refused for the test"}
+    path.write_text(json.dumps(doc))
+    with make_client(root) as client:
+        torch_plan, onnx_plan = _plan(client, "torch"), _plan(client, "onnx")
+        assert torch_plan["cut"] > 0
+        assert onnx_plan["cut"] == 0 and onnx_plan["segment"] is None

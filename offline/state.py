@@ -91,9 +91,13 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
     """
     needed = s.fit_samples + s.check_samples
     if needed > len(sources.calibration):
+        have = len(sources.calibration)
         raise CalibrationConfigError(
-            f"fit_samples + check_samples = {needed} exceeds the {len(sources.calibration)} calibration "
-            f"samples")
+            f"--fit-samples {s.fit_samples} + --check-samples {s.check_samples} = {needed} exceeds the "
+            f"{have} calibration samples; give both so they add up to at most {have} (e.g. --fit-samples "
+            f"{max(100, have * 2 // 5)} --check-samples {max(100, have - max(100, have * 2 // 5))}; the "
+            "check samples bound each level's promise: with none over a level among n, the bound is "
+            "near 3/n)")
     cal = read_samples(sources.calibration, needed, sources.order, Split.CALIBRATION,
                        None if spill is None else spill / "calibration.npy", tick)
     if spill is None:

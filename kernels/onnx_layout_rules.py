@@ -56,7 +56,10 @@ def _axes(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) -
 def _squeeze(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) -> Shape:
     x = _arity(ins, 1, 2)[0]
     assert x is not None
-    axes = {_axis(a, len(x)) for a in _axes(ins, node, consts)} or {i for i, d in enumerate(x) if d == 1}
+    given = _axes(ins, node, consts)
+    if not given and BATCH in x:  # ONNX Runtime would squeeze a batch of 1 too
+        raise Refused("squeezes without axes a tensor with a batch")
+    axes = {_axis(a, len(x)) for a in given} or {i for i, d in enumerate(x) if d == 1}
     if any(x[a] != 1 for a in axes):
         raise Refused(f"squeezes an axis of {_shown(x)} that is not 1")
     return tuple(d for i, d in enumerate(x) if i not in axes)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qpart.kernels.errors import OversizeError, UnsafeSegmentError, WireFormatError
-from qpart.kernels.onnx_graph import INT64, Initializer, Node, Shape, elements
+from qpart.kernels.onnx_graph import BATCH, INT64, Initializer, Node, Shape, elements
 from qpart.kernels.onnx_layout_rules import LAYOUT_RULES, split_shapes
 from qpart.kernels.onnx_shape_rules import RULES as BASIC_RULES
 from qpart.kernels.onnx_shape_rules import Refused, int64_values
@@ -90,6 +90,8 @@ def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[st
         raise UnsafeSegmentError(f"ONNX segment {where}: {exc}") from None
     largest = 0
     for name, out in zip(node.outputs, outs, strict=True):
+        if out.count(BATCH) > 1:  # per-sample counts would miss N**k elements
+            raise UnsafeSegmentError(f"ONNX segment {where} puts the batch in more than one axis")
         n = elements(out)
         if n > max_elements:
             raise OversizeError(f"ONNX segment {where} makes a tensor of {n} elements per sample, over "

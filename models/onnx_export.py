@@ -156,7 +156,8 @@ class _Rewrite:
         input)."""
         if not value:
             return ""
-        value = self.aliases.get(value, value)
+        if value not in self.weights:  # a head tensor named by an exporter alias is still its own
+            value = self.aliases.get(value, value)
         if value in self.weights:
             return self.tensor(value)
         if value in self.names:

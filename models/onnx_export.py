@@ -51,7 +51,6 @@ _DEFAULTS["Gemm"] = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 _DEFAULTS["Reshape"] = {"allowzero": 0}
 _DEFAULTS["LayerNormalization"] = {"axis": -1, "stash_type": 1}
 _DEFAULTS["Softmax"] = {"axis": -1}
-_DEFAULTS["Concat"] = {}
 _DEFAULTS["Gather"] = {"axis": 0}
 _DEFAULTS["Split"] = {"axis": 0}
 

@@ -79,17 +79,17 @@ wrk:  ## the load generator of the serving benchmarks (Debian package wrk; needs
 
 bench: setup wrk  ## kernel and serving benchmarks (JSON in bench/results/)
 	DISABLE_CUDA=1 $(PIP) install -q --no-deps hqq==0.2.8.post1
-	$(PY) -m bench.kernels --json bench/results/kernels.json
-	$(PY) -m bench.serve --json bench/results/serve.json
+	$(PY) -m bench.micro.kernels --json bench/results/kernels.json
+	$(PY) -m bench.micro.serve --json bench/results/serve.json
 
 bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link, as issue 27's acceptance grid (root; about 85 min, more while the host steals CPU)
 	OMP_NUM_THREADS=1 $(PY) -m bench.e2e --cell-seconds 10 --repetitions 5 --json bench/results/e2e.json
 
 bench-peer: setup wrk  ## /v2 infer vs KServe in its own venv, private namespace (root)
-	$(PY) -m bench.peer --json bench/results/peer.json
+	$(PY) -m bench.micro.peer --json bench/results/peer.json
 
 bench-load: setup  ## 64 simulated devices for 3 minutes: errors, RSS, segment cache
-	$(PY) -m bench.load --json bench/results/load.json
+	$(PY) -m bench.micro.load --json bench/results/load.json
 
 artifacts: setup  ## re-run the calibration of both reference models (about half an hour)
 	$(VENV)/bin/qpart calibrate --model fmnist-cnn --out artifacts/fmnist-cnn

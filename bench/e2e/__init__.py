@@ -13,7 +13,7 @@ host's FLOP/s (the whole model's FLOPs over its measured batch-1 time) and ``F``
 ``flops_per_s``, a head that takes ``t`` here takes ``t * H / F`` on the device. ``H`` comes from
 the profile just before each cell; within the cell, each round's device seconds are also scaled by
 the host's speed in that round against the profile, read from a reference workload that runs among
-the round's strategies (:mod:`bench.device_clock`): the device's speed holds still while this shared
+the round's strategies (:mod:`bench.harness.device_clock`): the device's speed holds still while this shared
 machine's wanders. The device profile sent to the planner carries per-cut head times measured
 the same way (the profiler of ``qpart device profile``), so prediction and measurement use one
 clock. Before every cell the device also measures its link as a device in the field can, on the
@@ -21,7 +21,7 @@ link itself (:func:`probe_exchange`): the exchange's fixed overhead (``rtt_s``) 
 which an upload body's bytes cost time (``upload_rate_bps``, ADR 0006). Its plan request carries
 the fit of the medians of its last three probes at this rate and model (:data:`PROBE_WINDOW`),
 except that the overhead is the median of that fit and what the last two cells' own exchanges
-implied (:func:`implied_rtt`, :func:`bench.exchange.overhead`).
+implied (:func:`implied_rtt`, :func:`bench.harness.exchange.overhead`).
 
 Strategies per cell (model, device, rate, weight preset, cache state):
 
@@ -37,11 +37,11 @@ Strategies per cell (model, device, rate, weight preset, cache state):
 - ``input-png``, ``input-webp@75``, ``input-webp@90``, ``input-jpeg@90``: the input image as the
   device holds it, compressed (SC2's naive baseline; :mod:`bench.e2e.baselines`);
 - ``autoencoder@k``: an encoder on the device and a decoder on the server at cut k
-  (:mod:`bench.autoencoder`; the committed ones in ``bench/results/autoencoder``).
+  (:mod:`bench.harness.autoencoder`; the committed ones in ``bench/results/autoencoder``).
 
 A naive baseline's test drop is the one measured on the whole test split (``input_codecs.json``,
 the autoencoder's ``meta.json``); it competes for a cell's best only where that drop keeps the
-demand. The baselines' server side is :mod:`bench.baseline_routes`, behind the same shaped link.
+demand. The baselines' server side is :mod:`bench.harness.baseline_routes`, behind the same shaped link.
 
 Every pattern strategy offers deflate and zstd uploads (ADRs 0005, 0007) and sends its packet the way the
 cost model prices cheapest; the device's compression time is part of its encode time (measured,
@@ -72,7 +72,7 @@ where strategies differ by a tenth of a millisecond in a few milliseconds of noi
 too few rounds.)
 
 While the grid runs, one ``SCHED_IDLE`` busy loop per core keeps the cores from halting
-(:mod:`bench.spin`; ``--no-spin`` turns it off): on this KVM guest a halted vCPU's wake-up doubled
+(:mod:`bench.harness.spin`; ``--no-spin`` turns it off): on this KVM guest a halted vCPU's wake-up doubled
 a loopback exchange's median time and widened its spread threefold, noise the strategies' near
 ties drowned in.
 
@@ -152,7 +152,7 @@ from bench.e2e.grid import run
 from bench.e2e.probes import fit_link, measure_link, measure_rtt, probe_exchange, probe_rtt
 from bench.e2e.report import markdown, summarize
 from bench.e2e.sitting import run_sitting
-from bench.loadgen import enter_private_network
+from bench.harness.loadgen import enter_private_network
 
 __all__ = [
     "CLOCK",
@@ -235,10 +235,10 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"most extra attempts per cell (default {STEAL_RETRIES}; 0: never again)")
     parser.add_argument("--no-spin", dest="spin", action="store_false",
                         help="let the cores halt when idle (default: a SCHED_IDLE busy loop per core keeps "
-                             "them awake, so a wake-up is not the hypervisor's; bench.spin)")
+                             "them awake, so a wake-up is not the hypervisor's; bench.harness.spin)")
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
     parser.add_argument("--autoencoders", type=Path, default=AUTOENCODERS,
-                        help="bench.autoencoder's trained baselines (default: the committed ones)")
+                        help="bench.harness.autoencoder's trained baselines (default: the committed ones)")
     args = parser.parse_args(argv)
     if args.repetitions < 3:
         parser.error(f"--repetitions: at least 3 (a significance needs repetitions), not {args.repetitions}")

@@ -5,11 +5,11 @@
   uploads it; the server decodes it, preprocesses it as the card declares and runs the float
   model (``input-png``: the product's input-image plan, ADR 0014; a WebP quality the model's
   calibration promises: the product's lossy input-image plan, ADR 0015; the others:
-  :mod:`bench.baseline_routes`). Its test drop is the one :mod:`bench.input_codecs`
+  :mod:`bench.harness.baseline_routes`). Its test drop is the one :mod:`bench.micro.input_codecs`
   measured on the whole test split (``bench/results/input_codecs.json``), or for a quality only
   the calibration measured, the artifact's (the same measure on the same split).
 - ``autoencoder@k``: the device runs the float head to cut ``k`` (the lossless pattern's segment)
-  and :mod:`bench.autoencoder`'s encoder (its weights downloaded once, like a segment), quantizes
+  and :mod:`bench.harness.autoencoder`'s encoder (its weights downloaded once, like a segment), quantizes
   the bottleneck into an activation packet and uploads it; the server decodes it, runs the decoder
   and the float tail. Test drop: the autoencoder's ``meta.json``.
 
@@ -43,14 +43,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bench import REPO, autoencoder
-from bench.baseline_routes import decode_image
-from bench.device_clock import ENCODE_RUNS, HEAD_RUNS
+from bench import REPO
 from bench.e2e.artifacts import packet_bytes
 from bench.e2e.config import DEMAND
 from bench.e2e.device import Link, ModelView, server_parts, server_timing
-from bench.input_codecs import CODECS as RECORDED_CODECS
-from bench.input_codecs import encode
+from bench.harness import autoencoder
+from bench.harness.baseline_routes import decode_image
+from bench.harness.codecs import CODECS as RECORDED_CODECS
+from bench.harness.codecs import encode
+from bench.harness.device_clock import ENCODE_RUNS, HEAD_RUNS
 from qpart.client.image_offers import WINDOW as OFFER_WINDOW
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
 from qpart.models.image_codecs import WEBP, encode_webp, rung_id
@@ -97,7 +98,7 @@ class Baseline:
 
 
 def encode_input(pixels: np.ndarray, codec: str) -> bytes:
-    """One grayscale image as ``codec`` encodes it: :mod:`bench.input_codecs`'s codecs, or a WebP at
+    """One grayscale image as ``codec`` encodes it: :mod:`bench.micro.input_codecs`'s codecs, or a WebP at
     any quality by the product's encoder (the same bytes as ``input_codecs``' WebPs, method 6)."""
     if codec in RECORDED_CODECS:
         return encode(pixels, codec)
@@ -243,7 +244,7 @@ def run_once(client: httpx.Client, url: str, model: ModelView, b: Baseline, pixe
              image: np.ndarray, ratio: float, link: Link) -> dict[str, float]:
     """One inference of the baseline: its device work (timed, scaled), upload, server answer.
     ``input-png`` and the WebP qualities the calibration promises go to the product's input-image
-    plans, the other codecs and the autoencoders to :mod:`bench.baseline_routes`."""
+    plans, the other codecs and the autoencoders to :mod:`bench.harness.baseline_routes`."""
     headers: dict[str, str] = {}
     if b.kind == "codec":
         host = median_seconds(lambda: encode_input(pixels, b.codec), warmup=ENCODE_RUNS["settle"],

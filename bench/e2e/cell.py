@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.device_clock import ReferenceClock
 from bench.e2e.baselines import ENCODER_PREFIX, Baseline, product_quality, profile
 from bench.e2e.baselines import predict as predict_baseline
 from bench.e2e.config import CLOCK, DEMAND
 from bench.e2e.device import Link, ModelView, measured_j
+from bench.harness.device_clock import ReferenceClock
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.image_codecs import parse_rung_id

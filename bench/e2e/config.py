@@ -16,4 +16,4 @@ QUICK_RATES_MBPS = (5.0,)
 QUICK_PRESETS = ("latency-first",)
 PORT = 18500
 CLOCK = "reference"  # the reference workload's place in a round's order (not a pattern id)
-FILLER_PORT = 18501  # bench.shaped_server's orders (filler frames per response)
+FILLER_PORT = 18501  # bench.harness.shaped_server's orders (filler frames per response)

@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import torch
 
-from bench.device_clock import ENCODE_RUNS, HEAD_RUNS, ReferenceClock
-from bench.link import ShapedLink
+from bench.harness.device_clock import ENCODE_RUNS, HEAD_RUNS, ReferenceClock
+from bench.harness.link import ShapedLink
 from qpart.client.onnx_runtime import create_session
 from qpart.client.plans import HeadSpec, PacketFormat
 from qpart.client.profiler import CodingSeconds, coding_times, head_calls, measure_encodes
@@ -57,7 +57,7 @@ class ModelView:
     segments: dict[str, bytes] = field(default_factory=dict)  # what the device has downloaded
     host_coding_s: CodingSeconds = field(default_factory=dict)  # per coding, cut and bits
     activations: list[np.ndarray] = field(default_factory=list)  # the real image's, every cut but the last
-    reference_s: float = 0.0  # the reference workload's time in the last profile (bench.device_clock)
+    reference_s: float = 0.0  # the reference workload's time in the last profile (bench.harness.device_clock)
     runtime: HeadRuntime = HeadRuntime.TORCH  # what runs the device's heads, and so its segments' form
     onnx_heads: list[OrtHead] = field(default_factory=list)  # runtime onnx: each cut's lossless head
     decode_s: dict[str, list[float]] = field(default_factory=dict)  # the server's, per coding and cut
@@ -126,7 +126,7 @@ def reprofile(model: ModelView, image: np.ndarray, clock: ReferenceClock) -> Non
     over seconds to minutes (seen: the whole CNN 34% faster twenty minutes after the profile), and a
     device's time is host time x host FLOP/s / device FLOP/s: with a stale profile the planner's
     device times and the measured ones run on different clocks. The reference workload is timed in
-    the same rounds: the cell's rounds scale device time by it (bench.device_clock)."""
+    the same rounds: the cell's rounds scale device time by it (bench.harness.device_clock)."""
     # the trained model on a real image: what the device runs; the reference in the same rounds
     x = torch.from_numpy(image)
     heads = (head_calls(model.name, trained=True, x=x) if model.runtime is HeadRuntime.TORCH

@@ -8,7 +8,7 @@ from typing import Any
 
 from bench.e2e.repetitions import merge
 from bench.e2e.report import _progress, summarize
-from bench.exchange import ExchangeProbe
+from bench.harness.exchange import ExchangeProbe
 
 STEAL_GATE = 0.05
 STEAL_RETRIES = 2

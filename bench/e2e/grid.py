@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from bench import cpu_ticks, steal_fraction
-from bench.device_clock import ReferenceClock
 from bench.e2e.artifacts import write_artifacts
 from bench.e2e.baselines import Baseline, load_baselines
 from bench.e2e.config import (
@@ -40,11 +39,12 @@ from bench.e2e.gating import gated_summary, sitting_cells
 from bench.e2e.probes import fit_link, measure_link, probe_exchange, probe_rtt
 from bench.e2e.repetitions import merge
 from bench.e2e.sitting import run_sitting
-from bench.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
-from bench.link import ShapedLink
-from bench.loadgen import GENERATOR_CORE, Server, start_server
-from bench.shaped_server import CONTROL_PORT_ENV
-from bench.spin import IdleSpinners
+from bench.harness.device_clock import ReferenceClock
+from bench.harness.exchange import PROBE_WINDOW, TRAFFIC_WINDOW, ExchangeProbe, overhead
+from bench.harness.link import ShapedLink
+from bench.harness.loadgen import GENERATOR_CORE, Server, start_server
+from bench.harness.shaped_server import CONTROL_PORT_ENV
+from bench.harness.spin import IdleSpinners
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.data import Split, load_split, load_split_pixels
 from qpart.models.registry import get_model
@@ -123,14 +123,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     baselines = {m: load_baselines(m, autoencoders=args.autoencoders,
                                    artifact=load_artifact(args.artifacts / m)) for m in args.model}
     cells: list[dict[str, Any]] = []
-    # the cores never halt while the grid runs (bench.spin: a halted vCPU's wake-up on this host
+    # the cores never halt while the grid runs (bench.harness.spin: a halted vCPU's wake-up on this host
     # took the median loopback exchange from 1.45-1.74 to 3.29-3.53 ms, results/spin.json)
     with IdleSpinners(enabled=args.spin), tempfile.TemporaryDirectory(prefix="qpart-e2e-") as tmp:
         write_artifacts(args.artifacts, list(args.model), Path(tmp))
         env = {"QPART_PORT": str(PORT), "QPART_TORCH_THREADS": "1", CONTROL_PORT_ENV: str(FILLER_PORT),
                "QPART_SEGMENT_CACHE_BYTES": str(256 << 20)}
-        server: Server = start_server([sys.executable, "-m", "bench.shaped_server", "--artifacts", tmp,
-                                       "--autoencoders", str(args.autoencoders)],
+        server: Server = start_server([sys.executable, "-m", "bench.harness.shaped_server",
+                                       "--artifacts", tmp, "--autoencoders", str(args.autoencoders)],
                                       f"http://127.0.0.1:{PORT}", "/v2/health/ready", env)
         os.sched_setaffinity(0, {int(GENERATOR_CORE)})
         wire = ShapedLink(server_control_port=FILLER_PORT)
@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with wire.client(timeout=300) as client:
                 url = server.url
                 first = images[args.model[0]]
-                # the reference workload (bench.device_clock) takes a 1x28x28 image whatever the models
+                # the reference workload (bench.harness.device_clock) takes a 1x28x28 image, whatever the
+                # models
                 clock = ReferenceClock(torch.from_numpy(load_split(Split.TEST, limit=1).images))
                 devices = QUICK_DEVICES if args.quick else DEVICES
                 runtimes = sorted({device_runtime(d) for d in devices})

@@ -12,8 +12,8 @@ import numpy as np
 
 from bench.e2e.cell import _predict
 from bench.e2e.device import Link, ModelView
-from bench.exchange import ExchangeProbe, fit_exchange, probe_medians
-from bench.link import ShapedLink, idle_gap_s
+from bench.harness.exchange import ExchangeProbe, fit_exchange, probe_medians
+from bench.harness.link import ShapedLink, idle_gap_s
 from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
 from qpart.profiles.devices import get_device
@@ -59,7 +59,7 @@ def probe_rtt(client: httpx.Client, url: str, model: ModelView, image: np.ndarra
 
 def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.ndarray, link: Link,
                    rng: random.Random, rounds: int = 21) -> ExchangeProbe:
-    """One probe of the exchange on the shaped link itself (:mod:`bench.exchange` fits it).
+    """One probe of the exchange on the shaped link itself (:mod:`bench.harness.exchange` fits it).
 
     The device uploads the image at cut 0 with the fewest bits and as float32, ``rounds`` pairs,
     each pair in a random order, each upload encoded first (as :func:`run_once` does) and sent
@@ -90,7 +90,7 @@ def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.n
 
 
 def fit_link(model: ModelView, link: Link, probes: Sequence[ExchangeProbe]) -> tuple[float, float]:
-    """(rtt, upload rate) from ``probes`` (:func:`bench.exchange.fit_exchange`), with the small
+    """(rtt, upload rate) from ``probes`` (:func:`bench.harness.exchange.fit_exchange`), with the small
     exchange priced by the cost model as the plans are."""
     small = min((p for p in model.patterns if p["cut"] == 0), key=lambda p: p["activation_bits"])
     device = get_device("raspberry-pi-4")  # the transfer term depends on the link alone

@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.device_clock import ReferenceClock
 from bench.e2e.baselines import ENCODER_PREFIX, Baseline, profile
 from bench.e2e.baselines import run_once as run_baseline
 from bench.e2e.cell import (
@@ -46,6 +45,7 @@ from bench.e2e.cell import (
 )
 from bench.e2e.config import STRATEGIES
 from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
+from bench.harness.device_clock import ReferenceClock
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.images import INPUT_PNG
 from qpart.server.planner import PlanInputs

@@ -1,4 +1,4 @@
-"""bench.autoencoder: training sees the quantizer the wire applies, and what is saved loads back."""
+"""bench.harness.autoencoder: training sees the quantizer the wire applies, and what is saved loads back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import torch
 
-from bench import autoencoder
+from bench.harness import autoencoder
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
 from qpart.models.data import Split, load_split
 

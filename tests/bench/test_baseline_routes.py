@@ -1,4 +1,4 @@
-"""bench.baseline_routes: the naive baselines' server side answers what the float model answers, over
+"""bench.harness.baseline_routes: the naive baselines' server side answers what the float model answers, over
 real HTTP, and refuses bytes it cannot read with a 400."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from bench import autoencoder
-from bench.baseline_routes import decode_image, input_tensor
 from bench.e2e.device import server_timing
-from bench.input_codecs import encode
+from bench.harness import autoencoder
+from bench.harness.baseline_routes import decode_image, input_tensor
+from bench.harness.codecs import encode
 from qpart.kernels import wire
 from qpart.kernels.wire import encode_quantized_activation
 from qpart.models.data import Split, load_split_pixels
@@ -31,7 +31,7 @@ from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.integration  # a bench.shaped_server process on loopback
+pytestmark = pytest.mark.integration  # a bench.harness.shaped_server process on loopback
 
 AE = Path(__file__).parents[2] / "bench" / "results" / "autoencoder" / "fmnist-cnn-c3"
 
@@ -49,8 +49,8 @@ def _huge_scales() -> bytes:
 def baseline_server(cnn_only: Path) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "QPART_PORT": str(port), "QPART_HOST": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "bench.shaped_server", "--artifacts", str(cnn_only),
-                             "--autoencoders", str(AE.parent)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "bench.harness.shaped_server",
+                             "--artifacts", str(cnn_only), "--autoencoders", str(AE.parent)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

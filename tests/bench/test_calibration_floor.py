@@ -1,8 +1,8 @@
-"""bench.calibration_floor counts each lossy pattern measured on the test split once."""
+"""bench.micro.calibration_floor counts each lossy pattern measured on the test split once."""
 
 from __future__ import annotations
 
-from bench.calibration_floor import lossy_patterns
+from bench.micro.calibration_floor import lossy_patterns
 
 
 def pattern(cut: int, bits: dict[str, int], act: int, test_drop: float | None = 0.0) -> dict[str, object]:

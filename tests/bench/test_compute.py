@@ -1,10 +1,10 @@
-"""bench.compute: per-sample compute by batch size, on the trained model the server runs."""
+"""bench.micro.compute: per-sample compute by batch size, on the trained model the server runs."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.compute import _runner, run
+from bench.micro.compute import _runner, run
 
 
 def test_per_sample_times_are_measured_for_each_batch_with_batch_1_as_the_baseline(artifacts_dir):

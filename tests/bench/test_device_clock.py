@@ -1,4 +1,4 @@
-"""The emulated device's clock (bench.device_clock) and the grid's rounds that use it."""
+"""The emulated device's clock (bench.harness.device_clock) and the grid's rounds that use it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench.device_clock import ReferenceClock, drift, reference_net
 from bench.e2e import run_rounds
+from bench.harness.device_clock import ReferenceClock, drift, reference_net
 
 
 def test_the_reference_workload_is_the_same_net_every_time():

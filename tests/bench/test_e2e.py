@@ -215,7 +215,7 @@ def test_idle_spinners_run_one_busy_loop_per_core_at_sched_idle_and_stop():
     import os
     import time
 
-    from bench.spin import IdleSpinners
+    from bench.harness.spin import IdleSpinners
 
     with IdleSpinners() as spinners:
         assert len(spinners._procs) == len(os.sched_getaffinity(0))
@@ -237,7 +237,7 @@ def test_idle_spinners_die_with_a_parent_killed_outright(tmp_path):
     import sys
     import time
 
-    script = ("import sys, time\nfrom bench.spin import IdleSpinners\n"
+    script = ("import sys, time\nfrom bench.harness.spin import IdleSpinners\n"
               "with IdleSpinners() as s:\n    print(' '.join(str(p.pid) for p in s._procs), flush=True)\n"
               "    time.sleep(60)\n")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:

@@ -1,4 +1,4 @@
-"""bench.exchange: from probes of a link to the rtt and upload rate a plan request carries."""
+"""bench.harness.exchange: from probes of a link to the rtt and upload rate a plan request carries."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.exchange import (
+from bench.harness.exchange import (
     MAX_RATE_FACTOR,
     MAX_UPLOAD_RATE_BPS,
     ExchangeProbe,

@@ -1,4 +1,4 @@
-"""bench.input_codecs: the input-compression baseline's bytes and drops are measured, not assumed."""
+"""bench.micro.input_codecs: the input-compression baseline's bytes and drops are measured, not assumed."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from bench.baseline_routes import decode_image as decode
-from bench.input_codecs import CODECS, encode, main
+from bench.harness.baseline_routes import decode_image as decode
+from bench.micro.input_codecs import CODECS, encode, main
 from qpart.models.data import Split, load_split_pixels
 
 

@@ -1,4 +1,4 @@
-"""bench.link: the shaper's bucket, and requests that start on an emptied bucket."""
+"""bench.harness.link: the shaper's bucket, and requests that start on an emptied bucket."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from httpcore._backends.sync import SyncStream
 
-from bench import link
-from bench.link import FRAME_BYTES, ShapedLink, burst_bytes, idle_gap_s
+from bench.harness import link
+from bench.harness.link import FRAME_BYTES, ShapedLink, burst_bytes, idle_gap_s
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):

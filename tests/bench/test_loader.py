@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.loader import IMAGENET_SPEC, _run_isolated, generate_folder
+from bench.micro.loader import IMAGENET_SPEC, _run_isolated, generate_folder
 from qpart.models.sources import ImageFolderSource
 
 

@@ -1,10 +1,11 @@
-"""bench.offer_charge: the planner's J per repetition plus its offer's encoding, less what it uploaded."""
+"""bench.e2e.analyses.offer_charge: the planner's J per repetition plus its offer's encoding, less what it
+uploaded."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.offer_charge import charged_cell, near, offer_seconds, product_share
+from bench.e2e.analyses.offer_charge import charged_cell, near, offer_seconds, product_share
 from qpart.client.image_offers import FAR, REFRESH, REFRESH_FAR
 from qpart.profiles.devices import get_device
 from qpart.server.schemas import PRESETS, WeightPreset

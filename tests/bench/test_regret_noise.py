@@ -1,4 +1,5 @@
-"""bench.regret_noise: the held-out regret removes the winner's curse that the grid's statistic has."""
+"""bench.e2e.analyses.regret_noise: the held-out regret removes the winner's curse that the grid's
+statistic has."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.regret_noise import analyse, held_out, main, mean_interval, predicted, sitting_sigmas, tied_floor
+from bench.e2e.analyses.regret_noise import (
+    analyse,
+    held_out,
+    main,
+    mean_interval,
+    predicted,
+    sitting_sigmas,
+    tied_floor,
+)
 
 
 def _cell(js: dict[str, list[float]], i: int = 0, keeps: dict[str, bool] | None = None,

@@ -1,5 +1,5 @@
-"""bench.route_overhead: both routes answer the same PNG over real HTTP, and the interval is of the
-difference of the medians."""
+"""bench.e2e.analyses.route_overhead: both routes answer the same PNG over real HTTP, and the interval is
+of the difference of the medians."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from bench.route_overhead import ROUTES, bootstrap_difference, main
+from bench.e2e.analyses.route_overhead import ROUTES, bootstrap_difference, main
 
-pytestmark = pytest.mark.integration  # a bench.shaped_server process on loopback
+pytestmark = pytest.mark.integration  # a bench.harness.shaped_server process on loopback
 
 
 def test_the_interval_holds_the_difference_of_the_medians():

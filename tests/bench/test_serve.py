@@ -1,4 +1,4 @@
-"""bench.serve's CPU accounting and the HTTP floor app it compares against."""
+"""bench.micro.serve's CPU accounting and the HTTP floor app it compares against."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from bench.floor_server import floor_app
-from bench.serve import cpu_at_32
+from bench.micro.floor_server import floor_app
+from bench.micro.serve import cpu_at_32
 
 
 def _run(model, batching, total, loop, clients=32):
@@ -48,7 +48,7 @@ def test_the_floor_app_reads_the_body_and_answers_the_size_asked():
 def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only):
     from fastapi.testclient import TestClient
 
-    from bench.floor_server import engine_app
+    from bench.micro.floor_server import engine_app
     from qpart.client.plans import Plan
     from qpart.client.runtime import encode_for_plan
     from qpart.models.data import Split, load_split
@@ -81,7 +81,7 @@ def test_thread_cpu_seconds_lists_the_main_thread_under_the_process_id():
     import subprocess
     import sys
 
-    from bench.loadgen import Server
+    from bench.harness.loadgen import Server
 
     code = "import threading, time; threading.Thread(target=time.sleep, args=(5,)).start(); sum(range(10**7))"
     proc = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(5)"])

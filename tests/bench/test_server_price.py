@@ -1,4 +1,4 @@
-"""bench.server_price: a grid's cut-0 server time against its price."""
+"""bench.e2e.analyses.server_price: a grid's cut-0 server time against its price."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.server_price import main, overrun_ms, parts_ms, price_error_by_rate_ms
+from bench.e2e.analyses.server_price import main, overrun_ms, parts_ms, price_error_by_rate_ms
 
 
 def _cell(model, rate, cache, predicted, measured, cut=0, parts=True):

@@ -1,4 +1,4 @@
-"""bench.shaped_server: answers leave on a bucket emptied of what it saved while the server worked."""
+"""bench.harness.shaped_server: answers leave on a bucket emptied of what it saved while the server worked."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 import socket
 import time
 
-from bench import link, shaped_server
-from bench.link import FRAME_BYTES, UDP_OVERHEAD, Filler
-from bench.shaped_server import ResponseFiller
+from bench.harness import link, shaped_server
+from bench.harness.link import FRAME_BYTES, UDP_OVERHEAD, Filler
+from bench.harness.shaped_server import ResponseFiller
 
 
 class _Recorder:

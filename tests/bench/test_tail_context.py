@@ -1,8 +1,8 @@
-"""bench.tail_context: the server's tail time by what the client did before the request."""
+"""bench.e2e.analyses.tail_context: the server's tail time by what the client did before the request."""
 
 from __future__ import annotations
 
-from bench.tail_context import CONDITIONS, _repeat, summary
+from bench.e2e.analyses.tail_context import CONDITIONS, _repeat, summary
 
 
 def test_the_summary_gives_each_conditions_median_quartiles_and_count():

@@ -1,4 +1,4 @@
-"""bench.uplink_trace's reading of tcpdump lines into per-request milestones."""
+"""bench.e2e.analyses.uplink_trace's reading of tcpdump lines into per-request milestones."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.uplink import PORT
-from bench.uplink_trace import _segments, timeline
+from bench.e2e.analyses.uplink import PORT
+from bench.e2e.analyses.uplink_trace import _segments, timeline
 
 S = f"127.0.0.1.{PORT}"  # the server's end
 LINES = [

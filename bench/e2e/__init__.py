@@ -1,6 +1,10 @@
 """End to end: the QPART planner against fixed strategies, over a real rate-shaped link.
 
-``python -m bench.e2e [--quick] --json PATH``  (root: it makes a private network namespace)
+``python -m bench.e2e [--quick] [--json PATH]``  (root: it makes a private network namespace)
+
+The raw grid (16-27 MB for the full one) goes to ``bench/runs/`` by default, which git ignores;
+``python -m bench.e2e.summary RAW.json --out bench/results/e2e-<commit>-summary.json`` writes the
+figures bench/README.md cites into a small file that is committed (:mod:`bench.e2e.summary`).
 
 The process re-runs itself under ``unshare -n``: a network namespace of its own whose only
 interface is loopback, with MTU 1500 and a token-bucket shaper (``tc qdisc ... tbf``) set to each
@@ -99,9 +103,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
-from bench import REPO, write_json
+from bench import REPO, provenance, write_json
 from bench.e2e.artifacts import with_baselines, write_artifacts
 from bench.e2e.baselines import AUTOENCODERS
 from bench.e2e.cell import (
@@ -178,6 +183,7 @@ __all__ = [
     "_predict",
     "choose_fixed",
     "decision_map",
+    "default_output",
     "device_profile",
     "first_attempts",
     "fit_link",
@@ -207,12 +213,28 @@ __all__ = [
 ]
 
 
+RUNS = REPO / "bench" / "runs"
+"""Where raw grids go by default: ignored by git (a full grid is 16-27 MB); bench/results holds
+their summaries (:mod:`bench.e2e.summary`)."""
+
+
+def default_output(quick: bool, runs: Path = RUNS) -> Path:
+    """A raw grid's default path: ``runs/e2e-<commit>[-quick]-<UTC time>.json``, a name no archived
+    result has and no earlier run took."""
+    commit = (provenance()["commit"] or "nogit")[:7]
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return runs / f"e2e-{commit}{'-quick' if quick else ''}-{stamp}.json"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point."""
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, required=True, help="write results here (plus .md and .png)")
+    parser.add_argument("--json", type=Path,
+                        help="write the raw grid here, plus .md and .png (default: bench/runs/e2e-<commit>"
+                             "[-quick]-<UTC time>.json, outside the tree; summarize it into bench/results "
+                             "with python -m bench.e2e.summary)")
     parser.add_argument("--quick", action="store_true",
                         help=f"subset (about 6 minutes): models {QUICK_MODELS}, devices {QUICK_DEVICES}, "
                              f"rates {QUICK_RATES_MBPS} Mbit/s, preset {QUICK_PRESETS}, cold and warm")
@@ -247,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.steal_retries < 0:
         parser.error(f"--steal-retries counts extra attempts: 0 or more, not {args.steal_retries}")
     args.model = args.model or list(QUICK_MODELS if args.quick else MODELS)
+    if args.json is None:  # chosen once, before the re-run in the namespace, so both name one file
+        args.json = default_output(args.quick)
+        argv = [*argv, "--json", str(args.json)]
     enter_private_network("bench.e2e", argv, tools=("tc",), mtu=1500)
     doc = run(args)
     write_json(args.json, doc)
@@ -255,3 +280,5 @@ def main(argv: list[str] | None = None) -> None:
     for m in args.model:
         decision_map(doc, m, args.json.with_name(f"{args.json.stem}-map-{m}.png"))
     print(markdown(doc))
+    print(f"raw grid: {args.json}; summarize it with python -m bench.e2e.summary {args.json} "
+          f"--out bench/results/{args.json.stem}-summary.json", file=sys.stderr)

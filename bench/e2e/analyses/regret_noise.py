@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import statistics
 from pathlib import Path
 from typing import Any
@@ -61,17 +60,10 @@ import numpy as np
 
 from bench import write_json
 from bench.e2e.report import p95
+from bench.e2e.summary import Sitting, mean_interval, sitting_of
 
 BOOTSTRAP_DRAWS = 2_000
 SIMULATIONS = 2_000
-
-Sitting = tuple[str, str, float]
-
-
-def sitting_of(cell: dict[str, Any]) -> Sitting:
-    """The sitting a cell was measured in: its cells share their rounds."""
-    return cell["model"], cell["device"], cell["rate_mbps"]
-
 
 def _series(cell: dict[str, Any]) -> tuple[list[float], dict[str, list[float]]]:
     """The planner's J per repetition, and every demand-keeping strategy's (the planner's among
@@ -150,21 +142,6 @@ def tied_floor(cell: dict[str, Any], sigma: float, draws: int, rng: np.random.Ge
     reps = np.arange(n)[None, :]
     figures = np.median(true[None] * noise[:, reps, run], axis=2)  # (draw, strategy)
     return float(np.mean(q / np.minimum(q, figures.min(axis=1)) - 1.0))
-
-
-def mean_interval(cells: list[dict[str, Any]], key: str, draws: int, seed: str) -> list[float]:
-    """95% percentile interval of the mean of ``key`` over cells, sittings resampled together."""
-    groups: dict[Sitting, list[float]] = {}
-    for c in cells:
-        groups.setdefault(sitting_of(c), []).append(c[key])
-    sittings = list(groups.values())
-    rng = random.Random(seed)
-    means = []
-    for _ in range(draws):
-        drawn = [v for _ in sittings for v in sittings[rng.randrange(len(sittings))]]
-        means.append(statistics.mean(drawn))
-    means.sort()
-    return [means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]]
 
 
 def analyse(doc: dict[str, Any], draws: int = BOOTSTRAP_DRAWS, simulations: int = SIMULATIONS,

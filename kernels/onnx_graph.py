@@ -18,6 +18,18 @@ Shape = tuple[int, ...]
 FLOAT, INT, STRING, FLOATS, INTS = 1, 2, 3, 6, 7
 INT64 = 7  # TensorProto.INT64
 
+INITIALIZER_TYPES: dict[int, str] = {
+    1: "float32: weights, scales, mins, float buffers",
+    2: "uint8: packed codes",
+    6: "int32: the byte rows a Gather picks when unpacking codes",
+    INT64: "int64: sizes, axes, and integer buffers read as indices",
+}
+"""The ``TensorProto`` data types a segment's initializers may have, with what each carries."""
+
+SMALL_INT64 = 64
+"""The most values of an int64 initializer that is a size or axes; a longer one is an index table,
+which only a ``Gather`` may read (as its indices)."""
+
 
 @dataclass(frozen=True)
 class Attribute:

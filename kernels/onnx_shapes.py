@@ -18,7 +18,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qpart.kernels.errors import OversizeError, UnsafeSegmentError, WireFormatError
-from qpart.kernels.onnx_graph import BATCH, INT64, Initializer, Node, Shape, elements
+from qpart.kernels.onnx_graph import (
+    BATCH,
+    INITIALIZER_TYPES,
+    INT64,
+    SMALL_INT64,
+    Initializer,
+    Node,
+    Shape,
+    elements,
+)
 from qpart.kernels.onnx_layout_rules import LAYOUT_RULES, split_shapes
 from qpart.kernels.onnx_shape_rules import RULES as BASIC_RULES
 from qpart.kernels.onnx_shape_rules import Refused, int64_values
@@ -44,6 +53,9 @@ def check_shapes(input_name: str, input_dims: Shape, initializers: Sequence[Init
     for init in initializers:
         if init.name in shapes:
             raise UnsafeSegmentError(f"ONNX segment defines the value {init.name[:40]!a} twice")
+        if init.data_type not in INITIALIZER_TYPES:
+            raise UnsafeSegmentError(f"ONNX segment initializer {init.name[:40]!a} has data type "
+                                     f"{init.data_type}; a segment's are float32, uint8, int32 or int64")
         if any(d < 0 for d in init.dims):
             raise WireFormatError(f"initializer {init.name[:40]!a} has a negative dimension")
         n = elements(init.dims)
@@ -81,6 +93,7 @@ def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[st
     several = (node.op == "MaxPool" and len(node.outputs) == 2) or (node.op == "Split" and node.outputs)
     if len(node.outputs) != 1 and not several:
         raise UnsafeSegmentError(f"ONNX segment {where} has {len(node.outputs)} outputs, not 1")
+    _check_index_tables(where, node, consts)
     ins = [shapes[name] if name else None for name in node.inputs]
     try:
         outs = split_shapes(ins, node, consts) if node.op == "Split" else \
@@ -106,6 +119,16 @@ def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[st
         name = node.outputs[0]
         consts[name] = Initializer(name, (len(value),), INT64, None, value, tracked=True)
     return largest
+
+
+def _check_index_tables(where: str, node: Node, consts: dict[str, Initializer]) -> None:
+    """Refuse an int64 initializer longer than a size read other than as a ``Gather``'s indices."""
+    for at, name in enumerate(node.inputs):
+        init = consts.get(name) if name else None
+        if init is not None and init.data_type == INT64 and not init.tracked \
+                and elements(init.dims) > SMALL_INT64 and not (node.op == "Gather" and at == 1):
+            raise UnsafeSegmentError(f"ONNX segment {where} reads the int64 table {name[:40]!a} as its "
+                                     f"input {at}: an int64 table may only be a Gather's indices")
 
 
 def _tracked(node: Node, ins: list[Shape | None], consts: dict[str, Initializer]) -> tuple[int, ...] | None:

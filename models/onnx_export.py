@@ -6,7 +6,7 @@ operators it uses, once per head (cached). The float graph it writes is then mad
 - every head tensor it reads (by its parameter or buffer name; the exporter's de-duplicating
   ``Identity`` aliases resolved) is replaced by the segment's own: a quantized weight by its packed
   codes, scales and mins plus the nodes that rebuild it (:mod:`models.onnx_dequant`), any other by a
-  float32 initializer;
+  float32 initializer (an integer buffer, such as a relative-position index, keeps its integer type);
 - the size arithmetic the exporter writes for ``x.shape`` (``Shape``, ``Gather``, ``Concat``, ...)
   is worked out here (:mod:`models.onnx_fold`), leaving constants, a ``-1`` in a ``Reshape``, or
   the input's batch for an ``Expand``;
@@ -172,9 +172,18 @@ class _Rewrite:
             if name in self.quantized:
                 self.tensors[name] = dequantize_nodes(self.parts, short, self.quantized[name])
             else:
-                array = np.asarray(self.floats[name], np.float32)
+                array = np.asarray(self.floats[name], self._dtype(name))
                 self.tensors[name] = self.parts.constant(short, array, scalar=array.ndim == 0)
         return self.tensors[name]
+
+    def _dtype(self, name: str) -> np.dtype[np.generic]:
+        """The type a head tensor has in the segment: the exported graph's where that is an integer
+        (an index buffer, which Gather reads as indices: the segment carries it as float32, exact up
+        to 2**24), else float32."""
+        exported = self.constants.get(name)
+        if exported is not None and exported.dtype.kind in "iu":
+            return exported.dtype
+        return np.dtype(np.float32)
 
     def sized(self, node: onnx.NodeProto | None, index: int, value: str) -> str:
         """A value worked out here: a constant, a ``Reshape`` target with ``-1`` for the batch, or

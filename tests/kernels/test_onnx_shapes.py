@@ -101,3 +101,35 @@ def test_an_input_without_a_static_shape_or_another_opset_is_refused():
         check(segment(relu, [], input_shape=("N", "C")))
     with pytest.raises(UnsafeSegmentError, match="opset 17, not 18"):
         check(segment(relu, [], opset=17))
+
+
+def _indexed(table: np.ndarray, reader: str = "Gather") -> bytes:
+    """``input`` [N, 4] plus a float table indexed by ``table`` (a relative-position index)."""
+    bias = np.arange(200, dtype=np.float32)
+    nodes = ([helper.make_node("Gather", ["bias", "index"], ["b"]),
+              helper.make_node("Slice", ["b", "st", "en"], ["s"])] if reader == "Gather" else
+             [helper.make_node(reader, ["index", "index"], ["b"]),
+              helper.make_node("Cast", ["b"], ["c"], to=1),
+              helper.make_node("Slice", ["c", "st", "en"], ["s"])])
+    nodes.append(helper.make_node("Add", [INPUT_NAME, "s"], [OUTPUT_NAME]))
+    inits = [numpy_helper.from_array(bias, "bias"), numpy_helper.from_array(table, "index"),
+             numpy_helper.from_array(np.array([0], np.int64), "st"),
+             numpy_helper.from_array(np.array([4], np.int64), "en")]
+    return segment(nodes, inits)
+
+
+def test_an_int64_index_table_read_by_a_gather_passes():
+    assert "Gather" in check(_indexed(np.arange(150, dtype=np.int64) % 200)).ops
+
+
+def test_an_int64_table_read_other_than_as_gather_indices_is_refused():
+    with pytest.raises(UnsafeSegmentError, match=r"reads the int64 table 'index' as its input 0: an int64 "
+                                                  r"table may only be a Gather's indices"):
+        check(_indexed(np.arange(150, dtype=np.int64), reader="Add"))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int16, np.bool_])
+def test_an_initializer_of_another_data_type_than_the_builders_is_refused(dtype):
+    with pytest.raises(UnsafeSegmentError, match=r"initializer 'index' has data type \d+; a segment's are "
+                                                  r"float32, uint8, int32 or int64"):
+        check(_indexed(np.zeros(150, dtype)))

@@ -28,6 +28,12 @@ BATCHES = (1009, 1013)
 
 _BATCH_DIM = "N"
 
+MAX_FOLDED_ELEMENTS = 1 << 16
+"""The most elements a value worked out here may have. Size arithmetic is a few int64 values, and
+an index table made from ``arange`` (a relative-position index) some thousands; a larger value is
+an activation made from the input's shape (``torch.zeros_like(x)``, at :data:`BATCHES` gigabytes),
+which is left to the graph, never materialized."""
+
 
 @dataclass
 class Folded:
@@ -125,15 +131,45 @@ def _fold_at(model: onnx.ModelProto, batch: int, constants: Mapping[str, np.ndar
                 values[node.output[0]] = _shape_values(node, dims[node.input[0]])
             elif node.input and all(not name or name in values for name in node.input):
                 feeds = {name: values[name] for name in node.input if name}
+                if not _small(node, feeds):
+                    continue
                 try:
                     outs = ReferenceEvaluator(node).run(None, feeds)
                 except Exception as exc:  # the reference implementation raises many types
                     raise PartitionError(f"the size computation {node.op_type} cannot be worked out: "
                                          f"{exc}") from exc
-                values.update({name: np.asarray(out)
-                               for name, out in zip(node.output, outs, strict=False) if name})
+                values.update({name: np.asarray(out) for name, out in zip(node.output, outs, strict=False)
+                               if name and np.size(out) <= MAX_FOLDED_ELEMENTS})
         if len(values) == before:
             return values, dims
+
+
+def _small(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``node``'s inputs, and its output as far as it can be told before it is computed,
+    are at most :data:`MAX_FOLDED_ELEMENTS` elements (each input is, having been worked out)."""
+    ins = [feeds[name] for name in node.input if name]
+    try:
+        if node.op_type == "ConstantOfShape":
+            return _count(ins[0]) <= MAX_FOLDED_ELEMENTS
+        if node.op_type == "Expand":
+            return _count(np.broadcast_shapes(np.shape(ins[0]), tuple(np.asarray(ins[1]).tolist()))) \
+                <= MAX_FOLDED_ELEMENTS
+        if node.op_type == "Tile":
+            return np.size(ins[0]) * _count(ins[1]) <= MAX_FOLDED_ELEMENTS
+        if node.op_type == "Range":
+            start, limit, delta = (float(np.asarray(v)) for v in ins)
+            return delta != 0 and (limit - start) / delta <= MAX_FOLDED_ELEMENTS
+        shapes = [np.shape(x) for x in ins]
+        return _count(np.broadcast_shapes(*shapes)) <= MAX_FOLDED_ELEMENTS if shapes else True
+    except (ValueError, TypeError, IndexError):  # shapes that do not broadcast: the operator's own rule
+        return True
+
+
+def _count(shape: object) -> int:
+    """The elements of a tensor of ``shape`` (a sequence of sizes); any negative size counts as
+    too many."""
+    sizes = [int(d) for d in np.asarray(shape).reshape(-1).tolist()]
+    return int(np.prod(sizes, dtype=np.float64)) if all(d >= 0 for d in sizes) else MAX_FOLDED_ELEMENTS + 1
 
 
 def _with_values(model: onnx.ModelProto, batch: int, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:

@@ -7,8 +7,8 @@ Each head is built in each runtime's form with its float tensors and checked as 
 - **onnx** (ONNX Runtime, and the browser page, which runs the same segment with onnxruntime-web):
   ``torch.onnx.export`` translates the head (:mod:`models.onnx_export`), the device's own check
   passes (:func:`kernels.onnx_segment.check_onnx_segment`: operator allow-list, static shapes and
-  caps), and, where ``onnxruntime`` is installed, the segment's output at two batch sizes equals the
-  torch head's.
+  caps), and the segment's output at two batch sizes equals the torch head's (``onnxruntime`` is in
+  the ``[offline]`` extra; where it is missing, that run is skipped with one warning).
 
 A runtime that fails is recorded with its reason in the artifact
 (:attr:`profiles.artifacts.CutProfile.runtimes_refused`); the planner never offers it that cut.
@@ -18,8 +18,10 @@ Cut 0 (no head) runs everywhere.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.util
+import warnings
 
 import numpy as np
 import torch
@@ -84,9 +86,21 @@ def _onnx_refusal(head: fx.GraphModule, input_shape: tuple[int, ...],
         check_onnx_segment(data, hashlib.sha256(data).hexdigest())
     except (PartitionError, KernelError) as exc:
         return " ".join(str(exc).split())[:300]
-    if importlib.util.find_spec("onnxruntime") is None:
+    if not onnxruntime_installed():
         return None
     return _run_refusal(head, input_shape, data)
+
+
+@functools.cache
+def onnxruntime_installed() -> bool:
+    """Whether ``onnxruntime`` can be imported; where not, says once (a :class:`UserWarning`) that
+    ONNX heads are checked without being run."""
+    if importlib.util.find_spec("onnxruntime") is not None:
+        return True
+    warnings.warn("onnxruntime is not installed: each cut's ONNX head is exported and checked as a "
+                  "device would, but not run against the torch head (install qpart-serving[offline], "
+                  "which includes it)", UserWarning, stacklevel=3)
+    return False
 
 
 def _run_refusal(head: fx.GraphModule, input_shape: tuple[int, ...], data: bytes) -> str | None:

@@ -310,16 +310,27 @@ def _reshape(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]
         else:
             out.append(d)
     batched = BATCH in x
-    if batched and BATCH not in out and unknown is not None and elements(tuple(out)) == elements(x):
-        out[unknown] = BATCH  # [N, ...] to [-1, ...] of the same size per sample
-    elif unknown is not None:
-        known = elements(tuple(out))
-        if known == 0 or elements(x) % known or batched != (BATCH in out):
-            raise Refused(f"cannot infer the -1 of shape {list(target)} from {_shown(x)}")
-        out[unknown] = elements(x) // known
+    if unknown is not None:
+        out[unknown] = _unknown_size(x, target, out, unknown)
     if elements(tuple(out)) != elements(x) or batched != (BATCH in out) or out.count(BATCH) > 1:
         raise Refused(f"cannot reshape {_shown(x)} to {list(target)}")
     return tuple(out)
+
+
+def _unknown_size(x: Shape, target: tuple[int, ...], out: list[int], unknown: int) -> int:
+    """The size a Reshape's ``-1`` (at ``unknown`` of ``target``) takes: the batch where the rest is
+    one sample's size, else a size per sample; a batch merged into another axis is refused."""
+    batched, known = BATCH in x, elements(tuple(out))
+    if batched and BATCH not in out and known == elements(x):
+        return BATCH  # [N, ...] to [-1, ...] of the same size per sample
+    if batched and BATCH not in out and known and elements(x) % known == 0:
+        raise Refused(f"Reshape {_shown(x)} to {list(target)} merges the batch into another axis "
+                      f"(axis {unknown} would be N x {elements(x) // known}), which ONNX devices "
+                      "cannot take: the check counts each tensor per sample (as in MobileViT's "
+                      "unfold or Swin's windows)")
+    if known == 0 or elements(x) % known or batched != (BATCH in out):
+        raise Refused(f"cannot infer the -1 of shape {list(target)} from {_shown(x)}")
+    return elements(x) // known
 
 
 def _slice(ins: list[Shape | None], node: Node, consts: dict[str, Initializer]) -> Shape:

@@ -19,6 +19,11 @@ REFUSED = {
     "a batch merged by Flatten axis 2": (
         [helper.make_node("Flatten", [INPUT_NAME], [OUTPUT_NAME], axis=2)], [],
                                          "merges the batch"),
+    "a batch merged by Reshape (MobileViT's unfold, Swin's windows)": (
+        [helper.make_node("Reshape", [INPUT_NAME, "shape"], [OUTPUT_NAME])],
+        [numpy_helper.from_array(np.array([-1, 2], np.int64), "shape")],
+        r"Reshape \[N, 4\] to \[-1, 2\] merges the batch into another axis \(axis 0 would be N x 2\), "
+        "which ONNX devices cannot take"),
     "shapes that do not broadcast": ([helper.make_node("Add", [INPUT_NAME, "w"], [OUTPUT_NAME])],
                                      [numpy_helper.from_array(np.ones(3, np.float32), "w")], "broadcast"),
     "an unknown attribute": ([helper.make_node("Relu", [INPUT_NAME], [OUTPUT_NAME], alpha=1.0)], [],

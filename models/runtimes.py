@@ -21,6 +21,7 @@ import copy
 import functools
 import hashlib
 import importlib.util
+import re
 import warnings
 
 import numpy as np
@@ -35,6 +36,7 @@ from qpart.models.onnx_export import head_to_onnx
 from qpart.models.partition import cuts_of, prepare, split
 
 _BATCHES = (1, 3)
+_NODE_PLACE = re.compile(r"node \d+ \((\w+) -> '[^']*'\)")  # how kernels.onnx_shapes names a node
 
 
 def runtime_refusals(head: fx.GraphModule, input_shape: tuple[int, ...]) -> dict[str, str]:
@@ -62,6 +64,18 @@ def refusals_by_cut(model: torch.nn.Module, input_shape: tuple[int, ...]) -> dic
         for runtime, reason in runtime_refusals(split(gm, cut)[0], input_shape).items():
             table[runtime][cut.index] = reason
     return table
+
+
+def distinct_refusals(refused: dict[int, str], limit: int = 5) -> tuple[list[tuple[str, list[int]]], int]:
+    """A runtime's refusals (cut -> why) grouped by reason, the node's place in the graph left out
+    (one operator refused at many cuts is one reason): at most ``limit`` reasons, each with its
+    cuts, in the order of their first cut; and how many more reasons there are."""
+    cuts_by_reason: dict[str, list[int]] = {}
+    for cut in sorted(refused):
+        reason = _NODE_PLACE.sub(r"\1", refused[cut])
+        cuts_by_reason.setdefault(reason, []).append(cut)
+    reasons = list(cuts_by_reason.items())
+    return reasons[:limit], max(0, len(reasons) - limit)
 
 
 def _torch_refusal(head: fx.GraphModule, floats: dict[str, np.ndarray]) -> str | None:

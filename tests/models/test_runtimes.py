@@ -55,3 +55,18 @@ def test_the_offline_extra_installs_onnxruntime():
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     offline = project["project"]["optional-dependencies"]["offline"]
     assert any(dep.split(">")[0].split("=")[0] == "onnxruntime" for dep in offline)
+
+
+def test_refusals_are_grouped_by_reason_without_the_nodes_place_and_bounded():
+    refused = {
+        2: "ONNX segment uses operator 'Resize', which is not in the allow-list",
+        3: "ONNX segment node 4 (Pad -> 'd'): ...",
+        5: "ONNX segment uses operator 'Resize', which is not in the allow-list",
+        6: "ONNX segment node 9 (Pad -> 'k'): ...",
+        **{7 + i: f"reason {i}" for i in range(5)},
+    }
+    reasons, more = runtimes.distinct_refusals(refused)
+    assert reasons[:2] == [("ONNX segment uses operator 'Resize', which is not in the allow-list", [2, 5]),
+                           ("ONNX segment Pad: ...", [3, 6])]
+    assert [r for r, _ in reasons[2:]] == ["reason 0", "reason 1", "reason 2"]
+    assert more == 2

@@ -18,6 +18,7 @@ from qpart.server.image_plans import promised_rungs
 from qpart.server.inference import infer_response, resolve_model
 from qpart.server.oip_codec import HEADER
 from qpart.server.schemas import ErrorBody, ModelMetadata, Parameter, ServerMetadata, TensorMetadata
+from qpart.server.segment_index import runtime_table
 
 router = APIRouter()
 SERVER_VERSION = "0.1.0"
@@ -68,8 +69,10 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
     object), ``labels`` (the JSON list of class names in logit order) and ``image_qualities`` (the
     lossy input-image plan's promised WebP qualities, each with its tightest level and the encoder
     the promise is for, ADR 0015; not
-    with ``images`` false: a tail takes packets), each a JSON string, since a protocol parameter
-    is a string, number or boolean; absent when the card or calibration has none."""
+    with ``images`` false: a tail takes packets), and ``runtimes`` (per device runtime, the cuts it
+    can run and why not the others, :func:`server.segment_index.runtime_table`; not for a tail),
+    each a JSON string, since a protocol parameter is a string, number or boolean; absent when the
+    card or calibration has none."""
     parameters: dict[str, Parameter] = {}
     if model.preprocess is not None:
         parameters["preprocess"] = model.preprocess.model_dump_json()
@@ -81,6 +84,8 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
         parameters["image_qualities"] = json.dumps(
             [{"codec": r.codec, "quality": r.quality, "level": r.level, "encoder": ladder.encoder}
              for r in rungs], separators=(",", ":"))
+    if images:
+        parameters["runtimes"] = json.dumps(runtime_table(model), separators=(",", ":"))
     return parameters
 
 

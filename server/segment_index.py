@@ -48,6 +48,19 @@ def refused_reason(model: LoadedModel, cut: int, runtime: HeadRuntime) -> str | 
     return profiles[cut].runtimes_refused.get(runtime.value) if cut < len(profiles) else None
 
 
+def runtime_table(model: LoadedModel) -> dict[str, dict[str, object]]:
+    """Per device runtime, the cuts calibration found it can run (``cuts``: cut 0 always) and why
+    it cannot run the others (``refused``: cut -> reason), from the artifact's
+    ``cuts[i].runtimes_refused`` (an artifact from before that check lists every cut)."""
+    table: dict[str, dict[str, object]] = {}
+    for runtime in HeadRuntime:
+        refused = {cut: reason for cut in range(1, len(model.cuts))
+                   if (reason := refused_reason(model, cut, runtime)) is not None}
+        table[runtime.value] = {"cuts": [c for c in range(len(model.cuts)) if c not in refused],
+                                "refused": {str(c): r for c, r in refused.items()}}
+    return table
+
+
 class SegmentIndex:
     """Pattern -> segment entry, and segment id -> bytes. The index is small and kept whole; the
     bytes live in the store under its budget."""

@@ -94,7 +94,13 @@ def _card() -> dict[str, object]:
 def test_metadata_parameters_carry_the_cards_preprocessing_and_labels(client, name):
     parameters = client.get_model_metadata(name)["parameters"]
     qualities = json.loads(parameters.pop("image_qualities")) if name == "fmnist-cnn" else None
+    runtimes = json.loads(parameters.pop("runtimes")) if name == "fmnist-cnn" else None
     assert {k: json.loads(v) for k, v in parameters.items()} == _card()
+    if runtimes is not None:  # the runtime table: a device's, so not the tail's
+        assert set(runtimes) == {"torch", "onnx"}
+        for table in runtimes.values():
+            assert set(table) == {"cuts", "refused"} and table["cuts"][0] == 0
+            assert sorted(table["cuts"] + [int(c) for c in table["refused"]]) == list(range(9))
     if qualities is not None:  # the model, not its tail, takes input images (ADR 0015)
         assert qualities and all(set(q) == {"codec", "quality", "level", "encoder"} for q in qualities)
     assert json.loads(parameters["labels"])[9] == "Ankle boot"

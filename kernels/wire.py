@@ -103,6 +103,17 @@ def float_packet_bytes(shape: tuple[int, ...]) -> int:
     return _HEAD.size + 4 * len(shape) + 4 * math.prod(shape)
 
 
+def packet_bytes(shape: tuple[int, ...], bits: int, group_size: int) -> int:
+    """Size of the packet that :func:`encode_quantized_activation` (``bits`` < 32) or
+    :func:`encode_float_activation` (``bits`` = 32) makes of an activation of ``shape``: its
+    header, dims, one float32 scale and min per group, then the packed codes."""
+    if bits >= FLOAT_BITS:
+        return float_packet_bytes(shape)
+    n = math.prod(shape)
+    groups = (n + group_size - 1) // group_size
+    return _HEAD.size + 4 * len(shape) + 8 * groups + packed_size(n, bits)
+
+
 def encode_float_activation(x: npt.NDArray[np.floating]) -> bytes:
     """Serialize an unquantized float32 activation (``bits = 32``)."""
     arr = np.ascontiguousarray(x, dtype="<f4")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from qpart.kernels import KernelError
-from qpart.kernels.wire import decode_activation_array, float_packet_bytes
+from qpart.kernels.wire import decode_activation_array, float_packet_bytes, packet_bytes
 from qpart.profiles.artifacts import Pattern
 from qpart.server.catalog import LoadedModel
 from qpart.server.errors import BadRequestError
@@ -19,6 +19,31 @@ def packet_limit(settings: ServerSettings, model: LoadedModel, pattern: Pattern)
     inflate to."""
     largest = float_packet_bytes((settings.max_queue, *model.cuts[pattern.cut].shape))
     return min(largest, settings.max_body_bytes)
+
+
+def coded_bytes_bound(packet_size: int) -> int:
+    """The most bytes a packet of ``packet_size`` bytes can take coded with deflate or zstd: both
+    store incompressible data with under 1/256 of overhead, plus a frame header."""
+    return packet_size + packet_size // 256 + 256
+
+
+def upload_batch(settings: ServerSettings, model: LoadedModel, pattern: Pattern) -> int:
+    """The most samples one upload of this pattern's activation may carry: its packet, coded or
+    not, within the body limit, and no more than the queue takes (1 at the least, and for a
+    pattern whose upload is an image)."""
+    if pattern.pattern_id not in model.patterns:  # an input-image plan: one image per request
+        return 1
+    shape = tuple(model.cuts[pattern.cut].shape)
+
+    def fits(n: int) -> bool:
+        size = packet_bytes((n, *shape), pattern.activation_bits, pattern.group_size)
+        return coded_bytes_bound(size) <= settings.max_body_bytes
+
+    low, high = 1, settings.max_queue  # packet sizes grow with n: the largest n that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
 
 
 def decode_activation(settings: ServerSettings, model: LoadedModel, pattern: Pattern,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from qpart.kernels.coding import Coding
-from qpart.profiles.artifacts import CalibrationArtifact, CutProfile, Pattern
+from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, CutProfile, Pattern
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.errors import UnprocessableError
 from qpart.server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
@@ -200,6 +200,14 @@ def price_image(artifact: CalibrationArtifact, pattern: Pattern, encode_s: float
 def allowed_patterns(artifact: CalibrationArtifact, demand: float) -> list[Pattern]:
     """Patterns whose level is no looser than the demand; lossless ones (level 0) always qualify."""
     return [p for p in artifact.patterns if p.level <= demand]
+
+
+def only_lossless(candidates: list[Candidate]) -> bool:
+    """Whether every plan at the demand sends float32: each candidate is lossless (level 0) or
+    quantizes nothing (a level the calibration could not certify, kept float32:
+    ``CalibrationArtifact.lossless_levels``). The plan then says ``lossless: true``."""
+    return all(c.pattern.level == 0 or (c.pattern.activation_bits >= FLOAT_BITS and all(
+        b >= FLOAT_BITS for b in c.pattern.weight_bits.values())) for c in candidates)
 
 
 def choose(candidates: list[Candidate], deadline_s: float | None) -> Candidate:

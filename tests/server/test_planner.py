@@ -227,3 +227,17 @@ def test_a_deadline_sees_the_raw_upload_when_deflating_saves_energy_but_costs_ti
     deadline = (raw.time_s.total + coded.time_s.total) / 2
     assert choose(candidates, None).costs == coded
     assert choose(candidates, deadline).costs == raw
+
+
+def test_a_plan_says_lossless_only_where_every_candidate_at_the_demand_sends_float32(artifact):
+    from qpart.server.planner import Candidate, only_lossless
+    from qpart.server.schemas import CostBreakdown
+
+    costs = CostBreakdown.model_construct()  # the flag reads the patterns, not the prices
+    lossless = [p for p in artifact.patterns if p.level == 0]
+    quantized = next(p for p in artifact.patterns if p.level == 0.01 and p.activation_bits < 32)
+    kept = quantized.model_copy(update={"activation_bits": 32,
+                                        "weight_bits": dict.fromkeys(quantized.weight_bits, 32)})
+    assert only_lossless([Candidate(p, None, 0, costs) for p in lossless])
+    assert only_lossless([Candidate(p, None, 0, costs) for p in [*lossless, kept]])  # --uncertified lossless
+    assert not only_lossless([Candidate(p, None, 0, costs) for p in [*lossless, quantized]])

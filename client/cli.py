@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -66,13 +67,18 @@ def _settings(**flags: object) -> DeviceSettings:
 def _load_inputs(card: ModelMetadata, images: list[Path], idx: Path | None,
                  labels: Path | None, limit: int | None) -> tuple[Any, Any]:
     """IDX tensors as they are, or image files preprocessed as the model's card declares."""
-    from qpart.client.inputs import read_idx_images, read_idx_labels, read_image_files
+    from qpart.client.errors import DeviceInputError
+    from qpart.client.inputs import read_idx_images, read_image_files, read_labels
 
     if idx is not None:
         x = read_idx_images(idx, limit)
-        y = read_idx_labels(labels, limit) if labels is not None else None
-        return x, y
-    return read_image_files(images[:limit] if limit else images, card.input_spec), None
+    else:
+        x = read_image_files(images[:limit] if limit else images, card.input_spec)
+    y = read_labels(labels, limit) if labels is not None else None
+    if y is not None and len(y) != len(x):
+        raise DeviceInputError(f"{labels} holds {len(y)} labels for {len(x)} inputs: give one label "
+                               "per input, in the same order")
+    return x, y
 
 
 def _named(predictions: list[int], names: tuple[str, ...] | None) -> list[dict[str, Any]]:
@@ -119,7 +125,9 @@ def infer(
     model: Annotated[str, typer.Option(help="Model to run.")] = "fmnist-cnn",
     demand: Annotated[float, typer.Option(help="Max accepted top-1 drop, e.g. 0.01 for 1%.")] = 0.01,
     idx: Annotated[Path | None, typer.Option(help="IDX images file (.gz or raw) instead of images.")] = None,
-    labels: Annotated[Path | None, typer.Option(help="IDX labels file: also report accuracy.")] = None,
+    labels: Annotated[Path | None, typer.Option(help=(
+        "Labels of the inputs, in their order, to also report accuracy: an IDX1 file (.gz or raw), a "
+        ".npy integer array, or a text file of one class index a line."))] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N inputs.")] = None,
     rate_mbps: Annotated[float | None, typer.Option(help="Fix the channel rate (default: measured).")] = None,
     device: Annotated[str | None, typer.Option(help="Shipped device profile name.")] = None,
@@ -198,7 +206,9 @@ def profile(
     out: Annotated[Path, typer.Option(help="Device profile JSON to write.")],
     version: Annotated[str | None, typer.Option(help="Artifact version (default: ask the server).")] = None,
     base: Annotated[str, typer.Option(help="Shipped profile to start from.")] = "raspberry-pi-4",
-    name: Annotated[str | None, typer.Option(help="Name of the written profile.")] = None,
+    name: Annotated[str | None, typer.Option(help=(
+        "Name of the written profile, as plan requests give it (default: --out's file name without "
+        ".json, e.g. my-phone for my-phone.json)."))] = None,
     repeats: Annotated[int, typer.Option(help="Least timed rounds; each runs every cut once (after 2 "
                                                "warm-ups).")] = 5,
     seconds: Annotated[float, typer.Option(
@@ -220,11 +230,16 @@ def profile(
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise typer.BadParameter(f"cannot ask {server} for the version of {model}; "
                                      f"pass --version ({exc})") from exc
+    name = name if name is not None else out.stem
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
+        raise typer.BadParameter(f"profile name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "
+                                 "(give --name or rename --out)")
     result = profile_device(get_device(base), model, str(version), name=name, repeats=repeats,
                             min_seconds=seconds)
     save_device_profile(result, out)
     times = result.measured[model].head_s
-    typer.echo(f"wrote {out}: {len(times)} cuts, head times {', '.join(f'{t * 1e3:.2f}' for t in times)} ms")
+    shown = ", ".join(f"{t * 1e3:.2f}" for t in times)
+    typer.echo(f"wrote {out} (profile {result.name}): {len(times)} cuts, head times {shown} ms")
 
 
 @cache_app.command("list")

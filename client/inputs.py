@@ -1,5 +1,5 @@
-"""Reading device inputs: IDX image/label files (gzip or raw) as float32 in [0, 1], and image files
-preprocessed as a model card declares."""
+"""Reading device inputs: IDX image files (gzip or raw) as float32 in [0, 1], image files
+preprocessed as a model card declares, and labels (IDX1, .npy or text)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,49 @@ def read_idx_labels(path: Path, limit: int | None = None) -> npt.NDArray[np.int6
     except DatasetError as exc:
         raise DeviceInputError(f"{path}: {exc}") from exc
     return (labels[:limit] if limit else labels).astype(np.int64)
+
+
+def read_labels(path: Path, limit: int | None = None) -> npt.NDArray[np.int64]:
+    """``[N]`` class indices from an IDX1 file (gzip or raw), a ``.npy`` file of one integer array
+    (read without pickle), or a text file of one integer a line (blank lines and ``#`` comments
+    skipped), told apart by their first bytes.
+
+    Raises:
+        DeviceInputError: naming the file and what is wrong with it.
+    """
+    raw = _read(path)
+    if raw[:6] == b"\x93NUMPY":
+        try:
+            array = np.load(io.BytesIO(raw), allow_pickle=False)
+        except ValueError as exc:
+            raise DeviceInputError(f"{path}: not a .npy array of integers ({exc})") from exc
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise DeviceInputError(f"{path}: labels must be a 1-D integer array, not {array.dtype} "
+                                   f"of shape {array.shape}")
+        labels: npt.NDArray[np.int64] = array.astype(np.int64)
+    elif raw[:4] == b"\x00\x00\x08\x01":  # IDX1: unsigned bytes, one dimension
+        return read_idx_labels(path, limit)
+    else:
+        labels = _text_labels(path, raw)
+    return labels[:limit] if limit else labels
+
+
+def _text_labels(path: Path, raw: bytes) -> npt.NDArray[np.int64]:
+    """One integer a line."""
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise DeviceInputError(f"{path}: not IDX1, .npy or text labels") from exc
+    out: list[int] = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if not text.lstrip("-").isdigit() or int(text) < 0:
+            raise DeviceInputError(f"{path} line {number}: {text[:40]!r} is not a class index "
+                                   "(one non-negative integer a line)")
+        out.append(int(text))
+    return np.asarray(out, np.int64)
 
 
 def check_image_files(paths: list[Path]) -> None:

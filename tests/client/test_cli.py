@@ -173,3 +173,27 @@ def test_class_names_come_from_the_models_v2_metadata(tmp_path):
         assert device.class_names("bare") is None
         with pytest.raises(ServerAnswerError, match="labels"):
             device.class_names("broken")
+
+
+def test_profile_is_named_after_its_file_unless_a_name_is_given(monkeypatch, tmp_path):
+    from qpart.profiles.devices import MeasuredHeads, get_device
+
+    written: list[str] = []
+
+    def profile_device(base, model, version, *, name, **_):
+        heads = MeasuredHeads(version=version, head_s=[0.0, 0.001], warmup=2, repeats=5)
+        return base.model_copy(update={"name": name, "measured": {model: heads}})
+
+    monkeypatch.setitem(sys.modules, "qpart.client.profiler", ModuleType("qpart.client.profiler"))
+    sys.modules["qpart.client.profiler"].profile_device = profile_device  # type: ignore[attr-defined]
+    monkeypatch.setattr("qpart.profiles.devices.save_device_profile", lambda p, out: written.append(p.name))
+    args = ["profile", "--model", "fmnist-cnn", "--version", "v1", "--base", "jetson-nano"]
+    outputs = [CliRunner().invoke(device_app, [*args, *extra], env={}).output
+               for extra in (["--out", str(tmp_path / "my-phone.json")],
+                             ["--out", str(tmp_path / "p.json"), "--name", "lab-pi"],
+                             ["--out", str(tmp_path / "bad name.json")])]
+    assert written == ["my-phone", "lab-pi"]
+    assert "(profile my-phone)" in outputs[0] and "(profile lab-pi)" in outputs[1]
+    output = outputs[2]
+    assert get_device("jetson-nano").name == "jetson-nano"
+    assert "profile name 'bad name'" in output

@@ -16,8 +16,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,6 +110,33 @@ def open_sources(spec: ModelSpec, s: CalibrationSettings) -> Sources:
     order: SampleOrder = s.sample_order or ("source" if isinstance(calibration, FashionMnistSource)
                                             else "digest")
     return Sources(calibration, test, order)
+
+
+def align_labels(spec: ModelSpec, sources: Sources, mode: Literal["check", "map"]) -> Sources:
+    """``sources`` checked against the card's labels: where the card names the data's classes in
+    another order, refused (``check``: every answer would be named wrongly on devices) or the
+    data's classes renumbered into the card's order (``map``). Other names, or none, pass as they
+    are (they cannot be compared: an array file's classes are ``0``, ``1``, ...).
+
+    Raises:
+        LabelsError: the same names in another order, and ``mode`` is ``check``.
+    """
+    labels, classes = spec.labels, sources.calibration.class_names
+    if labels is None or tuple(labels) == tuple(classes) or sorted(labels) != sorted(classes):
+        return sources
+    if mode == "check":
+        raise LabelsError(
+            f"the card of '{spec.name}' names its labels in the order {', '.join(labels)} but the data's "
+            f"classes are {', '.join(classes)}; give --labels map to renumber the data's classes into the "
+            "card's order, or register the model with its labels in the data's order")
+    return replace(sources, calibration=sources.calibration.in_class_order(labels),
+                   test=_ordered(sources.test, labels))
+
+
+def _ordered(source: DataSource, labels: Sequence[str]) -> DataSource:
+    """``source`` in the card's class order where it holds the same classes (else as it is: the
+    calibration and test sources were checked to agree, ``check_sources``)."""
+    return source.in_class_order(labels) if sorted(source.class_names) == sorted(labels) else source
 
 
 def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
@@ -279,6 +306,8 @@ def recorded_source(artifact: CalibrationArtifact, spec: ModelSpec, role: Litera
                 f"sha256 differs); give the source calibrate split")
         parts = split_source(source, test_count=split.parent_count - split.count, seed=split.seed)
         source = parts.calibration if split.part == "calibration" else parts.test
+    if artifact.settings.get("labels") == "map" and spec.labels is not None:  # as the job renumbered it
+        source = _ordered(source, spec.labels)
     if source.content_sha256() != recorded.content_sha256:
         raise CalibrationConfigError(
             f"{text} does not hold the data {artifact.model} was calibrated on (content sha256 differs "

@@ -246,11 +246,11 @@ def job_ladder(spec: ModelSpec, sources: Sources, settings: CalibrationSettings,
     saved = load("images")
     if saved is not None:
         return ImageLadder.model_validate(saved)
-    fit_check = sample_positions(sources.calibration, settings.fit_samples + settings.check_samples,
+    fit_check = sample_positions(sources.calibration, settings.fit_count + settings.check_count,
                                  sources.order)
     test_count = len(sources.test) if settings.test_samples is None else min(settings.test_samples,
                                                                               len(sources.test))
-    check_pos = np.sort(fit_check[settings.fit_samples:])
+    check_pos = np.sort(fit_check[settings.fit_count:])
     test_pos = np.sort(sample_positions(sources.test, test_count, sources.order))
     tick = start("input-image ladder", work(len(check_pos), len(test_pos)))
     done = [0]

@@ -23,30 +23,24 @@ import numpy as np
 import torch
 
 from qpart.kernels.coding import Coding
-from qpart.models.data import describe_splits
 from qpart.models.registry import ModelSpec
-from qpart.models.sources import DataSource, FashionMnistSource
 from qpart.offline.allocation import Item, allocate, pattern_noise
 from qpart.offline.checkpoint import Checkpoints, check_writable, output_error
 from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, with_coding_ratios
-from qpart.offline.data import Sources, check_model_fits, open_sources
+from qpart.offline.data import Sources, align_labels, check_model_fits, open_sources
 from qpart.offline.errors import CheckpointMismatchError
 from qpart.offline.image_ladder import job_ladder
 from qpart.offline.ltt import make_promise
 from qpart.offline.memory import keep_freed_memory, peak_rss_mib
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
+from qpart.offline.records import data_record, splits
 from qpart.offline.runner import ModelRunner
 from qpart.offline.settings import CalibrationSettings, Estimator
+from qpart.offline.sizing import lossless_levels, size_job
 from qpart.offline.state import Data, State, key, load_data, prepare_work, sample_bytes, split_bits
 from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop
-from qpart.profiles.artifacts import (
-    AccuracyPoint,
-    CalibrationArtifact,
-    CalibrationData,
-    DataRecord,
-    WeightTensor,
-)
+from qpart.profiles.artifacts import AccuracyPoint, CalibrationArtifact, WeightTensor
 
 
 class ProgressSink(Protocol):
@@ -198,22 +192,14 @@ def _ratios(fast: list[float], direct: list[float]) -> list[float]:
     return [f / d if d > 0 else float("nan") for f, d in zip(fast, direct, strict=True)]
 
 
-def _data_record(sources: Sources, data: Data, s: CalibrationSettings) -> CalibrationData:
-    def record(source: DataSource) -> DataRecord:
-        return DataRecord.model_validate(source.describe().model_dump(mode="json"))
-
-    return CalibrationData(calibration=record(sources.calibration), test=record(sources.test),
-                           sample_order=sources.order, fit_samples=s.fit_samples,
-                           check_samples=s.check_samples, test_samples=len(data.test))
-
-
-def _splits(sources: Sources, s: CalibrationSettings) -> dict[str, object]:
-    """Which samples each step used; with the built-in sources, also their split record."""
-    use: dict[str, object] = {"calibration_use": {
-        "fit": [0, s.fit_samples], "check": [s.fit_samples, s.fit_samples + s.check_samples],
-        "noise_tables": [0, s.noise_samples]}}
-    builtin = all(isinstance(x, FashionMnistSource) for x in (sources.calibration, sources.test))
-    return {**describe_splits(), **use} if builtin else use
+def _checked(spec: ModelSpec, settings: CalibrationSettings, sources: Sources,
+             logits: int) -> tuple[CalibrationSettings, Sources]:
+    """The settings with the sample counts resolved from the data's size and the levels checked
+    (``offline.sizing``), and the sources in the card's class order: from the sources' lengths and
+    class names, before a sample is decoded. What the job runs, checkpoints and records."""
+    sources = align_labels(spec, sources, settings.labels)
+    check_model_fits(spec, sources, logits)
+    return size_job(settings, len(sources.calibration), sources.calibration.describe().location), sources
 
 
 def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
@@ -223,7 +209,9 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
 
     ``sources`` default to those the settings name (:func:`offline.data.open_sources`). Data that
     cannot be used (overlapping or mismatched sources, classes that are not one per logit) is
-    refused before anything is written. Each stage's results are checkpointed in
+    refused before anything is written, and so are sample counts the calibration source cannot
+    hold and levels its check samples cannot certify (``offline.sizing``; the counts not given
+    come from its size). Each stage's results are checkpointed in
     ``out_dir/checkpoint`` (:mod:`offline.checkpoint`): the same job run again resumes from them
     and writes the same ``artifact.json``; ``fresh`` discards them first. ``artifact.json`` is
     written last, whole, and the checkpoints are removed after it. ``executor`` runs the
@@ -238,11 +226,11 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     keep_freed_memory()
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
-    sources = sources or open_sources(spec, settings)
     model = spec.load()
     runner = ModelRunner(model, spec.input_shape, batch_size=settings.batch_size,
                          largest_group=settings.activation_group, device=settings.device)
-    check_model_fits(spec, sources, runner.cuts[-1].numel)
+    settings, sources = _checked(spec, settings, sources or open_sources(spec, settings),
+                                 runner.cuts[-1].numel)
     inputs = job_inputs(spec, settings, sources)
     check_writable(out_dir)
     if not fresh:
@@ -294,7 +282,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
             model=spec.name, version=_version(spec), factory=spec.factory,
             input_shape=list(spec.input_shape), weights_sha256=_sha256(spec.weights),
             fp32_test_accuracy=float(data.test_correct.mean()),
-            splits=_splits(sources, settings), data=_data_record(sources, data, settings),
+            splits=splits(sources, settings), data=data_record(sources, data, settings),
             settings={**json.loads(settings.model_dump_json(exclude=settings.execution_only)),
                       "workers": workers},
             tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
@@ -303,7 +291,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
             weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
             accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
             baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
-            image_ladder=ladder)
+            image_ladder=ladder, lossless_levels=list(lossless_levels(settings)))
         artifact = with_coding_ratios(artifact, ratios)
         _write(spec, artifact, agreement, out_dir, ck)
         return artifact

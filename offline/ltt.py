@@ -119,5 +119,5 @@ def ladder_text(steps: int, offsets: Sequence[int]) -> str:
 def make_promise(s: CalibrationSettings) -> Promise:
     """The artifact's promise for a calibration run with these settings."""
     ladder = ladder_text(s.ladder_steps, s.ladder)
-    return Promise(statement=promise(s.delta, s.bound, s.check_samples, ladder), delta=s.delta,
-                   bound=s.bound, check_samples=s.check_samples, ladder=ladder)
+    return Promise(statement=promise(s.delta, s.bound, s.check_count, ladder), delta=s.delta,
+                   bound=s.bound, check_samples=s.check_count, ladder=ladder)

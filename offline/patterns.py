@@ -31,6 +31,7 @@ from qpart.offline.memory import allocator_environment, keep_freed_memory
 from qpart.offline.runner import ModelRunner
 from qpart.offline.selection import Selection, select
 from qpart.offline.settings import CalibrationSettings
+from qpart.offline.sizing import lossless_levels
 from qpart.offline.state import Data, State, evaluate, key, split_bits
 from qpart.offline.validation import PairedDrop, predicted_drop
 from qpart.profiles.artifacts import FLOAT_BITS, AccuracyPoint, Pattern
@@ -131,15 +132,20 @@ def cut_patterns(st: State, cut: int, plan: Plan, record: CutRecord | None, save
         save(cut, rec)
     levels: list[dict[str, Any]] = list(rec["levels"])
     floor = levels[-1]["anchor"] if levels else None
+    kept = lossless_levels(s)
     for level in s.levels[len(levels):]:
         budget = plan.budgets[str(level)]
-        chosen = select(st, cut, level, budget, floor)
-        floor = chosen.anchor
-        pattern = _pattern(st, cut, level, chosen.bits, plan.points, chosen)
+        if level in kept:  # --uncertified lossless: no check sample count could pass it
+            floor, lossless = None, {it.name: FLOAT_BITS for it in st.items[cut]}
+            pattern = _pattern(st, cut, level, lossless, plan.points)
+        else:
+            chosen = select(st, cut, level, budget, floor)
+            floor = chosen.anchor
+            pattern = _pattern(st, cut, level, chosen.bits, plan.points, chosen)
         paper = (_pattern(st, cut, level, qpart_paper_bits(st.items[cut], budget), plan.points)
                  if s.baseline and st.items[cut] and budget > 0 else None)
         levels.append({"pattern": pattern.model_dump(mode="json"),
-                       "baseline": paper.model_dump(mode="json") if paper else None, "anchor": chosen.anchor})
+                       "baseline": paper.model_dump(mode="json") if paper else None, "anchor": floor})
         rec = {"lossless": rec["lossless"], "levels": list(levels)}
         save(cut, rec)
     return rec

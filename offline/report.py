@@ -243,6 +243,32 @@ def _promise(artifact: CalibrationArtifact) -> str:
     return artifact.promise.statement
 
 
+def _test_source(artifact: CalibrationArtifact) -> str:
+    """What the test split was, as the artifact records it (before schema 4: the official t10k)."""
+    if artifact.data is None:
+        return "the official t10k images"
+    test, used = artifact.data.test, artifact.data.test_samples
+    official = test.location.startswith("fashion-mnist:test@") and test.split is None
+    if test.kind == "fashion-mnist" and official:
+        what = "the official t10k images"
+    else:
+        what = f"{test.kind} {test.location}" + (" (a seeded split of the calibration source)"
+                                                  if test.split is not None else "")
+    return f"{what}, {used:,} of {test.count:,} samples" if used < test.count else f"{what}, {used:,} samples"
+
+
+def _lossless_levels(artifact: CalibrationArtifact) -> list[str]:
+    """The levels kept lossless because the check samples could not certify them, if any."""
+    if not artifact.lossless_levels:
+        return []
+    shown = ", ".join(level(a) for a in artifact.lossless_levels)
+    checks = f"{artifact.promise.check_samples:,} check samples" if artifact.promise else "the check samples"
+    return [f"**Levels kept lossless: {shown}.** {checks.capitalize()} cannot certify them even with no "
+            "sample lost, so at these levels every cut's pattern is float32 (lossless) and untested, "
+            "as asked (`--uncertified lossless`); a plan at such a demand sends float32 and says "
+            "`lossless: true`. More check samples certify them: docs/guide/how-much-data.md.", ""]
+
+
 def _image_ladder(artifact: CalibrationArtifact) -> list[str]:
     """The input-image plan's qualities and what backs them (ADR 0015), where the artifact has them."""
     ladder = artifact.image_ladder
@@ -270,8 +296,8 @@ def markdown(artifact: CalibrationArtifact) -> str:
         f"# Calibration report: {artifact.model} (version {artifact.version})", "",
         f"fp32 test accuracy {pct(artifact.fp32_test_accuracy)}. Accuracy levels (max top-1 drop): {levels}.",
         f"Calibration samples used: {plain(artifact.splits.get('calibration_use'))}; "
-        "test = the official t10k images, read once per final pattern.",
-        "", "## The promise", "", _promise(artifact), "",
+        f"test = {_test_source(artifact)}, read once per final pattern.",
+        "", "## The promise", "", _promise(artifact), "", *_lossless_levels(artifact),
         "## Promise kept on the test split", "",
         "Margin: the level less the measured test drop (negative: the promise was broken).", "",
         "| method | patterns | violations (test drop > level) | tightest margin |", "|---|---|---|---|",

@@ -35,7 +35,7 @@ def anchor(st: State, cut: int, level: float, budget: float, floor: int | None =
     ``floor`` (a lower level's anchor, which passes here too) if higher; the lowest point searched
     when none passes."""
     s = st.settings
-    test = Test(level, s.confidence, s.bound, scale_to=s.check_samples)
+    test = Test(level, s.confidence, s.bound, scale_to=s.check_count)
 
     def passes(k: int) -> bool:
         bits = _bits(st, cut, k)

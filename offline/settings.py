@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qpart.offline.errors import CalibrationConfigError
+
 DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
 LADDER = (-4, -2, -1, 0, 1, 2, 3)
 
@@ -32,9 +34,23 @@ class CalibrationSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QPART_CALIB_", frozen=True)
 
     levels: tuple[float, ...] = Field(DEFAULT_LEVELS, description="Accuracy levels (max top-1 drop).")
-    fit_samples: int = Field(4000, ge=100, description="Calibration samples for tables and mapping.")
-    check_samples: int = Field(6000, ge=100, description="Calibration samples for validation bounds.")
-    noise_samples: int = Field(2000, ge=50, description="Fit samples used for the noise tables.")
+    fit_samples: int | None = Field(None, ge=100, description=(
+        "Calibration samples for tables and mapping; none: from the data's size (4000 from 10,000 "
+        "samples up, else 40%: offline.sizing)."))
+    check_samples: int | None = Field(None, ge=100, description=(
+        "Calibration samples for validation bounds; none: from the data's size (6000 from 10,000 "
+        "samples up, else the rest: offline.sizing). Each level needs enough of them "
+        "(docs/guide/how-much-data.md)."))
+    noise_samples: int = Field(2000, ge=50, description=(
+        "Fit samples used for the noise tables (at most the fit samples: the job uses fewer when "
+        "there are fewer, and records the count it used)."))
+    uncertified: Literal["refuse", "lossless"] = Field("refuse", description=(
+        "A level the check samples cannot certify even with no sample lost: refuse the job before its "
+        "expensive stages, or keep the level lossless (float32 patterns, untested; said in the summary, "
+        "the report, the artifact and qpart models)."))
+    labels: Literal["check", "map"] = Field("check", description=(
+        "The card's labels against the data's classes: check (refuse the same names in another "
+        "order), or map (renumber the data's classes into the card's order)."))
     probes: int = Field(2, ge=1, le=64, description="Random probes per sample for the fast estimator.")
     estimator: Estimator = Field(Estimator.FAST, description="Tables that drive the allocation.")
     measure_both: bool = Field(True, description="Also build the other estimator's tables and compare.")
@@ -112,6 +128,27 @@ class CalibrationSettings(BaseSettings):
         return {"spill_above_mb"}
 
     @property
+    def fit_count(self) -> int:
+        """``fit_samples`` once the job has resolved it from the data (``offline.sizing``).
+
+        Raises:
+            CalibrationConfigError: not resolved yet (a caller's mistake: resolve the settings first).
+        """
+        return _resolved(self.fit_samples, "fit_samples")
+
+    @property
+    def check_count(self) -> int:
+        """``check_samples`` once the job has resolved it from the data (``offline.sizing``)."""
+        return _resolved(self.check_samples, "check_samples")
+
+    @property
     def delta(self) -> float:
         """δ: the chance a pattern's promise is wrong (1 − confidence)."""
         return round(1.0 - self.confidence, 12)
+
+
+def _resolved(value: int | None, name: str) -> int:
+    if value is None:
+        raise CalibrationConfigError(f"{name} is not resolved from the data's size yet "
+                                     "(offline.sizing.resolve_samples)")
+    return value

@@ -62,7 +62,7 @@ def _copy(ds: Dataset, start: int, stop: int, path: Path) -> Dataset:
 def sample_bytes(s: CalibrationSettings, sources: Sources) -> int:
     """Bytes of the fit, check and test tensors the job holds: ``(fit + check + test) × C × H × W × 4``."""
     test = len(sources.test) if s.test_samples is None else min(s.test_samples, len(sources.test))
-    return (s.fit_samples + s.check_samples + test) * 4 * int(np.prod(sources.calibration.sample_shape))
+    return (s.fit_count + s.check_count + test) * 4 * int(np.prod(sources.calibration.sample_shape))
 
 
 def in_memory(data: Data) -> Data:
@@ -76,9 +76,9 @@ def in_memory(data: Data) -> Data:
 def prepare_work(s: CalibrationSettings, sources: Sources) -> int:
     """Samples :func:`load_data` decodes or runs through the float model (its ticks' sum)."""
     test = len(sources.test) if s.test_samples is None else min(s.test_samples, len(sources.test))
-    decoded = (decode_work(sources.calibration, s.fit_samples + s.check_samples, sources.order)
+    decoded = (decode_work(sources.calibration, s.fit_count + s.check_count, sources.order)
                + decode_work(sources.test, s.test_samples, sources.order))
-    return decoded + s.fit_samples + s.check_samples + test
+    return decoded + s.fit_count + s.check_count + test
 
 
 def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
@@ -89,11 +89,11 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
     The tensors are decoded a batch at a time and held once (:func:`sample_bytes`): in memory, or
     in files in the folder ``spill`` when given (``docs/data-sources.md``).
     """
-    needed = s.fit_samples + s.check_samples
+    needed = s.fit_count + s.check_count
     if needed > len(sources.calibration):
         have = len(sources.calibration)
         raise CalibrationConfigError(
-            f"--fit-samples {s.fit_samples} + --check-samples {s.check_samples} = {needed} exceeds the "
+            f"--fit-samples {s.fit_count} + --check-samples {s.check_count} = {needed} exceeds the "
             f"{have} calibration samples; give both so they add up to at most {have} (e.g. --fit-samples "
             f"{max(100, have * 2 // 5)} --check-samples {max(100, have - max(100, have * 2 // 5))}; the "
             "check samples bound each level's promise: with none over a level among n, the bound is "
@@ -101,10 +101,10 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
     cal = read_samples(sources.calibration, needed, sources.order, Split.CALIBRATION,
                        None if spill is None else spill / "calibration.npy", tick)
     if spill is None:
-        fit, check = _slice(cal, 0, s.fit_samples), _slice(cal, s.fit_samples, needed)
+        fit, check = _slice(cal, 0, s.fit_count), _slice(cal, s.fit_count, needed)
     else:  # a file each, so that each pickles as its file (offline.data.SpilledArray), not a copy
-        fit, check = (_copy(cal, 0, s.fit_samples, spill / "fit.npy"),
-                      _copy(cal, s.fit_samples, needed, spill / "check.npy"))
+        fit, check = (_copy(cal, 0, s.fit_count, spill / "fit.npy"),
+                      _copy(cal, s.fit_count, needed, spill / "check.npy"))
         (spill / "calibration.npy").unlink()
     test = read_samples(sources.test, s.test_samples, sources.order, Split.TEST,
                         None if spill is None else spill / "test.npy", tick)

@@ -18,8 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from qpart.kernels.coding import Coding
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 5
-"""5: what was measured on the calibrating machine, not decided by the calibration (each cut's
+ARTIFACT_SCHEMA_VERSION = 6
+"""6: the levels the check samples could not certify, kept lossless at the user's request
+(``lossless_levels``; empty when calibrated before). 5: what was measured on the calibrating
+machine, not decided by the calibration (each cut's
 ``server_head_s``/``server_tail_s`` and ``timing_s``), is kept in ``timing.json`` beside
 ``artifact.json``, so that ``artifact.json`` is a function of the model, the data and the settings
 alone (a resumed job writes it byte for byte; ``docs/calibration-resume.md``).
@@ -187,7 +189,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[5] = 5
+    schema_version: Literal[6] = 6
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -216,19 +218,25 @@ class CalibrationArtifact(_Frozen):
     image_ladder: ImageLadder | None = Field(
         None, description="The lossy input-image plan's qualities (ADR 0015); None: not measured (the "
         "card declares no preprocessing, or the data holds no images, or calibrated before it).")
+    lossless_levels: list[float] = Field(default_factory=list, description=(
+        "Levels the check samples could not certify even had no sample been lost, kept lossless at "
+        "the user's request (qpart calibrate --uncertified lossless): their patterns are float32 and "
+        "untested; a plan at such a demand sends float32. Empty: every level was certifiable."))
 
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        """An older document as schema 4. From 1: each cut's ``<coding>_ratio`` fields into its
+        """An older document as schema 6. From 1: each cut's ``<coding>_ratio`` fields into its
         ``coding_ratio`` map (an empty one: not measured, left out). From 1 or 2: patterns lose
         ``tightenings`` (the search that counted them made no promise; ``promise`` stays None).
         From 1 to 3: ``data`` stays None (the Fashion-MNIST splits, recorded in ``splits``). From 4:
-        nothing changes (its measurements are inline, where schema 5 still reads them)."""
-        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4)):
+        nothing changes (its measurements are inline, where schema 5 still reads them). From 5:
+        ``lossless_levels`` stays empty (the job refused no level; an uncertifiable one became
+        lossless silently)."""
+        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4, 5)):
             return data
         out = dict(data)
-        if data["schema_version"] in (3, 4):
+        if data["schema_version"] in (3, 4, 5):
             out["schema_version"] = ARTIFACT_SCHEMA_VERSION
             return out
         if data["schema_version"] == 1 and isinstance(data.get("cuts"), list):

@@ -64,6 +64,8 @@ def calibrate(
     test_fraction: Annotated[float | None, typer.Option(help=env_help(CALIB, "test_fraction"))] = None,
     split_seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "split_seed"))] = None,
     sample_order: Annotated[str | None, typer.Option(help=env_help(CALIB, "sample_order"))] = None,
+    uncertified: Annotated[str | None, typer.Option(help=env_help(CALIB, "uncertified"))] = None,
+    labels: Annotated[str | None, typer.Option(help=env_help(CALIB, "labels"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help=(
         "At the end, print one JSON document in place of the summary line: stage seconds, pattern "
         "and violation counts, the output files."))] = False,
@@ -86,7 +88,8 @@ def calibrate(
         "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
         "confidence": confidence, "seed": seed, "threads": threads, "workers": workers, "device": device,
         "baseline": baseline, "data": data, "test_data": test_data, "test_fraction": test_fraction,
-        "split_seed": split_seed, "sample_order": sample_order,
+        "split_seed": split_seed, "sample_order": sample_order, "uncertified": uncertified,
+        "labels": labels,
     })
     from dataclasses import replace
 
@@ -116,10 +119,16 @@ def calibrate(
     # SIGTERM (kubectl delete, docker stop, timeout) ends the job as an exception would, so that its
     # temporary sample files are removed; the checkpoints stay for a resume.
     signal.signal(signal.SIGTERM, _terminated)
-    with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
-        artifact = run_job(spec, settings, out, _RichSink(bar), fresh=fresh,
-                           executor=ray_executor(ray_address) if executor == "ray" else None)
+    try:
+        with progress_bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()) as bar:
+            artifact = run_job(spec, settings, out, _RichSink(bar), fresh=fresh,
+                               executor=ray_executor(ray_address) if executor == "ray" else None)
+    except SystemExit as exc:
+        if exc.code == 128 + signal.SIGTERM:
+            typer.echo(f"error: terminated (SIGTERM); the finished stages stay in {out}/checkpoint: the same "
+                       "command resumes from them", err=True)
+        raise
     graded = [p for p in artifact.patterns if p.level > 0 and p.test_drop is not None]
     bad = sum(1 for p in graded if p.test_drop is not None and p.test_drop > p.level)
     if as_json:
@@ -129,14 +138,28 @@ def calibrate(
             "model": model, "out": str(out), "cuts": len(artifact.cuts),
             "levels": sorted({p.level for p in artifact.patterns if p.level > 0}),
             "patterns": len(artifact.patterns), "graded_patterns": len(graded), "test_violations": bad,
+            "lossless_levels": artifact.lossless_levels,
             "stage_s": stages, "total_s": round(artifact.timing_s["total_without_report"], 3),
             "peak_rss_mib": {k.removeprefix("peak_rss_mib_"): round(v, 1)
                              for k, v in artifact.timing_s.items() if k.startswith("peak_rss_mib_")},
             "files": [str(out / f) for f in ("artifact.json", "timing.json", "validation.json",
                                              "report.md", "weights.safetensors")]}))
         return
-    typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split; "
+    typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split"
+               f"{_lossless_note(artifact)}; "
                f"wrote {out}/artifact.json, validation.json, report.md")
+
+
+def _lossless_note(artifact: Any) -> str:
+    """The summary line's clause on the levels kept lossless (--uncertified lossless), if any."""
+    levels = artifact.lossless_levels
+    if not levels:
+        return ""
+    from qpart.offline.sizing import percent
+
+    kept = sum(1 for p in artifact.patterns if p.level in levels)
+    return (f" ({kept} of them lossless, untested: {', '.join(percent(a) for a in levels)} kept float32, "
+            "too few check samples to certify them)")
 
 
 def measure_coding(
@@ -245,6 +268,9 @@ def _cut_count(folder: Path) -> int:
 
 
 def _terminated(signum: int, frame: object) -> None:
+    # Once: a second SIGTERM (a process group's, a supervisor's retry) must not interrupt the clean-up
+    # the first started (the pool's workers stopping, the sample files going) with a traceback.
+    signal.signal(signum, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 

@@ -7,6 +7,7 @@ and, in order, each sample's digest and label.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -129,6 +130,21 @@ class DataSource(ABC):
 
     def _preprocess(self) -> PreprocessSpec | None:
         return None
+
+    def in_class_order(self, class_names: Sequence[str]) -> DataSource:
+        """The same samples with the classes renumbered into the order ``class_names`` (the same
+        names, reordered): a sample of class ``c`` gets the label ``class_names.index(c)``.
+
+        Raises:
+            DatasetError: ``class_names`` are not this source's class names, reordered.
+        """
+        if sorted(class_names) != sorted(self._class_names) or len(set(class_names)) != len(class_names):
+            raise DatasetError(f"classes {list(class_names)} are not {list(self._class_names)} reordered")
+        position = {name: i for i, name in enumerate(class_names)}
+        renumber = np.array([position[name] for name in self._class_names], dtype=np.int64)
+        out = copy.copy(self)  # every subclass reads its labels and names from these two fields
+        DataSource.__init__(out, class_names, renumber[self._labels], self._split)
+        return out
 
     def content_sha256(self) -> str:
         """sha256 over the class names, then each sample's digest and label, in order."""

@@ -73,7 +73,7 @@ def test_a_split_builtin_source_is_reopened_from_its_parent():
     part = split_source(FashionMnistSource(Split.CALIBRATION), test_count=100, seed=3).calibration
     record = DataRecord.model_validate(part.describe().model_dump(mode="json"))
     data = SimpleNamespace(calibration=record, sample_order="source")
-    artifact = SimpleNamespace(model="fmnist-cnn", data=data)
+    artifact = SimpleNamespace(model="fmnist-cnn", data=data, settings={})
     images = _fit_images(artifact, get_model("fmnist-cnn"), None, 5, 30)  # type: ignore[arg-type]
     want = next(part.select(list(range(5, 35))).batches(30)).images
     assert images.shape == (30, 1, 28, 28) and (images == want).all()

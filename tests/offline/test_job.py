@@ -115,7 +115,7 @@ def test_samples_go_to_files_when_every_process_copy_would_pass_the_limit():
     """The limit counts one copy per process: the job's and each validation worker's (review of
     issue 24: eight workers under a 2 GB limit held 18 GB)."""
     spec = get_model("fmnist-cnn")
-    s = CalibrationSettings(spill_above_mb=100)
+    s = CalibrationSettings(spill_above_mb=100, fit_samples=4000, check_samples=6000)  # resolved
     sources = open_sources(spec, s)
     assert 50e6 < sample_bytes(s, sources) < 100e6  # 20,000 samples of 1x28x28 float32: 62.7 MB
     with sample_folder(s, sources, 1) as alone:

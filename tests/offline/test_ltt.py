@@ -56,7 +56,7 @@ def test_the_promise_names_delta_the_bound_the_check_samples_and_the_ladder():
     for words in ("δ = 0.1;", "Clopper–Pearson", "5,000 check samples", "2^(1/4)", "-4, -2, -1, +0, +1",
                   "first failure", "arXiv 2110.01052"):
         assert words in p.statement
-    assert make_promise(CalibrationSettings()).delta == DELTA
+    assert make_promise(CalibrationSettings(check_samples=6000)).delta == DELTA
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,8 @@ def _reads_before_the_test(check_lost: int) -> tuple[list[tuple[str, int]], list
     level, rungs_count = 0.01, 160
     fit = np.array([[int(N_FIT * 0.01 * 2 ** ((i - 80) / 16)), 0] for i in range(rungs_count)])
     check = np.full((rungs_count, 2), [check_lost, 0])
-    sim = SyntheticState(CalibrationSettings(ladder_steps=STEPS), offset=80, rungs_count=rungs_count)
+    sim = SyntheticState(CalibrationSettings(ladder_steps=STEPS, check_samples=6000), offset=80,
+                         rungs_count=rungs_count)
     sim.draw(fit, check)
     before: list[tuple[str, int]] = []
     original = selection.fixed_sequence
@@ -127,7 +128,8 @@ def _select_with_one_failing_rung(fail_at: int | None,
     it (None: no floor): the anchor, and the chosen grid step (None: lossless)."""
     level, rungs_count, offset = 0.01, 160, 80
     fit = np.array([[int(N_FIT * 0.01 * 2 ** ((i - offset) / 16)), 0] for i in range(rungs_count)])
-    sim = SyntheticState(CalibrationSettings(ladder_steps=STEPS), offset=offset, rungs_count=rungs_count)
+    sim = SyntheticState(CalibrationSettings(ladder_steps=STEPS, check_samples=6000), offset=offset,
+                         rungs_count=rungs_count)
     sim.draw(fit, np.zeros((rungs_count, 2)))
     budget = 2.0 ** (4 / STEPS)
     with synthetic(sim):

@@ -30,7 +30,7 @@ def seen(monkeypatch) -> list[object]:
     def calibrate(spec, settings, out, sink, *, fresh, executor):
         assert (fresh, executor) == (False, None)  # the defaults: resume, in local processes
         captured.append(settings)
-        return SimpleNamespace(patterns=[])
+        return SimpleNamespace(patterns=[], lossless_levels=[])
 
     job.calibrate = calibrate  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "qpart.server.main", server_main)
@@ -78,7 +78,7 @@ def test_calibrate_reads_the_environment_and_a_flag_overrides_it(seen, tmp_path)
     assert (flagged.fit_samples, flagged.levels, flagged.estimator, flagged.baseline) == (
         321, (0.005,), Estimator.FAST, True)
     assert from_env.probes == flagged.probes == 3  # no flag: the environment
-    assert from_env.check_samples == 6000  # neither: the default
+    assert from_env.check_samples is None  # neither: from the data's size, when the job opens it
 
 
 def test_confidence_sets_delta_in_the_settings_and_in_the_artifacts_promise(seen, tmp_path):
@@ -92,7 +92,7 @@ def test_confidence_sets_delta_in_the_settings_and_in_the_artifacts_promise(seen
     assert isinstance(default, CalibrationSettings) and isinstance(flagged, CalibrationSettings)
     assert [s.delta for s in (default, from_env, flagged)] == [0.05, 0.01, 0.1]
     for settings, shown in ((default, "δ = 0.05;"), (from_env, "δ = 0.01;"), (flagged, "δ = 0.1;")):
-        promise = make_promise(settings)
+        promise = make_promise(settings.model_copy(update={"check_samples": 6000}))  # as the job resolves it
         assert promise.delta == settings.delta and shown in promise.statement
 
 
@@ -104,7 +104,8 @@ def test_settings_from_passes_only_the_flags_given(monkeypatch):
 
 def test_help_shows_the_default_and_the_variable():
     assert env_help(CalibrationSettings, "fit_samples") == (
-        "Calibration samples for tables and mapping (default: 4000, env QPART_CALIB_FIT_SAMPLES)")
+        "Calibration samples for tables and mapping; none: from the data's size (4000 from 10,000 samples "
+        "up, else 40%: offline.sizing) (default: none, env QPART_CALIB_FIT_SAMPLES)")
     assert "default: 0.001,0.0025,0.005,0.01,0.02, env QPART_CALIB_LEVELS" in env_help(
         CalibrationSettings, "levels")
     assert "default: 8000, env QPART_PORT" in env_help(ServerSettings, "port")

@@ -33,6 +33,10 @@ _T = TypeVar("_T")
 DEFAULT_RATE_BPS = 10e6
 MAX_UPLOAD_BATCH = 64
 
+_HEAD_FAILURES = (RuntimeError, ValueError, IndexError, TypeError)
+"""What torch raises when a head's tensors do not fit its code: a segment's own failure (ONNX Runtime's
+errors are made :class:`SegmentError` where they happen, :mod:`client.onnx_runtime`)."""
+
 HeadFunction = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 """A head: float32 ``[N, *input_shape]`` → float32 ``[N, *activation_shape]``."""
 
@@ -261,22 +265,37 @@ class DeviceClient:
         raise NotImplementedError
 
     def _healing(self, plan: Plan, step: Callable[[], _T]) -> _T:
-        """``step()`` (loading or running the plan's head); where it fails, the segment is deleted
-        from the cache, so that it is never again announced as held nor loaded from there, and the
-        error says so: one broken download does not break every later run."""
+        """``step()`` (loading or running the plan's head); where the segment itself fails (it does
+        not load, pass the check, fit the head, run, or make the plan's activation shape), it is
+        deleted from the cache, so that it is never again announced as held nor loaded from there,
+        and the error, of its own class, says so: one broken download does not break every later
+        run. Any other failure (the model's code missing on this device, memory) leaves the cache
+        as it is."""
         try:
             return step()
-        except Exception as exc:  # a runtime's own errors (torch, ONNX Runtime) derive from Exception
+        except SegmentError as exc:
+            if plan.segment is None or CACHE_HEALED in str(exc):
+                raise
+            self.cache.discard(plan.segment.id)
+            raise type(exc)(f"{exc}; {CACHE_HEALED}") from exc
+        except _HEAD_FAILURES as exc:
             if plan.segment is None:
                 raise
             self.cache.discard(plan.segment.id)
-            if isinstance(exc, SegmentError):
-                if CACHE_HEALED in str(exc):
-                    raise
-                raise SegmentError(f"{exc}; {CACHE_HEALED}") from exc
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise SegmentError(f"the head of segment {plan.segment.id[:12]} (cut {plan.cut}) failed: "
                                f"{first}; {CACHE_HEALED}") from exc
+
+    @staticmethod
+    def _run_head(plan: Plan, head: HeadFunction, batch: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The head's activation of ``batch``, which must have the plan's activation shape."""
+        out = head(batch)
+        want = (len(batch), *plan.activation_shape)
+        if tuple(out.shape) != want:
+            segment = f"segment {plan.segment.id[:12]}" if plan.segment else "no segment"
+            raise SegmentError(f"the head of cut {plan.cut} ({segment}) made an activation of shape "
+                               f"{list(out.shape)}, not the plan's {list(want)}")
+        return out
 
     def upload(self, plan: Plan, packet: bytes) -> TailAnswer:
         """POST the activation packet to the plan's tail (compressed if the plan says so) and return
@@ -313,10 +332,11 @@ class DeviceClient:
         head = self._healing(plan, lambda: self.load_head(plan, segment))
         head_s = time.perf_counter() - t2
         upload_s = 0.0
-        for start in range(0, len(images), MAX_UPLOAD_BATCH):
+        step = min(MAX_UPLOAD_BATCH, plan.upload_batch or MAX_UPLOAD_BATCH)  # within the body limit
+        for start in range(0, len(images), step):
             h0 = time.perf_counter()
-            batch = np.ascontiguousarray(images[start : start + MAX_UPLOAD_BATCH], dtype=np.float32)
-            act_np = self._healing(plan, functools.partial(head, batch))
+            batch = np.ascontiguousarray(images[start : start + step], dtype=np.float32)
+            act_np = self._healing(plan, functools.partial(self._run_head, plan, head, batch))
             h1 = time.perf_counter()
             head_s += h1 - h0
             if plan.infer_url is None:

@@ -96,12 +96,17 @@ class Plan(HeadSpec, PacketFormat):
     all_device: Costs | None = None
     segment: Segment | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None: all-device).")
+    upload_batch: int | None = Field(None, ge=1, description="The most samples one upload may carry "
+                                     "within the server's body limit (servers before it: None).")
     upload_content_type: Literal["application/octet-stream", "image/png", "image/webp"] = Field(
         "application/octet-stream", description="What to POST to infer_url: the packet, or for the "
         "input-image plan (ADR 0014; servers before it never send it) the image as a PNG, or for "
         "a lossy one (ADR 0015) as the WebP at the plan's quality.")
     input_image_plan: Costs | None = Field(None, description="The cheapest input-image plan the offer got "
                                            "(ADR 0016; absent: no offer, or a server before it).")
+    lossless: bool = Field(False, description="Only lossless (float32) plans serve the demand: the "
+                           "calibration certified no quantized pattern that tight (absent: a server "
+                           "before it).")
 
 
 class TopK(_Wire):

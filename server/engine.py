@@ -4,9 +4,10 @@ tail pool; it knows no HTTP (the HTTP layer makes links and responses from its r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,13 +24,14 @@ from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableErr
 from qpart.server.image_plans import ImagePlans
 from qpart.server.images import INPUT_PNG, ImageTimes
 from qpart.server.metrics import Metrics
-from qpart.server.packets import decode_activation, packet_limit
+from qpart.server.packets import decode_activation, packet_limit, upload_batch
 from qpart.server.planner import (
     Candidate,
     PlanInputs,
     allowed_patterns,
     best_at_cut,
     choose,
+    only_lossless,
     price_options,
 )
 from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
@@ -54,6 +56,8 @@ class PlanChoice:
     all_device: Candidate | None
     held: frozenset[str]
     image: Candidate | None = None  # the cheapest input-image plan the request's offer got
+    upload_batch: int = 1  # the most samples one upload of the chosen pattern carries (body limit)
+    lossless: bool = False  # every plan at the demand sends float32 (planner.only_lossless)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class ModelView:
     server_tail_s: list[float]
     answer_bytes: int
     server_decode_s: dict[str, list[float]]  # per upload coding, per cut: a sample's decoding
+    upload_batch: dict[str, int] = field(default_factory=dict)  # per pattern id (body limit)
 
 
 def _require_finite(candidates: list[Candidate]) -> None:
@@ -98,12 +103,15 @@ class Engine:
     # ---- lifecycle ------------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        """Index every pattern's segment (builds each once), time the tails, publish readiness."""
+        """Index every pattern's segment (builds each once), time the tails, publish readiness.
+        A pattern whose cut the torch runtime cannot run (``runtimes_refused``) has no segment to
+        index: the planner never offers it, and the server starts."""
         for entry in self.catalog.entries:
             self.metrics.model_ready.labels(entry.name, entry.version).set(1 if entry.ready else 0)
             if entry.model is not None:
                 for pattern in entry.model.artifact.patterns:
-                    self.segments.for_pattern(entry.model, pattern)
+                    with contextlib.suppress(UnprocessableError):  # refused: the planner never offers it
+                        self.segments.for_pattern(entry.model, pattern)
                 self.tails.warm_up(entry.model)
                 self._time_images(entry.model)
 
@@ -164,7 +172,8 @@ class Engine:
             except UnprocessableError:
                 continue  # not offered to that runtime (ADR 0019)
         return ModelView(model, patterns, self.tails.tail_seconds(model), self.tails.answer_bytes(model),
-                         self.decode_seconds(model))
+                         self.decode_seconds(model),
+                         {p.pattern_id: upload_batch(self.settings, model, p) for p, _ in patterns})
 
     def _device(self, req: PlanRequest) -> DeviceProfile:
         if isinstance(req.device, DeviceProfile):
@@ -212,7 +221,8 @@ class Engine:
         assert all_server is not None, "cut 0 has no head: every runtime is offered it"
         choice = PlanChoice(model, chosen, segments[chosen.pattern.pattern_id], all_server,
                             best_at_cut(candidates, len(model.cuts) - 1), inputs.held,
-                            min(images, key=lambda c: c.costs.objective) if images else None)
+                            min(images, key=lambda c: c.costs.objective) if images else None,
+                            upload_batch(self.settings, model, chosen.pattern), only_lossless(candidates))
         self.metrics.plan_duration.observe(time.perf_counter() - started)
         self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)

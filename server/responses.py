@@ -11,8 +11,8 @@ from qpart.server import paths, webp
 from qpart.server.catalog import LoadedModel
 from qpart.server.engine import ModelView, PlanChoice
 from qpart.server.images import CONTENT_TYPE, INPUT_PNG
-from qpart.server.schemas import ModelInfo, PatternInfo, PlanResponse, SegmentRef
-from qpart.server.segment_index import SegmentEntry
+from qpart.server.schemas import ModelInfo, PatternInfo, PlanResponse, RuntimeCuts, SegmentRef
+from qpart.server.segment_index import SegmentEntry, runtime_table
 
 
 class Links:
@@ -52,9 +52,10 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
         predicted=chosen.costs, all_server=choice.all_server.costs,
         all_device=None if choice.all_device is None else choice.all_device.costs,
         segment=links.segment_ref(choice.segment, held), infer_url=links.tail_infer(model, p),
+        upload_batch=choice.upload_batch,
         upload_encoding=chosen.costs.upload_encoding,
         upload_content_type=upload_content_type(p.pattern_id),
-        input_image_plan=None if choice.image is None else choice.image.costs,
+        input_image_plan=None if choice.image is None else choice.image.costs, lossless=choice.lossless,
     )
 
 
@@ -73,9 +74,12 @@ def model_info_response(view: ModelView, links: Links) -> ModelInfo:
     patterns = [PatternInfo(
         pattern_id=p.pattern_id, cut=p.cut, cut_node=model.cuts[p.cut].node, level=p.level,
         weight_bits=p.weight_bits, activation_bits=p.activation_bits, group_size=p.group_size,
-        test_drop=p.test_drop, segment=links.segment_ref(entry), infer_url=links.tail_infer(model, p))
+        test_drop=p.test_drop, segment=links.segment_ref(entry), infer_url=links.tail_infer(model, p),
+        upload_batch=view.upload_batch.get(p.pattern_id, 1))
         for p, entry in view.patterns]
     levels = sorted({p.level for p in model.artifact.patterns})
+    runtimes = {name: RuntimeCuts.model_validate(row) for name, row in runtime_table(model).items()}
     return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
+                     lossless_levels=list(model.artifact.lossless_levels), runtimes=runtimes,
                      server_tail_s=view.server_tail_s, server_decode_s=view.server_decode_s,
                      answer_bytes=view.answer_bytes, patterns=patterns)

@@ -202,6 +202,10 @@ class PlanResponse(_Strict):
                                              "cannot run the whole model (ADR 0019).")
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
+    upload_batch: int = Field(
+        description="The most samples one upload may carry: its packet (coded or not) within the "
+        "server's body limit (QPART_MAX_BODY_BYTES) and queue (QPART_MAX_QUEUE); a device with more "
+        "inputs splits them into requests of at most this many (1 for an input-image plan).")
     upload_encoding: UploadEncoding = Field(
         description="How to send the packet: as is, or compressed with 'Content-Encoding: deflate' "
         "or 'zstd' "
@@ -211,6 +215,10 @@ class PlanResponse(_Strict):
         "(application/octet-stream), or, for an input-image plan (only when the request offered "
         "input_image), the device's input image: as a PNG (image/png) for 'input-png', as the WebP "
         "at the plan's quality (image/webp) for 'input-webp@<quality>'.")
+    lossless: bool = Field(False, description=(
+        "True when only lossless plans can serve the demand: the calibration certified no quantized "
+        "pattern at a level this tight (its check samples were too few: the artifact's "
+        "lossless_levels; or the demand is 0), so the plan sends float32."))
     input_image_plan: CostBreakdown | None = Field(
         None, description="The cheapest input-image plan the request's offer got (ADR 0014, 0015), "
         "priced as 'predicted' is; null where the request offered no image or the model takes none. "
@@ -231,6 +239,16 @@ class PatternInfo(_Strict):
     test_drop: float | None
     segment: SegmentRef | None
     infer_url: str | None
+    upload_batch: int = Field(description="The most samples one upload of this pattern may carry "
+                              "(the plan's field of the same name).")
+
+
+class RuntimeCuts(_Strict):
+    """Which cuts one device runtime can run, as calibration found by building and checking each
+    cut's head in that runtime's form."""
+
+    cuts: list[int] = Field(description="The cuts it runs (cut 0, no head, always).")
+    refused: dict[str, str] = Field(description="Cut (as a string) -> why this runtime cannot run it.")
 
 
 class ModelInfo(_Strict):
@@ -240,6 +258,12 @@ class ModelInfo(_Strict):
     version: str
     cuts: int
     levels: list[float]
+    lossless_levels: list[float] = Field(description=(
+        "Levels the calibration's check samples could not certify, kept lossless (float32) by "
+        "`--uncertified lossless`: a demand at such a level is served without quantization."))
+    runtimes: dict[str, RuntimeCuts] = Field(description=(
+        "Per device runtime (torch, onnx; the browser runs onnx segments), the cuts it takes and why "
+        "not the others; the planner never offers a runtime a cut it refuses."))
     server_tail_s: list[float] = Field(
         description="Per cut, what a lone request's tail takes on this server now: its batch-1 time "
                     "measured at start-up, corrected by what lone requests took lately.")

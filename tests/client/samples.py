@@ -14,7 +14,7 @@ PLAN: dict[str, Any] = {
     "group_size": 196, "activation_shape": [1, 28, 28], "predicted": COSTS, "all_server": COSTS,
     "all_device": COSTS, "segment": None,
     "infer_url": "/v1/models/fmnist-cnn/versions/v1/patterns/c0-5951739120a72ce5/infer",
-    "upload_encoding": "identity"}
+    "upload_batch": 256, "upload_encoding": "identity"}
 """An all-server plan of fmnist-cnn (no segment), every field the server sends."""
 
 ANSWER: dict[str, Any] = {

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.server.batching import BatchReport
 from qpart.server.catalog import Catalog
 from qpart.server.engine import Engine
+from qpart.server.errors import UnprocessableError
 from qpart.server.metrics import Metrics
 from qpart.server.segments import SegmentStore
 from qpart.server.settings import ServerSettings
@@ -107,3 +111,21 @@ def test_requests_sharing_a_batch_each_get_their_own_rows_and_errors(engine):
         assert answer.rows.logits.shape == (len(x), 10)
         np.testing.assert_allclose(answer.rows.logits, single.rows.logits, rtol=1e-4, atol=1e-4)
         assert answer.rows.order[:, :1].tolist() == single.rows.order[:, :1].tolist()
+
+
+def test_warm_up_skips_a_cut_the_torch_runtime_cannot_run_and_the_server_starts(cnn_only, tmp_path):
+    root = tmp_path / "artifacts"
+    shutil.copytree(cnn_only, root)
+    path = root / "fmnist-cnn" / "artifact.json"
+    doc = json.loads(path.read_text())
+    doc["cuts"][3]["runtimes_refused"] = {"torch": "tensor 'x' comes back as (1,), not ()"}
+    path.write_text(json.dumps(doc))
+    settings = ServerSettings(artifacts=root)
+    store = SegmentStore(settings.segment_cache_bytes)
+    engine = Engine(settings, Catalog.load(root), store, Metrics(store, "test"))
+    engine.warm_up()  # raised the refusal before
+    model = engine.catalog.get("fmnist-cnn")
+    at = {p.cut: p for p in model.artifact.patterns}
+    assert engine.segments.for_pattern(model, at[4], HeadRuntime.TORCH) is not None
+    with pytest.raises(UnprocessableError, match=r"no torch head at cut 3 \(tensor 'x' comes back"):
+        engine.segments.for_pattern(model, at[3], HeadRuntime.TORCH)

@@ -1,6 +1,6 @@
 """The runtime table (issue 48): per device runtime, the cuts calibration found it can run and why
 not the others, from the artifact's ``cuts[i].runtimes_refused``; shown in ``/v2/models/{m}``'s
-``runtimes`` parameter."""
+``runtimes`` parameter and in ``/v1/models/{m}`` beside the levels kept lossless."""
 
 from __future__ import annotations
 
@@ -10,19 +10,34 @@ import shutil
 from qpart.server.catalog import Catalog
 from qpart.server.routes_oip import card_parameters
 from qpart.server.segment_index import runtime_table
+from tests.server.conftest import make_client
 
 
-def test_a_cut_refused_to_a_runtime_is_left_out_of_its_cuts_with_the_reason(cnn_only, tmp_path):
+def _refusing(cnn_only, tmp_path, **fields):
+    """The fmnist-cnn artifact with cut 5 refused to onnx (and ``fields`` set on the artifact)."""
     root = tmp_path / "artifacts"
     shutil.copytree(cnn_only, root)
     path = root / "fmnist-cnn" / "artifact.json"
     doc = json.loads(path.read_text())
     doc["cuts"][5]["runtimes_refused"] = {"onnx": "operator 'Resize' is not in the allow-list"}
-    path.write_text(json.dumps(doc))
-    model = Catalog.load(root).get("fmnist-cnn")
+    path.write_text(json.dumps({**doc, **fields}))
+    return root
+
+
+def test_a_cut_refused_to_a_runtime_is_left_out_of_its_cuts_with_the_reason(cnn_only, tmp_path):
+    model = Catalog.load(_refusing(cnn_only, tmp_path)).get("fmnist-cnn")
     table = runtime_table(model)
     assert table["torch"] == {"cuts": list(range(9)), "refused": {}}
     assert table["onnx"] == {"cuts": [0, 1, 2, 3, 4, 6, 7, 8],
                              "refused": {"5": "operator 'Resize' is not in the allow-list"}}
     assert json.loads(card_parameters(model)["runtimes"]) == table
     assert "runtimes" not in card_parameters(model, images=False)  # a tail has no device runtimes
+
+
+def test_the_model_answer_shows_the_runtime_table_and_the_lossless_levels(cnn_only, tmp_path):
+    root = _refusing(cnn_only, tmp_path)
+    table = runtime_table(Catalog.load(root).get("fmnist-cnn"))
+    with make_client(root) as client:
+        info = client.get("/v1/models/fmnist-cnn").json()
+    assert info["runtimes"] == table and info["lossless_levels"] == []
+    assert info["runtimes"]["onnx"]["refused"] == {"5": "operator 'Resize' is not in the allow-list"}

@@ -82,13 +82,19 @@ def train(
 def models_list(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    artifacts: Annotated[Path, typer.Option(help=(
+        "Folder of calibration artifacts, one sub-folder per model as qpart serve reads it: each "
+        "model's levels kept lossless (too few check samples to certify them) are shown."))
+    ] = Path("artifacts"),
     version: VersionOpt = False,
 ) -> None:
-    """List registered models: test accuracy, number of legal cuts and parameters."""
+    """List registered models: test accuracy, number of legal cuts and parameters, and the levels
+    its artifact keeps lossless-only (float32, untested: calibrate --uncertified lossless)."""
     if ctx.invoked_subcommand is not None:
         return
     from qpart.models.partition import legal_cuts
     from qpart.models.registry import list_models
+    from qpart.offline.sizing import percent
 
     rows = []
     for spec in list_models():
@@ -100,13 +106,40 @@ def models_list(
             "input_shape": list(spec.input_shape),
             "cuts": len(legal_cuts(model, spec.input_shape)),
             "params": sum(int(p.numel()) for p in model.parameters()),
+            **_artifact_facts(artifacts / spec.name),
         })
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
         accuracy = row["test_accuracy"] if row["trained"] else "untrained"
-        typer.echo(f"{row['name']:<20} acc={accuracy}  cuts={row['cuts']}  params={row['params']}")
+        kept = row["lossless_only_levels"]
+        shown = ",".join(percent(a) for a in kept) if isinstance(kept, list) else ""
+        note = f"  lossless-only={shown}" if shown else ""
+        runtimes = row["runtimes"]
+        if isinstance(runtimes, dict):
+            note += "  runtimes: " + ", ".join(f"{name} {len(r['cuts'])}/{row['cuts']}"
+                                               for name, r in runtimes.items())
+        typer.echo(f"{row['name']:<20} acc={accuracy}  cuts={row['cuts']}  params={row['params']}{note}")
+
+
+def _artifact_facts(folder: Path) -> dict[str, object]:
+    """What the artifact in ``folder`` says of its model (None each: no artifact there): the levels
+    it keeps lossless, and per device runtime the cuts calibration found it runs and why not the
+    others (``cuts[i].runtimes_refused``)."""
+    from qpart.kernels.onnx_segment import HeadRuntime
+    from qpart.profiles.artifacts import ARTIFACT_FILE, load_artifact
+
+    if not (folder / ARTIFACT_FILE).is_file():
+        return {"lossless_only_levels": None, "runtimes": None}
+    artifact = load_artifact(folder)
+    runtimes: dict[str, object] = {}
+    for runtime in HeadRuntime:
+        refused = {str(i): c.runtimes_refused[runtime.value] for i, c in enumerate(artifact.cuts)
+                   if i > 0 and runtime.value in c.runtimes_refused}
+        runtimes[runtime.value] = {"cuts": [i for i in range(len(artifact.cuts)) if str(i) not in refused],
+                                   "refused": refused}
+    return {"lossless_only_levels": artifact.lossless_levels, "runtimes": runtimes}
 
 
 @models_app.command("register")
@@ -156,14 +189,23 @@ def models_register(
 
 
 def _warn_runtimes(table: dict[str, dict[int, str]], cuts: int) -> None:
-    """One line per device runtime: how many cuts it can run, and the first reason it cannot."""
+    """Per device runtime: how many cuts it can run, and each distinct reason it cannot (up to
+    five, with the cuts each keeps off that runtime)."""
+    from qpart.models.runtimes import distinct_refusals
+
     for runtime, refused in table.items():
         if not refused:
             typer.echo(f"  {runtime} devices: every cut")
             continue
-        first = min(refused)
         typer.echo(f"  warning: {runtime} devices: {cuts - len(refused)} of {cuts} cuts (cut 0 always); "
-                   f"{len(refused)} refused, first cut {first}: {refused[first]}", err=True)
+                   f"{len(refused)} refused:", err=True)
+        reasons, more = distinct_refusals(refused)
+        for reason, at in reasons:
+            shown = ", ".join(map(str, at[:8])) + (", ..." if len(at) > 8 else "")
+            typer.echo(f"    {len(at)} {'cut' if len(at) == 1 else 'cuts'} ({shown}): {reason}", err=True)
+        if more:
+            typer.echo(f"    and {more} more {'reason' if more == 1 else 'reasons'} (after calibration, "
+                       "artifact.json lists every cut's: cuts[i].runtimes_refused)", err=True)
 
 
 def _register_shape(text: str | None, spec: PreprocessSpec | None) -> tuple[int, ...]:

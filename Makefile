@@ -6,12 +6,14 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: setup web chromium data promtool demo test test-numpy lint lint-deploy check wrk bench bench-e2e bench-peer bench-load artifacts clean
 
+# pip at -qq says only errors: at -q it repeats a warning per package for each index mirror
+# that lacks it (hundreds of lines on a machine with file:// mirrors) before the demo's table.
 $(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -qq --upgrade pip
 	# torch is pinned to the CPU build on local disk; an unpinned torch pulls CUDA.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -qq torch==2.13.0
+	$(PIP) install -qq -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed data web  ## create the virtualenv, install everything, fetch the dataset

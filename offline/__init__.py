@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     )
     from qpart.offline.image_ladder import measure_artifact_images
     from qpart.offline.job import ProgressSink, calibrate
-    from qpart.offline.ray_executor import ray_executor
     from qpart.offline.settings import CalibrationSettings, Estimator, SampleOrder
     from qpart.offline.sizing import percent
 
@@ -42,7 +41,6 @@ __all__ = [
     "measure_artifact",
     "measure_artifact_images",
     "percent",
-    "ray_executor",
 ]
 
 if not TYPE_CHECKING:  # mypy reads the imports above; a typed __getattr__ would hide misspellings

@@ -64,7 +64,8 @@ def attach(package: str, init_file: str) -> tuple[Callable[[str], object], Calla
         package's namespace and returns it; the second lists the public names.
 
     Raises:
-        FaceError: at import, when ``__all__`` names something the imports do not, or the reverse.
+        FaceError: at import, when ``__all__`` names something the imports do not, or the reverse,
+            or a public name is also a submodule's.
     """
     table = face_table(Path(init_file))
     module = sys.modules[package]
@@ -72,6 +73,12 @@ def attach(package: str, init_file: str) -> tuple[Callable[[str], object], Calla
     if set(public) != set(table):
         raise FaceError(f"{package}: __all__ and the TYPE_CHECKING imports differ by "
                         f"{sorted(set(public) ^ set(table))}; name each public name in both")
+    here = Path(init_file).parent
+    # Importing a submodule binds its name on the package, over a public name spelt the same.
+    clashes = sorted(n for n in table if (here / f"{n}.py").exists() or (here / n).is_dir())
+    if clashes:
+        raise FaceError(f"{package}: public names {clashes} are also its submodules' names; "
+                        "import those from the submodule")
 
     def __getattr__(name: str) -> object:
         if name not in table:

@@ -89,6 +89,25 @@ def test_a_face_whose_all_and_imports_differ_is_refused_at_import(tmp_path, monk
     monkeypatch.delitem(sys.modules, "lopsided", raising=False)
 
 
+def test_a_face_refuses_a_public_name_that_is_also_a_submodule(tmp_path, monkeypatch):
+    package = tmp_path / "shadowed"
+    package.mkdir()
+    (package / "tool.py").write_text("def tool(): return 1\n")
+    (package / "__init__.py").write_text(textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        from qpart.lazy_face import attach
+        if TYPE_CHECKING:
+            from shadowed.tool import tool
+        __all__ = ["tool"]
+        if not TYPE_CHECKING:
+            __getattr__, __dir__ = attach(__name__, __file__)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(FaceError, match=r"\['tool'\] are also its submodules"):
+        importlib.import_module("shadowed")
+    monkeypatch.delitem(sys.modules, "shadowed", raising=False)
+
+
 def test_a_lazy_name_is_loaded_once_and_then_held_by_the_package(tmp_path, monkeypatch):
     package = tmp_path / "counted"
     package.mkdir()

@@ -111,7 +111,9 @@ def import_factory(path: str) -> Callable[[], nn.Module]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ModelLoadError(f"cannot import '{module_name}' for factory '{path}': {exc}") from exc
+        raise ModelLoadError(
+            f"cannot import '{module_name}' for factory '{path}': {exc}; make the package that holds "
+            f"it importable here (pip install -e DIR, or PYTHONPATH=DIR)") from exc
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ModelLoadError(f"'{func_name}' in '{module_name}' is not a callable factory")
@@ -174,7 +176,10 @@ def get_model(name: str) -> ModelSpec:
         if spec.name == name:
             return spec
     known = ", ".join(s.name for s in list_models())
-    raise UnknownModelError(f"unknown model '{name}'; registered: {known}")
+    path = registry_path()
+    where = (f"{REGISTRY_ENV} is not set: set it to the registry file qpart models register wrote"
+             if path is None else f"your own models are read from {path} ({REGISTRY_ENV})")
+    raise UnknownModelError(f"unknown model '{name}'; registered: {known} ({where})")
 
 
 def declaration_sample(spec: PreprocessSpec, input_shape: tuple[int, ...]) -> np.ndarray:

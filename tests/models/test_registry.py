@@ -91,6 +91,19 @@ def test_bad_factory_paths_and_unknown_names_are_clear_errors():
         get_model("nope")
 
 
+def test_a_model_that_is_not_found_says_where_own_models_come_from(monkeypatch, tmp_path):
+    from qpart.models.registry import REGISTRY_ENV, import_factory
+
+    monkeypatch.delenv(REGISTRY_ENV, raising=False)
+    with pytest.raises(UnknownModelError, match=f"{REGISTRY_ENV} is not set: set it to the registry file"):
+        get_model("mine")
+    monkeypatch.setenv(REGISTRY_ENV, str(tmp_path / "models.json"))
+    with pytest.raises(UnknownModelError, match=r"your own models are read from .*models\.json"):
+        get_model("mine")
+    with pytest.raises(ModelLoadError, match=r"pip install -e DIR, or PYTHONPATH=DIR"):
+        import_factory("no_such_package_here.nets:tiny")
+
+
 FASHION_LABELS = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                   "Ankle boot")
 RGB8 = PreprocessSpec(color="RGB", resize=(8, 8), mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2))

@@ -56,14 +56,16 @@ def resolve_samples(s: CalibrationSettings, available: int, where: str) -> Calib
             and a split that fits), or ``available`` is too few for any calibration.
     """
     fit_default, check_default = default_split(available)
-    fit = s.fit_samples if s.fit_samples is not None else min(
-        fit_default, available - (s.check_samples or 0))
-    check = s.check_samples if s.check_samples is not None else min(check_default, available - fit)
+    fit = s.fit_samples if s.fit_samples is not None else max(0, min(
+        fit_default, available - (s.check_samples or 0)))
+    check = s.check_samples if s.check_samples is not None else max(0, min(check_default, available - fit))
+    asked = (s.fit_samples or 0) + (s.check_samples or 0)
     if fit + check > available or fit < MIN_SAMPLES or check < MIN_SAMPLES:
-        given = " + ".join(f"--{name}-samples {value}" for name, value in
-                           (("fit", s.fit_samples), ("check", s.check_samples)) if value is not None)
-        wrong = (f"ask for {fit + check:,} fit and check samples" if fit + check > available else
-                 f"leave {fit:,} fit and {check:,} check samples (each at least {MIN_SAMPLES})")
+        flags = [(name, value) for name, value in (("fit", s.fit_samples), ("check", s.check_samples))
+                 if value is not None]
+        given = " + ".join(f"--{name}-samples {value}" for name, value in flags)
+        wrong = (f"{'ask' if len(flags) > 1 else 'asks'} for {asked:,}" if asked > available else
+                 f"would leave {fit:,} fit and {check:,} check samples (each at least {MIN_SAMPLES})")
         raise CalibrationConfigError(
             f"{given} {wrong} of the {available:,} calibration samples in {where}; give a split that fits, "
             f"e.g. --fit-samples {fit_default} --check-samples {check_default} (leave both out for that "

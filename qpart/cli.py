@@ -113,6 +113,8 @@ def models_list(
         return
     for row in rows:
         accuracy = row["test_accuracy"] if row["trained"] else "untrained"
+        if accuracy is None and row["calibration_test_accuracy"] is not None:  # a user's model
+            accuracy = f"{row['calibration_test_accuracy']:.4f} (calibration's test split)"
         kept = row["lossless_only_levels"]
         shown = ",".join(percent(a) for a in kept) if isinstance(kept, list) else ""
         note = f"  lossless-only={shown}" if shown else ""
@@ -124,14 +126,14 @@ def models_list(
 
 
 def _artifact_facts(folder: Path) -> dict[str, object]:
-    """What the artifact in ``folder`` says of its model (None each: no artifact there): the levels
-    it keeps lossless, and per device runtime the cuts calibration found it runs and why not the
-    others (``cuts[i].runtimes_refused``)."""
+    """What the artifact in ``folder`` says of its model (None each: no artifact there): the float
+    model's top-1 on the calibration's test split, the levels it keeps lossless, and per device
+    runtime the cuts calibration found it runs and why not the others (``cuts[i].runtimes_refused``)."""
     from qpart.kernels.onnx_segment import HeadRuntime
     from qpart.profiles.artifacts import ARTIFACT_FILE, load_artifact
 
     if not (folder / ARTIFACT_FILE).is_file():
-        return {"lossless_only_levels": None, "runtimes": None}
+        return {"lossless_only_levels": None, "runtimes": None, "calibration_test_accuracy": None}
     artifact = load_artifact(folder)
     runtimes: dict[str, object] = {}
     for runtime in HeadRuntime:
@@ -139,7 +141,8 @@ def _artifact_facts(folder: Path) -> dict[str, object]:
                    if i > 0 and runtime.value in c.runtimes_refused}
         runtimes[runtime.value] = {"cuts": [i for i in range(len(artifact.cuts)) if str(i) not in refused],
                                    "refused": refused}
-    return {"lossless_only_levels": artifact.lossless_levels, "runtimes": runtimes}
+    return {"lossless_only_levels": artifact.lossless_levels, "runtimes": runtimes,
+            "calibration_test_accuracy": artifact.fp32_test_accuracy}
 
 
 @models_app.command("register")

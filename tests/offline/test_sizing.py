@@ -56,8 +56,9 @@ def test_counts_not_given_come_from_the_size_and_noise_samples_never_exceed_the_
 
 @pytest.mark.parametrize(("changes", "shown"), [
     ({"fit_samples": 4000, "check_samples": 6000},
-     "--fit-samples 4000 + --check-samples 6000 ask for 10,000"),
-    ({"fit_samples": 4900}, "--fit-samples 4900 leave 4,900 fit and 55 check samples"),
+     "--fit-samples 4000 + --check-samples 6000 ask for 10,000 of the 4,955 calibration"),
+    ({"check_samples": 6000}, "--check-samples 6000 asks for 6,000 of the 4,955 calibration"),
+    ({"fit_samples": 4900}, "--fit-samples 4900 would leave 4,900 fit and 55 check samples"),
 ])
 def test_counts_that_exceed_the_data_are_refused_in_one_line_with_a_split_that_fits(changes, shown):
     with pytest.raises(CalibrationConfigError) as err:

@@ -26,3 +26,5 @@ def test_models_lists_the_levels_an_artifact_keeps_lossless(artifacts_dir, tmp_p
     assert runtimes["fmnist-cnn"]["onnx"] == {
         "cuts": [0, 1, 2, 3, 4, 6, 7, 8], "refused": {"5": "operator 'Resize' is not in the allow-list"}}
     assert runtimes["fmnist-resnet"] is None
+    accuracy = {r["name"]: r["calibration_test_accuracy"] for r in as_json}
+    assert accuracy["fmnist-cnn"] == doc["fp32_test_accuracy"]

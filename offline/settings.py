@@ -5,13 +5,16 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, JsonValue, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qpart.offline.errors import CalibrationConfigError
 
 DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
 LADDER = (-4, -2, -1, 0, 1, 2, 3)
+ADVANCED: dict[str, JsonValue] = {"advanced": True}
+"""A setting's ``json_schema_extra`` when it is one of the job's internals, for those tuning the
+method rather than running it: shown apart in docs/configuration.md and ``qpart calibrate --help``."""
 
 SampleOrder = Literal["source", "digest"]
 """The order the fit, check and test samples are taken in. ``source``: the source's own order.
@@ -29,7 +32,11 @@ class Estimator(StrEnum):
 
 
 class CalibrationSettings(BaseSettings):
-    """How the calibration job samples, measures, allocates and validates."""
+    """How the calibration job samples, measures, allocates and validates.
+
+    The settings marked :data:`ADVANCED` tune the method; the others say what to calibrate on and how
+    to run it.
+    """
 
     model_config = SettingsConfigDict(env_prefix="QPART_CALIB_", frozen=True)
 
@@ -51,32 +58,46 @@ class CalibrationSettings(BaseSettings):
     labels: Literal["check", "map"] = Field("check", description=(
         "The card's labels against the data's classes: check (refuse the same names in another "
         "order), or map (renumber the data's classes into the card's order)."))
-    probes: int = Field(2, ge=1, le=64, description="Random probes per sample for the fast estimator.")
-    estimator: Estimator = Field(Estimator.FAST, description="Tables that drive the allocation.")
-    measure_both: bool = Field(True, description="Also build the other estimator's tables and compare.")
-    min_bits: int = Field(2, ge=1, le=8)
-    max_bits: int = Field(8, ge=1, le=8)
-    activation_group: int = Field(256, ge=1, description="Largest activation group size.")
+    probes: int = Field(2, ge=1, le=64, json_schema_extra=ADVANCED, description=(
+        "Random probes per sample for the fast estimator."))
+    estimator: Estimator = Field(Estimator.FAST, json_schema_extra=ADVANCED, description=(
+        "Tables that drive the allocation."))
+    measure_both: bool = Field(True, json_schema_extra=ADVANCED, description=(
+        "Also build the other estimator's tables and compare."))
+    min_bits: int = Field(2, ge=1, le=8, json_schema_extra=ADVANCED, description=(
+        "Fewest bits the allocation gives a weight tensor or an activation."))
+    max_bits: int = Field(8, ge=1, le=8, json_schema_extra=ADVANCED, description=(
+        "Most bits the allocation gives a weight tensor or an activation."))
+    activation_group: int = Field(256, ge=1, json_schema_extra=ADVANCED, description=(
+        "Largest activation group size."))
     confidence: float = Field(0.95, gt=0.5, lt=1, description=(
         "1 − δ: each pattern keeps its level with at least this probability over the check samples."))
-    bound: Literal["exact", "newcombe"] = Field("exact", description="Upper-bound method (validation).")
-    budget_units: int = Field(2000, ge=50, le=100_000, description="DP discretisation of the budget.")
-    mapping_points: int = Field(40, ge=4, description="Mixed patterns on a log grid for the mapping.")
-    refine_points: int = Field(3, ge=0, le=20, description="Extra points per level where drop crosses it.")
-    ladder_steps: int = Field(4, ge=1, le=16, description="Ladder grid: noise budgets 2^(k/steps).")
-    ladder: tuple[int, ...] = Field(LADDER, description=(
+    bound: Literal["exact", "newcombe"] = Field("exact", json_schema_extra=ADVANCED, description=(
+        "Upper-bound method (validation)."))
+    budget_units: int = Field(2000, ge=50, le=100_000, json_schema_extra=ADVANCED, description=(
+        "DP discretisation of the budget."))
+    mapping_points: int = Field(40, ge=4, json_schema_extra=ADVANCED, description=(
+        "Mixed patterns on a log grid for the mapping."))
+    refine_points: int = Field(3, ge=0, le=20, json_schema_extra=ADVANCED, description=(
+        "Extra points per level where drop crosses it."))
+    ladder_steps: int = Field(4, ge=1, le=16, json_schema_extra=ADVANCED, description=(
+        "Ladder grid: noise budgets 2^(k/steps)."))
+    ladder: tuple[int, ...] = Field(LADDER, json_schema_extra=ADVANCED, description=(
         "Rungs, in grid steps from the largest budget that passes on the fit samples."))
-    search_octaves: int = Field(14, ge=1, le=40, description="Octaves the fit search may go from D(a).")
-    seed: int = 0
+    search_octaves: int = Field(14, ge=1, le=40, json_schema_extra=ADVANCED, description=(
+        "Octaves the fit search may go from D(a)."))
+    seed: int = Field(0, description="Seed of the fast estimator's random probes and of the mapping.")
     threads: int = Field(2, ge=1, description="torch threads the job uses in all (fixed: results).")
     workers: int = Field(0, ge=0, le=256, description=(
         "Processes for the validation stage, one cut at a time each, sharing the threads (0: one "
         "per thread, at most one per cut; not the machine's cores, since the split can change rounding)."))
-    batch_size: int = Field(500, ge=1)
+    batch_size: int = Field(500, ge=1, description=(
+        "Samples per forward pass; lower it for large inputs to bound the job's memory "
+        "(docs/data-sources.md)."))
     device: Literal["cpu", "cuda"] = Field("cpu", description=(
         "Where the model runs: cpu, or cuda (a GPU, with a CUDA build of torch; results differ from "
         "cpu's in float rounding, so the artifact records it)."))
-    spill_above_mb: int = Field(2048, ge=0, description=(
+    spill_above_mb: int = Field(2048, ge=0, json_schema_extra=ADVANCED, description=(
         "Hold the fit, check and test samples in memory while their copies (one per process: the job "
         "and each validation worker) take up to this many MB; above it, in files under the system's "
         "temporary folder (TMPDIR), mapped into memory, so the job's memory stays bounded (0: always "

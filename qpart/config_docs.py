@@ -17,6 +17,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from qpart.client.settings import DeviceSettings
+from qpart.flags import is_advanced
 from qpart.kernels.ops import BACKEND_ENV, Backend
 from qpart.models.data import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from qpart.models.registry import REGISTRY_ENV
@@ -120,21 +121,36 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+ADVANCED_NOTE = ("Internals of the method, for tuning it rather than running it (fields marked "
+                 "`advanced`); the table above is what a user sets.")
+
+
 def render_class(cls: type[BaseSettings]) -> str:
-    """One section: a heading, who reads the class, and a table of its variables."""
+    """One section: a heading, who reads the class, a table of its variables, and, if the class marks
+    any field advanced (:func:`qpart.flags.is_advanced`), a second table of those."""
     doc = (cls.__doc__ or "").strip().splitlines()
     lines = [f"## {cls.__name__}", "",
              f"`{cls.__module__}.{cls.__name__}`{': ' + doc[0] if doc else ''} "
-             f"Read by {READERS.get(cls, f'`{cls.__module__}`')}.", "",
-             "| variable | type | default | description |", "|---|---|---|---|"]
-    for name, field in cls.model_fields.items():
+             f"Read by {READERS.get(cls, f'`{cls.__module__}`')}.", ""]
+    advanced = [name for name, field in cls.model_fields.items() if is_advanced(field)]
+    lines += _table(cls, [name for name in cls.model_fields if name not in advanced])
+    if advanced:
+        lines += ["", "### Advanced", "", ADVANCED_NOTE, "", *_table(cls, advanced)]
+    return "\n".join(lines) + "\n"
+
+
+def _table(cls: type[BaseSettings], names: Sequence[str]) -> list[str]:
+    """The table rows of ``cls``'s fields ``names``, with its header."""
+    lines = ["| variable | type | default | description |", "|---|---|---|---|"]
+    for name in names:
+        field = cls.model_fields[name]
         kind = type_name(field.annotation)
         if limits := bounds(field):
             kind += f" ({limits})"
         variable = ", ".join(f"`{v}`" for v in env_names(cls, name, field))
         row = [variable, f"`{kind}`", default_text(field), field.description or ""]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_other() -> str:

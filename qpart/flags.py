@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings
 
@@ -19,6 +20,13 @@ def settings_from(cls: type[S], flags: Mapping[str, object]) -> S:
     """``cls`` built from the environment, with the flags that were given (not None) on top."""
     given: dict[str, Any] = {name: value for name, value in flags.items() if value is not None}
     return cls(**given)
+
+
+def is_advanced(field: FieldInfo) -> bool:
+    """Whether a settings field is one of its process's internals (``json_schema_extra={"advanced":
+    True}``, e.g. :data:`qpart.offline.settings.ADVANCED`), shown apart from what a user sets."""
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get("advanced") is True
 
 
 def env_name(cls: type[BaseSettings], field: str) -> str:

@@ -74,3 +74,29 @@ def test_check_names_the_stale_file(tmp_path, capsys):
 def test_server_rows_give_prefix_type_and_default(name):
     field = ServerSettings.model_fields[name]
     assert config_docs.env_names(ServerSettings, name, field) == [f"QPART_{name.upper()}"]
+
+
+@pytest.mark.parametrize("cls", config_docs.SETTINGS, ids=lambda c: c.__name__)
+def test_every_setting_says_what_it_does(cls):
+    assert [name for name, field in cls.model_fields.items() if not (field.description or "").strip()] == []
+
+
+def test_advanced_settings_have_their_own_table_after_the_ones_a_user_sets():
+    from qpart.flags import is_advanced
+    from qpart.offline.settings import CalibrationSettings
+
+    text = config_docs.render_class(CalibrationSettings)
+    users, advanced = text.split("\n### Advanced\n")
+    for name, field in CalibrationSettings.model_fields.items():
+        row = f"| `QPART_CALIB_{name.upper()}` |"
+        assert (row in advanced, row in users) == (is_advanced(field), not is_advanced(field)), name
+    assert "QPART_CALIB_PROBES" in advanced and "QPART_CALIB_LEVELS" in users
+    assert "### Advanced" not in config_docs.render_class(ServerSettings)  # none marked: one table
+
+
+def test_a_field_marked_advanced_moves_to_the_advanced_table():
+    copy = create_model("ServerSettingsCopy", __base__=ServerSettings, inner_knob=(int, Field(
+        3, json_schema_extra={"advanced": True}, description="An internal.")))
+    users, advanced = config_docs.render_class(copy).split("\n### Advanced\n")
+    assert "QPART_INNER_KNOB" in advanced and "QPART_INNER_KNOB" not in users
+    assert "QPART_PORT" in users and "QPART_PORT" not in advanced

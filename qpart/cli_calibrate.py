@@ -12,10 +12,20 @@ from typing import Annotated, Any
 import typer
 
 from qpart.errors import UsageError
-from qpart.flags import env_help, settings_from
+from qpart.flags import env_help, is_advanced, settings_from
 from qpart.offline.settings import CalibrationSettings, Estimator
 
 CALIB = CalibrationSettings
+ADVANCED_PANEL = "Advanced"
+"""The help panel of the options that set a setting marked advanced (the method's internals)."""
+
+
+def setting_option(field: str, text: str | None = None) -> Any:
+    """The option that sets the calibration setting ``field``: its help from the field (or ``text``),
+    its default and variable, under :data:`ADVANCED_PANEL` when the field is marked advanced. The
+    command passes each such parameter, by its name, to the settings."""
+    panel = ADVANCED_PANEL if is_advanced(CALIB.model_fields[field]) else None
+    return typer.Option(help=env_help(CALIB, field, text), rich_help_panel=panel)
 
 
 def parse_levels(text: str | None) -> tuple[float, ...] | None:
@@ -27,6 +37,17 @@ def parse_levels(text: str | None) -> tuple[float, ...] | None:
     except ValueError:
         raise UsageError(f"--levels {text!r}: give fractions separated by commas, "
                          "e.g. 0.005,0.01 for 0.5% and 1%") from None
+
+
+def parse_ladder(text: str | None) -> tuple[int, ...] | None:
+    """``--ladder``: integers separated by commas (None: not given)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--ladder {text!r}: give grid steps separated by commas, "
+                         "e.g. -4,-2,-1,0,1,2,3") from None
 
 
 class _RichSink:
@@ -44,28 +65,41 @@ def calibrate(
     model: Annotated[str, typer.Option(help="Registered model name.")],
     out: Annotated[Path, typer.Option(help="Output folder for artifact.json, validation.json, report.md.")],
     weights: Annotated[Path | None, typer.Option(help="Override the registered weights.")] = None,
-    levels: Annotated[str | None, typer.Option(help=env_help(
-        CALIB, "levels", "Accuracy levels as max top-1 drop fractions, comma-separated"))] = None,
-    estimator: Annotated[Estimator | None, typer.Option(help=env_help(CALIB, "estimator"))] = None,
-    fit_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "fit_samples"))] = None,
-    check_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "check_samples"))] = None,
-    noise_samples: Annotated[int | None, typer.Option(help=env_help(CALIB, "noise_samples"))] = None,
-    mapping_points: Annotated[int | None, typer.Option(help=env_help(CALIB, "mapping_points"))] = None,
-    confidence: Annotated[float | None, typer.Option(help=env_help(
-        CALIB, "confidence", "1 − δ, the probability over the check samples that each pattern keeps its "
-        "level (0.95: δ = 0.05)"))] = None,
-    seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "seed", "Seed of probes, mapping"))] = None,
-    threads: Annotated[int | None, typer.Option(help=env_help(CALIB, "threads", "torch threads"))] = None,
-    workers: Annotated[int | None, typer.Option(help=env_help(CALIB, "workers"))] = None,
-    device: Annotated[str | None, typer.Option(help=env_help(CALIB, "device"))] = None,
-    baseline: Annotated[bool | None, typer.Option(help=env_help(CALIB, "baseline"))] = None,
-    data: Annotated[str | None, typer.Option(help=env_help(CALIB, "data"))] = None,
-    test_data: Annotated[str | None, typer.Option(help=env_help(CALIB, "test_data"))] = None,
-    test_fraction: Annotated[float | None, typer.Option(help=env_help(CALIB, "test_fraction"))] = None,
-    split_seed: Annotated[int | None, typer.Option(help=env_help(CALIB, "split_seed"))] = None,
-    sample_order: Annotated[str | None, typer.Option(help=env_help(CALIB, "sample_order"))] = None,
-    uncertified: Annotated[str | None, typer.Option(help=env_help(CALIB, "uncertified"))] = None,
-    labels: Annotated[str | None, typer.Option(help=env_help(CALIB, "labels"))] = None,
+    levels: Annotated[str | None, setting_option(
+        "levels", "Accuracy levels as max top-1 drop fractions, comma-separated")] = None,
+    estimator: Annotated[Estimator | None, setting_option("estimator")] = None,
+    fit_samples: Annotated[int | None, setting_option("fit_samples")] = None,
+    check_samples: Annotated[int | None, setting_option("check_samples")] = None,
+    noise_samples: Annotated[int | None, setting_option("noise_samples")] = None,
+    mapping_points: Annotated[int | None, setting_option("mapping_points")] = None,
+    confidence: Annotated[float | None, setting_option(
+        "confidence", "1 − δ, the probability over the check samples that each pattern keeps its level "
+        "(0.95: δ = 0.05)")] = None,
+    seed: Annotated[int | None, setting_option("seed")] = None,
+    threads: Annotated[int | None, setting_option("threads", "torch threads")] = None,
+    workers: Annotated[int | None, setting_option("workers")] = None,
+    device: Annotated[str | None, setting_option("device")] = None,
+    baseline: Annotated[bool | None, setting_option("baseline")] = None,
+    data: Annotated[str | None, setting_option("data")] = None,
+    test_data: Annotated[str | None, setting_option("test_data")] = None,
+    test_fraction: Annotated[float | None, setting_option("test_fraction")] = None,
+    split_seed: Annotated[int | None, setting_option("split_seed")] = None,
+    sample_order: Annotated[str | None, setting_option("sample_order")] = None,
+    uncertified: Annotated[str | None, setting_option("uncertified")] = None,
+    labels: Annotated[str | None, setting_option("labels")] = None,
+    probes: Annotated[int | None, setting_option("probes")] = None,
+    measure_both: Annotated[bool | None, setting_option("measure_both")] = None,
+    min_bits: Annotated[int | None, setting_option("min_bits")] = None,
+    max_bits: Annotated[int | None, setting_option("max_bits")] = None,
+    activation_group: Annotated[int | None, setting_option("activation_group")] = None,
+    bound: Annotated[str | None, setting_option("bound")] = None,
+    budget_units: Annotated[int | None, setting_option("budget_units")] = None,
+    refine_points: Annotated[int | None, setting_option("refine_points")] = None,
+    ladder_steps: Annotated[int | None, setting_option("ladder_steps")] = None,
+    ladder: Annotated[str | None, setting_option("ladder", "Rungs, comma-separated, in grid steps from "
+                                                 "the largest budget that passes on the fit samples")] = None,
+    search_octaves: Annotated[int | None, setting_option("search_octaves")] = None,
+    spill_above_mb: Annotated[int | None, setting_option("spill_above_mb")] = None,
     as_json: Annotated[bool, typer.Option("--json", help=(
         "At the end, print one JSON document in place of the summary line: stage seconds, pattern "
         "and violation counts, the output files."))] = False,
@@ -81,16 +115,12 @@ def calibrate(
         "with other inputs it is refused."))] = False,
 ) -> None:
     """Measure noise tables, allocate and validate one bit pattern per (cut, level). Each stage is
-    checkpointed in OUT/checkpoint: a job that was killed resumes when run again. Other settings:
-    QPART_CALIB_*."""
-    settings = settings_from(CalibrationSettings, {
-        "levels": parse_levels(levels), "estimator": estimator, "fit_samples": fit_samples,
-        "check_samples": check_samples, "noise_samples": noise_samples, "mapping_points": mapping_points,
-        "confidence": confidence, "seed": seed, "threads": threads, "workers": workers, "device": device,
-        "baseline": baseline, "data": data, "test_data": test_data, "test_fraction": test_fraction,
-        "split_seed": split_seed, "sample_order": sample_order, "uncertified": uncertified,
-        "labels": labels,
-    })
+    checkpointed in OUT/checkpoint: a job that was killed resumes when run again. Other settings,
+    the advanced ones among them: QPART_CALIB_* (docs/configuration.md)."""
+    # Each parameter named as a setting sets it (first, while the locals are the parameters only).
+    flags = {name: value for name, value in locals().items() if name in CALIB.model_fields}
+    settings = settings_from(CalibrationSettings, {**flags, "levels": parse_levels(levels),
+                                                   "ladder": parse_ladder(ladder)})
     from dataclasses import replace
 
     from rich.progress import (

@@ -109,3 +109,37 @@ def test_help_shows_the_default_and_the_variable():
     assert "default: 0.001,0.0025,0.005,0.01,0.02, env QPART_CALIB_LEVELS" in env_help(
         CalibrationSettings, "levels")
     assert "default: 8000, env QPART_PORT" in env_help(ServerSettings, "port")
+
+
+def _calibrate_options() -> dict[str, object]:
+    import typer
+
+    command = typer.main.get_command(app).commands["calibrate"]  # type: ignore[attr-defined]
+    return {p.name: p for p in command.params}
+
+
+def test_calibrate_shows_the_advanced_settings_in_their_own_help_panel():
+    from qpart.cli_calibrate import ADVANCED_PANEL
+    from qpart.flags import is_advanced
+
+    fields = CalibrationSettings.model_fields
+    options = _calibrate_options()
+    advanced = {name for name, field in fields.items() if is_advanced(field)}
+    assert {name for name, o in options.items() if o.rich_help_panel == ADVANCED_PANEL} == advanced
+    assert advanced and advanced <= set(options)
+    shown = CliRunner().invoke(app, ["calibrate", "--help"], env={"COLUMNS": "200"}).output
+    assert "Advanced" in shown and shown.index("--fit-samples") < shown.index("Advanced") < shown.index(
+        "--search-octaves")
+
+
+def test_each_calibrate_option_named_as_a_setting_sets_it(seen, tmp_path):
+    out = ["--model", "fmnist-cnn", "--out", str(tmp_path / "out")]
+    invoke(["calibrate", *out, "--probes", "5", "--ladder=-2,0,1", "--spill-above-mb", "0",
+            "--mapping-points", "41", "--bound", "newcombe", "--no-measure-both", "--split-seed", "3"], {})
+    (settings,) = seen
+    assert isinstance(settings, CalibrationSettings)
+    assert (settings.probes, settings.ladder, settings.spill_above_mb, settings.mapping_points,
+            settings.bound, settings.measure_both, settings.split_seed) == (5, (-2, 0, 1), 0, 41, "newcombe",
+                                                                            False, 3)
+    # and an option not given leaves the setting to the environment and the default
+    assert settings.budget_units == CalibrationSettings.model_fields["budget_units"].default

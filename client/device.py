@@ -19,7 +19,14 @@ import numpy.typing as npt
 from qpart.client.errors import CACHE_HEALED, SegmentError, ServerRejectedError
 from qpart.client.image_offers import IMAGE_PNG, IMAGE_WEBP, ImageOffers  # the image plans' uploads
 from qpart.client.inputs import read_image_files
-from qpart.client.plans import ModelMetadata, PacketFormat, Plan, Prediction, TailAnswer, parse_answer
+from qpart.client.plans import (
+    ModelMetadata,
+    PacketFormat,
+    PlanResponse,
+    TailResponse,
+    TailResult,
+    parse_answer,
+)
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
@@ -45,9 +52,9 @@ HeadFunction = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 class InferenceRun:
     """What one ``infer`` call did and how long each phase took."""
 
-    plan: Plan
+    plan: PlanResponse
     predictions: list[int] = field(default_factory=list)
-    results: list[Prediction] = field(default_factory=list)
+    results: list[TailResult] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     downloaded_bytes: int = 0
     uploaded_bytes: int = 0
@@ -97,7 +104,7 @@ class DeviceClient:
 
     def plan(self, model: str, demand: float, *, rate_bps: float | None = None, batch: int = 1,
              preset: str | None = None, deadline_s: float | None = None,
-             input_image: dict[str, Any] | None = None) -> Plan:
+             input_image: dict[str, Any] | None = None) -> PlanResponse:
         """Ask for a plan; the rate is the fixed one, else the measured average, else 10 Mbit/s.
         ``input_image`` (``png_bytes``, ``width``, ``height``, ``encode_s``) offers the image itself
         (ADR 0014); a server from before that plan refuses the field (422), and is asked again
@@ -124,17 +131,17 @@ class DeviceClient:
             body["deadline_s"] = deadline_s
         return self._ask(body, input_image)
 
-    def _ask(self, body: dict[str, Any], input_image: dict[str, Any] | None) -> Plan:
+    def _ask(self, body: dict[str, Any], input_image: dict[str, Any] | None) -> PlanResponse:
         """POST the plan request, offering ``input_image`` where given (again without it to a
         server that refuses the field)."""
         if input_image is not None:
             try:
-                return parse_answer(Plan, self.transport.request(
+                return parse_answer(PlanResponse, self.transport.request(
                     "POST", "/v1/plan", json={**body, "input_image": input_image}).content)
             except ServerRejectedError as exc:
                 if exc.status != 422 or "input_image" not in str(exc):
                     raise
-        return parse_answer(Plan, self.transport.request("POST", "/v1/plan", json=body).content)
+        return parse_answer(PlanResponse, self.transport.request("POST", "/v1/plan", json=body).content)
 
     def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
         """``profile`` as a plan request carries it: without the times of codings the settings do
@@ -237,7 +244,7 @@ class DeviceClient:
         return run
 
     def fetch_segment(
-        self, plan: Plan, progress: Callable[[int, int], None] | None = None
+        self, plan: PlanResponse, progress: Callable[[int, int], None] | None = None
     ) -> tuple[bytes | None, int]:
         """The plan's segment (cache or download) and the bytes downloaded for it.
 
@@ -252,7 +259,7 @@ class DeviceClient:
                                  size_bytes=seg.size_bytes, max_bytes=self.segment_max_bytes())
         return fetched.data, fetched.downloaded_bytes
 
-    def segment_check(self, plan: Plan) -> Callable[[bytes], None] | None:
+    def segment_check(self, plan: PlanResponse) -> Callable[[bytes], None] | None:
         """What a downloaded segment must pass before the cache keeps it (None: the hash alone)."""
         return None
 
@@ -260,11 +267,11 @@ class DeviceClient:
         """The most bytes this device downloads for one segment (None: no cap but the plan's size)."""
         return None
 
-    def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:
+    def load_head(self, plan: PlanResponse, segment: bytes | None) -> HeadFunction:
         """The plan's head as a function of a float32 batch (subclasses run it somewhere)."""
         raise NotImplementedError
 
-    def _healing(self, plan: Plan, step: Callable[[], _T]) -> _T:
+    def _healing(self, plan: PlanResponse, step: Callable[[], _T]) -> _T:
         """``step()`` (loading or running the plan's head); where the segment itself fails (it does
         not load, pass the check, fit the head, run, or make the plan's activation shape), it is
         deleted from the cache, so that it is never again announced as held nor loaded from there,
@@ -287,7 +294,8 @@ class DeviceClient:
                                f"{first}; {CACHE_HEALED}") from exc
 
     @staticmethod
-    def _run_head(plan: Plan, head: HeadFunction, batch: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    def _run_head(plan: PlanResponse, head: HeadFunction,
+                  batch: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """The head's activation of ``batch``, which must have the plan's activation shape."""
         out = head(batch)
         want = (len(batch), *plan.activation_shape)
@@ -297,17 +305,17 @@ class DeviceClient:
                                f"{list(out.shape)}, not the plan's {list(want)}")
         return out
 
-    def upload(self, plan: Plan, packet: bytes) -> TailAnswer:
+    def upload(self, plan: PlanResponse, packet: bytes) -> TailResponse:
         """POST the activation packet to the plan's tail (compressed if the plan says so) and return
         the server's result."""
         return self._post(plan, *upload_body(plan, packet))
 
-    def _post(self, plan: Plan, body: bytes, headers: dict[str, str]) -> TailAnswer:
+    def _post(self, plan: PlanResponse, body: bytes, headers: dict[str, str]) -> TailResponse:
         if plan.infer_url is None:
             raise ServerRejectedError(400, "all-device plan: nothing to upload")
         started = time.perf_counter()
         response = self.transport.request("POST", plan.infer_url, content=body, headers=headers)
-        answer = parse_answer(TailAnswer, response.content)
+        answer = parse_answer(TailResponse, response.content)
         # The channel's share of the round trip: the server reports its queue and compute time.
         server_s = answer.queue_s + answer.compute_s
         self.transport.rate.add(len(body), time.perf_counter() - started - server_s)
@@ -322,7 +330,7 @@ class DeviceClient:
                          deadline_s=deadline_s)
         return self._run(plan, images, t0, progress)
 
-    def _run(self, plan: Plan, images: np.ndarray, t0: float,
+    def _run(self, plan: PlanResponse, images: np.ndarray, t0: float,
              progress: Callable[[int, int], None] | None) -> InferenceRun:
         """A plan carried out on ``images``: segment, head, uploads (``t0``: when planning began)."""
         run = InferenceRun(plan)
@@ -341,7 +349,7 @@ class DeviceClient:
             head_s += h1 - h0
             if plan.infer_url is None:
                 logits = act_np
-                run.results.extend(Prediction(logits=row.tolist()) for row in logits)
+                run.results.extend(TailResult(logits=row.tolist()) for row in logits)
             else:
                 body, headers = upload_body(plan, encode_for_plan(act_np, plan))
                 run.uploaded_bytes += len(body)

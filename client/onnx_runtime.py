@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from qpart.client.device import DeviceClient, HeadFunction
 from qpart.client.errors import CACHE_HEALED, SegmentError, SegmentRefusedError
-from qpart.client.plans import Plan
+from qpart.client.plans import PlanResponse
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
 from qpart.kernels import KernelError
@@ -32,7 +32,8 @@ from qpart.kernels.onnx_segment import (
 from qpart.profiles.devices import DeviceProfile
 
 
-def check_segment(plan: Plan, data: bytes, limits: OnnxSegmentLimits | None = None) -> OnnxSegmentInfo:
+def check_segment(plan: PlanResponse, data: bytes,
+                  limits: OnnxSegmentLimits | None = None) -> OnnxSegmentInfo:
     """Check an ONNX segment's bytes against the plan before anything runs them.
 
     Raises:
@@ -92,7 +93,7 @@ class OnnxDeviceRuntime(DeviceClient):
         self.limits = limits or OnnxSegmentLimits()
         self.threads = threads
 
-    def segment_check(self, plan: Plan) -> Callable[[bytes], None]:
+    def segment_check(self, plan: PlanResponse) -> Callable[[bytes], None]:
         """The ONNX check, run on the download before the cache keeps it."""
 
         def check(data: bytes) -> None:
@@ -104,7 +105,7 @@ class OnnxDeviceRuntime(DeviceClient):
         """The byte cap of :attr:`limits`, so an oversize segment is refused before it downloads."""
         return self.limits.max_bytes
 
-    def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:
+    def load_head(self, plan: PlanResponse, segment: bytes | None) -> HeadFunction:
         """A session for the plan's segment, checked once more (the cache may be shared)."""
         if segment is None:
             if plan.cut != 0:

@@ -1,7 +1,9 @@
 """The device's typed view of the server's answers: a plan (``POST /v1/plan``), a tail answer and
 the model card's labels of ``GET /v2/models/{m}``.
 
-Fields the server adds later are ignored; the ones the device reads are validated on arrival.
+Each model has the name of the server's wire model it mirrors (``server.schemas``: ``PlanResponse``,
+``TailResponse``, ...) but is its own class, since the device never imports the server. Fields the
+server adds later are ignored; the ones the device reads are validated on arrival.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class HeadSpec(_Wire):
     cuts: int = Field(ge=1, description="Number of legal cuts; the last one is all-device.")
 
 
-class Segment(_Wire):
+class SegmentRef(_Wire):
     """Where the device gets the head's tensors."""
 
     id: str
@@ -56,7 +58,7 @@ class Segment(_Wire):
                                  "ONNX segments send only 'torch' ones, without the field).")
 
 
-class Seconds(_Wire):
+class TimeBreakdown(_Wire):
     """Predicted seconds per phase."""
 
     local: float
@@ -65,7 +67,7 @@ class Seconds(_Wire):
     total: float
 
 
-class Joules(_Wire):
+class EnergyBreakdown(_Wire):
     """Predicted device joules per phase."""
 
     local: float
@@ -73,28 +75,28 @@ class Joules(_Wire):
     total: float
 
 
-class Costs(_Wire):
+class CostBreakdown(_Wire):
     """The predicted terms of the objective for one plan."""
 
-    time_s: Seconds
-    energy_j: Joules
+    time_s: TimeBreakdown
+    energy_j: EnergyBreakdown
     server_cost: float
     objective: float
     transfer_bytes: int
     upload_encoding: UploadEncoding = "identity"
 
 
-class Plan(HeadSpec, PacketFormat):
+class PlanResponse(HeadSpec, PacketFormat):
     """The server's plan: the head to build, how to send its activation, and where."""
 
     plan_id: str
     level: float = Field(description="The accuracy level of the chosen pattern.")
     weight_bits: dict[str, int] = Field(description="Bits of each quantized head tensor.")
     activation_shape: list[int] = Field(description="One sample's activation at the cut.")
-    predicted: Costs
-    all_server: Costs | None = None
-    all_device: Costs | None = None
-    segment: Segment | None
+    predicted: CostBreakdown
+    all_server: CostBreakdown | None = None
+    all_device: CostBreakdown | None = None
+    segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None: all-device).")
     upload_batch: int | None = Field(None, ge=1, description="The most samples one upload may carry "
                                      "within the server's body limit (servers before it: None).")
@@ -102,8 +104,9 @@ class Plan(HeadSpec, PacketFormat):
         "application/octet-stream", description="What to POST to infer_url: the packet, or for the "
         "input-image plan (ADR 0014; servers before it never send it) the image as a PNG, or for "
         "a lossy one (ADR 0015) as the WebP at the plan's quality.")
-    input_image_plan: Costs | None = Field(None, description="The cheapest input-image plan the offer got "
-                                           "(ADR 0016; absent: no offer, or a server before it).")
+    input_image_plan: CostBreakdown | None = Field(
+        None, description="The cheapest input-image plan the offer got (ADR 0016; absent: no offer, or a "
+        "server before it).")
     lossless: bool = Field(False, description="Only lossless (float32) plans serve the demand: the "
                            "calibration certified no quantized pattern that tight (absent: a server "
                            "before it).")
@@ -211,20 +214,20 @@ class ModelMetadata(_Wire):
         return self.preprocess or FASHION_MNIST_SPEC
 
 
-class Prediction(_Wire):
+class TailResult(_Wire):
     """One sample's result: its logits and, from the server, its most likely classes."""
 
     logits: list[float]
     top_k: list[TopK] = Field(default_factory=list)
 
 
-class TailAnswer(_Wire):
+class TailResponse(_Wire):
     """The server's answer to an uploaded activation packet."""
 
     plan_id: str
     model: str
     version: str
-    results: list[Prediction]
+    results: list[TailResult]
     queue_s: float = Field(0.0, description="Seconds the request waited for a batch.")
     compute_s: float = Field(0.0, description="Seconds of the tail's batch.")
 

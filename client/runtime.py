@@ -22,7 +22,7 @@ from qpart.client.device import (
     upload_body,
 )
 from qpart.client.errors import SegmentError
-from qpart.client.plans import HeadSpec, Plan
+from qpart.client.plans import HeadSpec, PlanResponse
 from qpart.kernels import KernelError, unpack_dequantize
 from qpart.kernels.segment_format import decode_segment
 from qpart.models.partition import cuts_of, prepare, split
@@ -70,7 +70,7 @@ def load_head(plan: HeadSpec, segment: bytes | None) -> fx.GraphModule:
 class DeviceRuntime(DeviceClient):
     """One device talking to one server, running heads with PyTorch."""
 
-    def load_head(self, plan: Plan, segment: bytes | None) -> HeadFunction:
+    def load_head(self, plan: PlanResponse, segment: bytes | None) -> HeadFunction:
         """The plan's head from shared model code, loaded with the segment's tensors."""
         head = load_head(plan, segment)
 

@@ -118,7 +118,7 @@ def live_server_factory() -> Iterator[type[LiveServer]]:
 
 def tail_request(url: str, batch: int = 1, model: str = "fmnist-cnn") -> tuple[str, bytes]:
     """A planned tail request against a live server: its infer URL and a random activation packet."""
-    from qpart.client.plans import Plan
+    from qpart.client.plans import PlanResponse
     from qpart.client.runtime import encode_for_plan
 
     answer = httpx.post(f"{url}/v1/plan", json={"model": model, "accuracy_demand": 0.01, "rate_bps": 1e6},
@@ -127,7 +127,7 @@ def tail_request(url: str, batch: int = 1, model: str = "fmnist-cnn") -> tuple[s
     plan = answer.json()
     assert plan["infer_url"], plan  # a plan with a tail to run
     activation = np.random.default_rng(batch).random((batch, *plan["activation_shape"]), np.float32)
-    return plan["infer_url"], encode_for_plan(activation, Plan.model_validate(plan))
+    return plan["infer_url"], encode_for_plan(activation, PlanResponse.model_validate(plan))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import torch
 
 from bench import REPO, write_json
 from bench.harness.loadgen import GENERATOR_CORE, Server, start_server
-from qpart.client.plans import Plan
+from qpart.client.plans import PlanResponse
 from qpart.client.runtime import encode_for_plan, load_head
 from qpart.models.data import Split, load_split
 from qpart.server.schemas import WeightPreset
@@ -84,7 +84,7 @@ class Packets:
     def for_plan(self, plan: dict[str, Any], segment: bytes | None) -> bytes:
         key = plan["plan_id"]
         if key not in self._packets:
-            typed = Plan.model_validate(plan)
+            typed = PlanResponse.model_validate(plan)
             head = load_head(typed, segment)
             with torch.inference_mode():
                 act = head(torch.from_numpy(self._image)).numpy()

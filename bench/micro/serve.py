@@ -82,7 +82,7 @@ def _bare_run(label: str, bare: Server, server: Server, target: tuple[str, bytes
 
 def _packet(url: str, model: str) -> tuple[str, bytes]:
     """The infer URL and a real activation packet of ``model``'s all-server plan."""
-    from qpart.client.plans import Plan
+    from qpart.client.plans import PlanResponse
     from qpart.client.runtime import encode_for_plan  # the device's own encoder
     from qpart.models.data import Split, load_split
 
@@ -91,7 +91,7 @@ def _packet(url: str, model: str) -> tuple[str, bytes]:
     if plan["cut"] != 0:
         raise RuntimeError(f"expected the all-server cut for the benchmark, got {plan['cut']}")
     image = load_split(Split.TEST, limit=1).images
-    return f"{url}{plan['infer_url']}", encode_for_plan(image, Plan.model_validate(plan))
+    return f"{url}{plan['infer_url']}", encode_for_plan(image, PlanResponse.model_validate(plan))
 
 
 def _tail_sums(server: Server, model: str) -> tuple[float, float, float]:

@@ -49,7 +49,7 @@ def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only)
     from fastapi.testclient import TestClient
 
     from bench.micro.floor_server import engine_app
-    from qpart.client.plans import Plan
+    from qpart.client.plans import PlanResponse
     from qpart.client.runtime import encode_for_plan
     from qpart.models.data import Split, load_split
     from qpart.server.app import create_app
@@ -58,7 +58,7 @@ def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only)
     with TestClient(create_app(ServerSettings(artifacts=cnn_only))) as real:
         plan = real.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e9,
                                            "device": "raspberry-pi-4"}).json()
-        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
+        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, PlanResponse.model_validate(plan))
         expected = real.post(plan["infer_url"], content=packet).json()
 
     async def go():

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qpart.client.errors import SegmentError, SegmentRefusedError
 from qpart.client.onnx_runtime import OnnxDeviceRuntime
-from qpart.client.plans import Plan
+from qpart.client.plans import PlanResponse
 from qpart.client.settings import DeviceSettings
 from qpart.kernels.onnx_segment import (
     INPUT_NAME,
@@ -116,11 +116,11 @@ def _external() -> bytes:
     return _segment(initializers=[tensor])
 
 
-def _plan(segment_id: str, size_bytes: int) -> Plan:
+def _plan(segment_id: str, size_bytes: int) -> PlanResponse:
     segment = {"id": segment_id, "url": f"/v1/segments/{segment_id}", "size_bytes": size_bytes,
                "sha256": segment_id, "held": False, "runtime": "onnx"}
     plan_id = f"{PLAN['model']}@{PLAN['version']}/c1-x"  # the pattern the segment's metadata names
-    return Plan.model_validate({**PLAN, "plan_id": plan_id, "cut": 1, "segment": segment})
+    return PlanResponse.model_validate({**PLAN, "plan_id": plan_id, "cut": 1, "segment": segment})
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def test_a_content_length_over_the_announced_size_is_refused_before_the_body_is_
     assert _left_in(tmp_path / "cache") == []
 
 
-def _fetch_then_load(url: str, cache: Path, segment: bytes) -> tuple[OnnxDeviceRuntime, Plan, bytes]:
+def _fetch_then_load(url: str, cache: Path, segment: bytes) -> tuple[OnnxDeviceRuntime, PlanResponse, bytes]:
     runtime = _runtime(url, cache)
     plan = _plan(hashlib.sha256(segment).hexdigest(), len(segment))
     data, _ = runtime.fetch_segment(plan)

@@ -21,7 +21,7 @@ from PIL import Image
 from qpart.client.device import encode_for_plan
 from qpart.client.inputs import read_idx_images
 from qpart.client.onnx_runtime import OnnxDeviceRuntime
-from qpart.client.plans import PacketFormat, Plan
+from qpart.client.plans import PacketFormat, PlanResponse
 from qpart.client.settings import DeviceSettings
 from qpart.models.registry import get_model
 from qpart.server.device_page import VENDOR_FILES, WEB_DIR
@@ -94,7 +94,7 @@ def profile_for_cut(version: str, cut: int, cuts: int) -> str:
                                                    "repeats": 1}}})
 
 
-def python_classes(url: str, plan: Plan, x: np.ndarray, cache: Path) -> list[int]:
+def python_classes(url: str, plan: PlanResponse, x: np.ndarray, cache: Path) -> list[int]:
     """The Python ONNX device (client/onnx_runtime.py) on the same plan, image by image as the page."""
     with OnnxDeviceRuntime(DeviceSettings(server=url, cache_dir=cache), threads=1) as device:
         segment, _ = device.fetch_segment(plan)
@@ -139,7 +139,7 @@ def test_the_page_classifies_20_images_as_the_python_onnx_device(browser, server
     page, errors = open_page(browser, server.url)
     run = run_page(page, files, device=profile_for_cut(version, cut, cuts), rate_mbps=1e5)
     assert "error" not in run, run
-    plan = Plan.model_validate(run["plan"])
+    plan = PlanResponse.model_validate(run["plan"])
     assert plan.cut == cut and plan.segment is not None and plan.infer_url is not None
     assert plan.activation_bits < 32 and run["downloaded_bytes"] == plan.segment.size_bytes
     assert run["isolated"]  # COOP + COEP: 5 us timers for the encode phase
@@ -168,7 +168,7 @@ def test_cut_0_sends_the_input_and_all_device_uploads_nothing(browser, server, i
     for cut in (0, cuts - 1):
         run = run_page(page, files[:3], device=profile_for_cut(version, cut, cuts), rate_mbps=1e5)
         assert "error" not in run, run
-        plan = Plan.model_validate(run["plan"])
+        plan = PlanResponse.model_validate(run["plan"])
         assert plan.cut == cut
         got = [r["label"] for r in run["results"]]
         assert got == python_classes(server.url, plan, x[:3], tmp_path / f"cache{cut}")
@@ -238,7 +238,7 @@ def test_the_pages_packets_are_the_kernels_bytes(browser, server, images, model_
         for cut in range(1, cuts - 1):
             body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "rate_bps": 1e11, "runtime": "onnx",
                     "device": json.loads(profile_for_cut(version, cut, cuts))}
-            plan = Plan.model_validate(device.transport.request("POST", "/v1/plan", json=body).json())
+            plan = PlanResponse.model_validate(device.transport.request("POST", "/v1/plan", json=body).json())
             if plan.cut != cut or plan.activation_bits >= 32:
                 continue
             segment, _ = device.fetch_segment(plan)

@@ -117,7 +117,7 @@ def test_help_shows_the_default_and_the_variable():
 @pytest.mark.parametrize("names", [("T-shirt/top", "Trouser", "Pullover"), None])
 def test_infer_prints_each_predicted_class_index_with_its_card_name(monkeypatch, tmp_path, names):
     from qpart.client.device import InferenceRun
-    from qpart.client.plans import Plan, TailAnswer
+    from qpart.client.plans import PlanResponse, TailResponse
     from tests.client.samples import ANSWER, PLAN
 
     class Runtime:  # answers in the server's place: two samples, classes 1 and 2
@@ -125,9 +125,9 @@ def test_infer_prints_each_predicted_class_index_with_its_card_name(monkeypatch,
             pass
 
         def infer(self, *_, **__):
-            run = InferenceRun(Plan.model_validate(PLAN), predictions=[1, 2],
+            run = InferenceRun(PlanResponse.model_validate(PLAN), predictions=[1, 2],
                                timings_s={"total": 0.01})
-            run.results.extend(TailAnswer.model_validate(ANSWER).results * 2)
+            run.results.extend(TailResponse.model_validate(ANSWER).results * 2)
             return run
 
         def metadata(self, model):  # the card: fetched once, for the preprocessing and the names

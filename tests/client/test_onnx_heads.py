@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from qpart.client.onnx_runtime import check_segment, create_session
-from qpart.client.plans import Plan
+from qpart.client.plans import PlanResponse
 from qpart.kernels.onnx_segment import INPUT_NAME, OUTPUT_NAME, HeadRuntime
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.runtimes import runtime_refusals
@@ -40,12 +40,13 @@ class RelativePositionAttention(nn.Module):
         return self.fc(x.mean(1))
 
 
-def _onnx_plan(cut: int, cut_node: str, cuts: int, data: bytes) -> Plan:
+def _onnx_plan(cut: int, cut_node: str, cuts: int, data: bytes) -> PlanResponse:
     digest = hashlib.sha256(data).hexdigest()
     segment = {"id": digest, "url": f"/v1/segments/{digest}", "size_bytes": len(data), "sha256": digest,
                "held": False, "runtime": "onnx"}
-    return Plan.model_validate({**PLAN, "plan_id": f"relpos@1/c{cut}", "model": "relpos", "version": "1",
-                                "cut": cut, "cut_node": cut_node, "cuts": cuts, "segment": segment})
+    return PlanResponse.model_validate({**PLAN, "plan_id": f"relpos@1/c{cut}", "model": "relpos",
+                                        "version": "1", "cut": cut, "cut_node": cut_node, "cuts": cuts,
+                                        "segment": segment})
 
 
 def test_an_int64_index_buffer_keeps_its_type_and_the_head_runs_on_the_onnx_device():

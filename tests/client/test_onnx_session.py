@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qpart.client.errors import SegmentError, SegmentRefusedError
 from qpart.client.onnx_runtime import check_segment, create_session
-from qpart.client.plans import Plan
+from qpart.client.plans import PlanResponse
 from qpart.kernels.errors import UnsafeSegmentError
 from qpart.kernels.onnx_segment import (
     ONNX_IR_VERSION,
@@ -66,7 +66,7 @@ def _segment(nodes, initializers) -> bytes:
     return model.SerializeToString()
 
 
-def _plan(data: bytes, **overrides) -> Plan:
+def _plan(data: bytes, **overrides) -> PlanResponse:
     fields = {"model": "m", "version": "v", "cut": 1, "plan_id": "m@v/c1-x"} | overrides
     return SimpleNamespace(segment=SimpleNamespace(id=hashlib.sha256(data).hexdigest(),  # type: ignore[return-value]
                                                    size_bytes=len(data)), **fields)

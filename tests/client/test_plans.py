@@ -3,20 +3,27 @@ every field the client requires is one the server's OpenAPI document requires to
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import pkgutil
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
+import qpart.server
+from qpart.client import plans
 from qpart.client.errors import ServerAnswerError
-from qpart.client.plans import HeadSpec, PacketFormat, Plan, TailAnswer, parse_answer
+from qpart.client.plans import HeadSpec, PacketFormat, PlanResponse, TailResponse, parse_answer
 from qpart.client.runtime import DeviceRuntime, encode_for_plan, upload_body
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
 from qpart.kernels.coding import Coding
 from qpart.profiles.devices import get_device
+from qpart.server import schemas
 from tests.client.samples import ANSWER, PLAN
 from tests.server.conftest import make_client
 
@@ -79,15 +86,64 @@ def _gaps(client: dict[str, Any], server: dict[str, Any], client_defs: dict[str,
     return gaps
 
 
-def _contract_gaps(model: type[Plan | TailAnswer], openapi: dict[str, Any], name: str) -> list[str]:
+def _contract_gaps(model: type[PlanResponse | TailResponse], openapi: dict[str, Any], name: str) -> list[str]:
     mine = model.model_json_schema()
     server_defs = openapi["components"]["schemas"]
     return _gaps(mine, server_defs[name], mine.get("$defs", {}), server_defs)
 
 
-@pytest.mark.parametrize(("model", "schema"), [(Plan, "PlanResponse"), (TailAnswer, "TailResponse")])
-def test_every_field_the_client_requires_the_server_requires(app, model, schema):
-    assert _contract_gaps(model, app.get("/openapi.json").json(), schema) == []
+@pytest.mark.parametrize("model", [PlanResponse, TailResponse])
+def test_every_field_the_client_requires_the_server_requires(app, model):
+    assert _contract_gaps(model, app.get("/openapi.json").json(), model.__name__) == []
+
+
+# The device reads only these of the server's document; the rest it ignores (extra="ignore").
+PARTIAL = {"ModelMetadata": {"parameters"}}
+
+
+def _json_fields(model: type[BaseModel]) -> set[str]:
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def _client_wire_classes() -> dict[str, type[BaseModel]]:
+    """The classes the device parses (parse_answer's kinds) and every model their fields hold."""
+    read = [PlanResponse, TailResponse, plans.ModelMetadata]
+    held = {name for model in read for name in model.model_json_schema().get("$defs", {})}
+    return {c.__name__: c for c in read} | {name: getattr(plans, name) for name in held
+                                           if isinstance(getattr(plans, name, None), type)
+                                           and issubclass(getattr(plans, name), BaseModel)}
+
+
+def _server_classes() -> list[type]:
+    """Every class defined in a module of the server package."""
+    found = []
+    for module in pkgutil.walk_packages(qpart.server.__path__, "qpart.server."):
+        loaded = importlib.import_module(module.name)
+        found += [c for _, c in inspect.getmembers(loaded, inspect.isclass) if c.__module__ == module.name]
+    return found
+
+
+def test_each_wire_type_has_the_servers_name():
+    wire = _client_wire_classes()
+    assert {"PlanResponse", "SegmentRef", "CostBreakdown", "TimeBreakdown", "TailResult", "TopK"} <= set(wire)
+    for name, mine in wire.items():
+        theirs = getattr(schemas, name, None)
+        assert isinstance(theirs, type) and issubclass(theirs, BaseModel), f"the server has no {name}"
+        expected = PARTIAL.get(name, _json_fields(theirs))
+        assert _json_fields(mine) == expected and expected <= _json_fields(theirs), name
+    # Every model of the client's module is a wire type or a base of one (HeadSpec, PacketFormat: the
+    # plan's parts that patterns also read as), and no server class reuses a client name for
+    # something else.
+    ours = {c for _, c in inspect.getmembers(plans, inspect.isclass)
+            if c.__module__ == plans.__name__ and issubclass(c, BaseModel)}
+    bases = {b for c in wire.values() for b in c.__mro__}
+    assert ours <= bases
+    names = {c.__name__ for c in ours}
+    clashes = [f"{c.__module__}.{c.__name__}" for c in _server_classes()
+               if c.__name__ in names and c is not getattr(schemas, c.__name__, None)]
+    assert clashes == []
+    assert {c.__name__ for c in ours if getattr(schemas, c.__name__, None) is None} == {
+        "HeadSpec", "PacketFormat", "_Wire"}
 
 
 def test_the_contract_check_sees_a_dropped_field(app):
@@ -95,14 +151,14 @@ def test_the_contract_check_sees_a_dropped_field(app):
     openapi["components"]["schemas"]["PlanResponse"]["required"].remove("cut_node")
     openapi["components"]["schemas"]["SegmentRef"]["required"].remove("url")
     del openapi["components"]["schemas"]["TimeBreakdown"]["properties"]["total"]
-    assert _contract_gaps(Plan, openapi, "PlanResponse") == [
+    assert _contract_gaps(PlanResponse, openapi, "PlanResponse") == [
         "cut_node is not required",
         *(f"{c}.time_s.total is unknown to the server" for c in ("predicted", "all_server", "all_device")),
         "segment.url is not required", "input_image_plan.time_s.total is unknown to the server"]
     # and a server that makes a field nullable breaks a client that needs it
     openapi["components"]["schemas"]["PlanResponse"]["properties"]["plan_id"] = {
         "anyOf": [{"type": "string"}, {"type": "null"}]}
-    assert "plan_id may be null" in _contract_gaps(Plan, openapi, "PlanResponse")
+    assert "plan_id may be null" in _contract_gaps(PlanResponse, openapi, "PlanResponse")
 
 
 @pytest.mark.parametrize("changes", REQUESTS.values(), ids=REQUESTS.keys())
@@ -110,11 +166,11 @@ def test_real_plans_and_their_answers_read_as_the_client_models(app, changes):
     body = {"model": "fmnist-cnn", "accuracy_demand": 0.01, "device": _coded(app), **changes}
     sent = app.post("/v1/plan", json=body)
     assert sent.status_code == 200, sent.text
-    plan = parse_answer(Plan, sent.content)
+    plan = parse_answer(PlanResponse, sent.content)
     assert (plan.segment is not None) == (changes.get("device") is FAST)
     assert plan.upload_encoding == changes.get("upload_codings", ["identity"])[0]
     # every field the server sent that the client knows reads back as sent
-    known = {k: v for k, v in sent.json().items() if k in Plan.model_fields}
+    known = {k: v for k, v in sent.json().items() if k in PlanResponse.model_fields}
     assert plan.model_dump(mode="json", exclude_unset=True) == known
     if plan.infer_url is None:
         return
@@ -122,7 +178,7 @@ def test_real_plans_and_their_answers_read_as_the_client_models(app, changes):
     upload, headers = upload_body(plan, encode_for_plan(activation, plan))
     answer = app.post(plan.infer_url, content=upload, headers=headers)
     assert answer.status_code == 200, answer.text
-    tail = parse_answer(TailAnswer, answer.content)
+    tail = parse_answer(TailResponse, answer.content)
     assert tail.plan_id == plan.plan_id and len(tail.results) == 2 and tail.results[0].top_k
 
 
@@ -137,7 +193,7 @@ def test_patterns_read_as_the_packet_format_and_head_they_describe(app):
 
 
 def test_unknown_fields_are_ignored_and_codings_read_as_the_kernels_enum():
-    plan = Plan.model_validate({**PLAN, "upload_encoding": "zstd", "added_later": {"x": 1}})
+    plan = PlanResponse.model_validate({**PLAN, "upload_encoding": "zstd", "added_later": {"x": 1}})
     assert plan.upload_encoding is Coding.ZSTD and "added_later" not in plan.model_dump()
 
 
@@ -148,13 +204,13 @@ def test_unknown_fields_are_ignored_and_codings_read_as_the_kernels_enum():
     ({**PLAN, "segment": {"id": "x"}}, "segment.url"),
 ])
 def test_a_plan_the_client_cannot_read_is_a_device_error_naming_the_field(broken, where):
-    with pytest.raises(ServerAnswerError, match=rf"Plan does not read .*\({where}"):
-        parse_answer(Plan, httpx.Response(200, json=broken).content)
+    with pytest.raises(ServerAnswerError, match=rf"PlanResponse does not read .*\({where}"):
+        parse_answer(PlanResponse, httpx.Response(200, json=broken).content)
 
 
 def test_a_body_that_is_not_json_is_a_device_error():
-    with pytest.raises(ServerAnswerError, match="TailAnswer"):
-        parse_answer(TailAnswer, b"<html>bad gateway</html>")
+    with pytest.raises(ServerAnswerError, match="TailResponse"):
+        parse_answer(TailResponse, b"<html>bad gateway</html>")
 
 
 def test_the_runtime_returns_typed_plans_and_answers(tmp_path):
@@ -165,7 +221,7 @@ def test_the_runtime_returns_typed_plans_and_answers(tmp_path):
     client = httpx.Client(base_url=conf.server, transport=httpx.MockTransport(handler))
     runtime = DeviceRuntime(conf, transport=Transport(conf, client=client))
     plan = runtime.plan("fmnist-cnn", 0.01, rate_bps=1e6)
-    assert isinstance(plan, Plan) and plan.segment is None and plan.predicted.time_s.total == 0.007
+    assert isinstance(plan, PlanResponse) and plan.segment is None and plan.predicted.time_s.total == 0.007
     answer = runtime.upload(plan, b"packet")
     assert answer.results[0].logits == [0.5, 2.0, -1.0] and answer.queue_s == 0.001
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from qpart.client.plans import HeadSpec, PacketFormat, Plan
+from qpart.client.plans import HeadSpec, PacketFormat, PlanResponse
 from qpart.client.runtime import encode_for_plan, load_head
 from qpart.models.data import Split, load_split
 from qpart.models.registry import get_model
@@ -214,7 +214,7 @@ def test_wrong_bits_for_the_plan_are_a_400(client):
     plan = _plan(client)
     shape = [2, *plan["activation_shape"]]
     wrong = dict(plan, activation_bits=8 if plan["activation_bits"] != 8 else 4)
-    packet = encode_for_plan(np.random.rand(*shape).astype(np.float32), Plan.model_validate(wrong))
+    packet = encode_for_plan(np.random.rand(*shape).astype(np.float32), PlanResponse.model_validate(wrong))
     response = client.post(plan["infer_url"], content=packet)
     assert response.status_code == 400 and "requires" in response.json()["error"]
 
@@ -333,7 +333,7 @@ def test_a_deflated_upload_answers_as_the_plain_one_and_bad_codings_are_4xx(clie
     from qpart.kernels.coding import deflate, zstd_compress
 
     plan = _plan(client, rate_bps=1e6)
-    packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
+    packet = encode_for_plan(load_split(Split.TEST, limit=1).images, PlanResponse.model_validate(plan))
     plain = client.post(plan["infer_url"], content=packet).json()
     coded = client.post(plan["infer_url"], content=deflate(packet), headers={"Content-Encoding": "deflate"})
     assert coded.status_code == 200 and coded.json()["results"] == plain["results"]
@@ -387,7 +387,7 @@ def test_a_packets_decoding_is_server_time_and_named_in_server_timing(cnn_only, 
     slow_decoding(monkeypatch, 0.03, 0.02)
     with make_client(cnn_only, inference_fast_path=fast_path) as c:
         plan = _plan(c, rate_bps=1e6)
-        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
+        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, PlanResponse.model_validate(plan))
         coded = zstd_compress(packet)
         for body, headers, least in [(packet, {}, 0.02), (coded, {"Content-Encoding": "zstd"}, 0.05)]:
             r = c.post(plan["infer_url"], content=body, headers=headers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qpart.client.plans import Plan
+from qpart.client.plans import PlanResponse
 from qpart.client.runtime import encode_for_plan
 from qpart.kernels.coding import zstd_compress
 from qpart.models.data import Split, load_split
@@ -88,7 +88,7 @@ def test_served_packets_decoding_prices_the_plans(cnn_only, monkeypatch, fast_pa
         assert plan["cut"] < info["cuts"] - 1 and plan["upload_encoding"] == "identity"
         assert plan["predicted"]["time_s"]["server"] == pytest.approx(info["server_tail_s"][plan["cut"]])
         assert plan["all_server"]["time_s"]["server"] == pytest.approx(info["server_tail_s"][0])
-        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, Plan.model_validate(plan))
+        packet = encode_for_plan(load_split(Split.TEST, limit=1).images, PlanResponse.model_validate(plan))
         for _ in range(LEAST):
             assert c.post(plan["infer_url"], content=packet).status_code == 200
         info = c.get("/v1/models/fmnist-cnn").json()

@@ -146,7 +146,7 @@ def infer(
     import numpy as np
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    from qpart.client.errors import DeviceError
+    from qpart.client.errors import DeviceError, DeviceInputError
     from qpart.client.inputs import check_image_files
     from qpart.profiles.devices import load_device_profile
 
@@ -161,6 +161,9 @@ def infer(
     try:
         card = runtime.metadata(model)  # once: the preprocessing, then the class names
         x, y = _load_inputs(card, images or [], idx, labels, limit)
+        if y is not None and card.labels and int(y.max(initial=0)) >= len(card.labels):
+            raise DeviceInputError(f"{labels} holds class {int(y.max())}, and {model} has "
+                                   f"{len(card.labels)} classes (0 to {len(card.labels) - 1})")
         with Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True,
                       disable=as_json) as bar:
             task = bar.add_task("segment", total=None)
@@ -190,8 +193,9 @@ def infer(
         typer.echo(f"plan: the input image itself ({coding}, preprocessed and run on the server); "
                    f"uploaded {run.uploaded_bytes} B")
     else:
+        lossless = " (lossless: no quantized pattern is certified at this demand)" if p.lossless else ""
         typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
-                   f"{p.activation_bits} bits; downloaded {run.downloaded_bytes} B, "
+                   f"{p.activation_bits} bits{lossless}; downloaded {run.downloaded_bytes} B, "
                    f"uploaded {run.uploaded_bytes} B")
     typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted.total:.3f} s")
     if accuracy is not None:

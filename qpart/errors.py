@@ -14,7 +14,7 @@ from pydantic import SecretBytes, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsError
 
 from qpart.client.errors import DeviceError
-from qpart.flags import env_name, json_example
+from qpart.flags import FlagValueError, env_name, json_example
 from qpart.models.errors import ModelsError
 from qpart.offline.errors import CalibrationConfigError, CalibrationError
 from qpart.profiles.errors import ProfileError
@@ -76,7 +76,7 @@ def _error_trees() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExce
     files and PIL's ``UnidentifiedImageError`` (a subclass)."""
     from qpart.kernels.errors import KernelError  # noqa: PLC0415 (kernels/__init__ loads the kernels)
 
-    usage = (UsageError, CalibrationConfigError)
+    usage = (UsageError, CalibrationConfigError, FlagValueError)
     return usage, (CommandError, KernelError, ModelsError, ProfileError, CalibrationError, DeviceError,
                    ServerError, OSError)
 

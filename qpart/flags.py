@@ -4,11 +4,13 @@ user gave reach a settings class (pydantic-settings ranks keyword arguments abov
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pydantic_settings import BaseSettings
@@ -17,9 +19,35 @@ S = TypeVar("S", bound=BaseSettings)
 
 
 def settings_from(cls: type[S], flags: Mapping[str, object]) -> S:
-    """``cls`` built from the environment, with the flags that were given (not None) on top."""
+    """``cls`` built from the environment, with the flags that were given (not None) on top.
+
+    Raises:
+        ValueError: a flag's value refused, in one line naming the flag as it was typed
+            (``--check-samples 50: Input should be greater than or equal to 100``); a refused
+            environment variable raises pydantic's ValidationError, which the CLI names by variable.
+    """
     given: dict[str, Any] = {name: value for name, value in flags.items() if value is not None}
-    return cls(**given)
+    try:
+        return cls(**given)
+    except ValidationError as exc:
+        typed = [e for e in exc.errors() if e.get("loc") and str(e["loc"][0]) in given]
+        if not typed:
+            raise
+        raise FlagValueError("; ".join(
+            f"--{str(e['loc'][0]).replace('_', '-')} {_shown(given[str(e['loc'][0])])}: "
+            + re.sub(r"^(Value error|Assertion failed), ", "", str(e["msg"]))
+            for e in typed)) from exc
+
+
+class FlagValueError(ValueError):
+    """A command-line flag whose value its settings class refuses (a usage error)."""
+
+
+def _shown(value: object) -> str:
+    """A flag's value as a person typed it (a tuple as comma-separated items)."""
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def is_advanced(field: FieldInfo) -> bool:

@@ -102,6 +102,24 @@ def test_settings_from_passes_only_the_flags_given(monkeypatch):
     assert settings_from(CalibrationSettings, {"seed": 8}).seed == 8
 
 
+def test_a_refused_flag_is_named_as_typed_and_a_refused_variable_as_set(monkeypatch):
+    from pydantic import ValidationError
+
+    from qpart.errors import describe
+    from qpart.flags import FlagValueError
+
+    with pytest.raises(FlagValueError) as err:
+        settings_from(CalibrationSettings, {"check_samples": 50, "levels": (5.0,)})
+    assert str(err.value) == ("--levels 5.0: levels must be fractions in (0, 1), e.g. 0.01 for 1%; "
+                              "--check-samples 50: Input should be greater than or equal to 100")
+    assert describe(err.value) == (2, str(err.value))  # a usage error: one line, exit 2
+    monkeypatch.setenv("QPART_CALIB_CHECK_SAMPLES", "50")
+    with pytest.raises(ValidationError) as env_err:
+        settings_from(CalibrationSettings, {"seed": 1})
+    assert describe(env_err.value) == (
+        2, "QPART_CALIB_CHECK_SAMPLES='50': Input should be greater than or equal to 100")
+
+
 def test_help_shows_the_default_and_the_variable():
     assert env_help(CalibrationSettings, "fit_samples") == (
         "Calibration samples for tables and mapping; none: from the data's size (4000 from 10,000 samples "

@@ -105,7 +105,7 @@ def calibrate(
         "and violation counts, the output files."))] = False,
     executor: Annotated[str, typer.Option(help=(
         "Where the validation stage runs: local (this machine's processes) or ray (tasks on a Ray "
-        "cluster; pip install 'qpart-serving[ray]'). The artifact is the same."))] = "local",
+        "cluster; pip install 'qpart-serving\\[ray]'). The artifact is the same."))] = "local",
     ray_address: Annotated[str | None, typer.Option(help=(
         "The Ray cluster for --executor ray: HOST:PORT of its head, or auto (the cluster this "
         "machine is part of); default: a Ray instance started on this machine for the job."))] = None,

@@ -70,62 +70,54 @@ def test_light_imports_stay_light(code, heavy):
     assert not _loaded(code) & heavy, code
 
 
-def test_a_face_whose_all_and_imports_differ_is_refused_at_import(tmp_path, monkeypatch):
-    package = tmp_path / "lopsided"
+def _package(tmp_path, monkeypatch, name: str, module: tuple[str, str], imports: str,
+             names: list[str]) -> None:
+    """A package ``name`` on the path: one ``module`` (file name, source) and a face that imports
+    ``imports`` under TYPE_CHECKING and lists ``names`` in ``__all__``."""
+    package = tmp_path / name
     package.mkdir()
-    (package / "parts.py").write_text("def used(): return 1\n")
-    (package / "__init__.py").write_text(textwrap.dedent("""
+    (package / module[0]).write_text(module[1])
+    (package / "__init__.py").write_text(textwrap.dedent(f"""
         from typing import TYPE_CHECKING
         from qpart.lazy_face import attach
         if TYPE_CHECKING:
-            from lopsided.parts import used
-        __all__ = ["used", "forgotten"]
+            {imports}
+        __all__ = {names!r}
         if not TYPE_CHECKING:
             __getattr__, __dir__ = attach(__name__, __file__)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def _forget(monkeypatch, name: str) -> None:
+    """Drop package ``name`` and its modules from ``sys.modules`` (each test imports its own)."""
+    for loaded in [m for m in sys.modules if m.split(".")[0] == name]:
+        monkeypatch.delitem(sys.modules, loaded)
+
+
+def test_a_face_whose_all_and_imports_differ_is_refused_at_import(tmp_path, monkeypatch):
+    _package(tmp_path, monkeypatch, "lopsided", ("parts.py", "def used(): return 1\n"),
+             "from lopsided.parts import used", ["used", "forgotten"])
     with pytest.raises(FaceError, match="forgotten"):
         importlib.import_module("lopsided")
-    monkeypatch.delitem(sys.modules, "lopsided", raising=False)
+    _forget(monkeypatch, "lopsided")
 
 
 def test_a_face_refuses_a_public_name_that_is_also_a_submodule(tmp_path, monkeypatch):
-    package = tmp_path / "shadowed"
-    package.mkdir()
-    (package / "tool.py").write_text("def tool(): return 1\n")
-    (package / "__init__.py").write_text(textwrap.dedent("""
-        from typing import TYPE_CHECKING
-        from qpart.lazy_face import attach
-        if TYPE_CHECKING:
-            from shadowed.tool import tool
-        __all__ = ["tool"]
-        if not TYPE_CHECKING:
-            __getattr__, __dir__ = attach(__name__, __file__)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _package(tmp_path, monkeypatch, "shadowed", ("tool.py", "def tool(): return 1\n"),
+             "from shadowed.tool import tool", ["tool"])
     with pytest.raises(FaceError, match=r"\['tool'\] are also its submodules"):
         importlib.import_module("shadowed")
-    monkeypatch.delitem(sys.modules, "shadowed", raising=False)
+    _forget(monkeypatch, "shadowed")
 
 
 def test_a_lazy_name_is_loaded_once_and_then_held_by_the_package(tmp_path, monkeypatch):
-    package = tmp_path / "counted"
-    package.mkdir()
-    (package / "parts.py").write_text("import itertools\nLOADS = itertools.count()\nnext(LOADS)\nVALUE = 7\n")
-    (package / "__init__.py").write_text(textwrap.dedent("""
-        from typing import TYPE_CHECKING
-        from qpart.lazy_face import attach
-        if TYPE_CHECKING:
-            from counted.parts import VALUE as ANSWER
-        __all__ = ["ANSWER"]
-        if not TYPE_CHECKING:
-            __getattr__, __dir__ = attach(__name__, __file__)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _package(tmp_path, monkeypatch, "counted",
+             ("parts.py", "import itertools\nLOADS = itertools.count()\nnext(LOADS)\nVALUE = 7\n"),
+             "from counted.parts import VALUE as ANSWER", ["ANSWER"])
     counted = importlib.import_module("counted")
     assert "counted.parts" not in sys.modules
     assert counted.ANSWER == 7 and vars(counted)["ANSWER"] == 7
     assert "counted.parts" in sys.modules and dir(counted).count("ANSWER") == 1
-    for name in [m for m in sys.modules if m.split(".")[0] == "counted"]:
-        monkeypatch.delitem(sys.modules, name)
+    _forget(monkeypatch, "counted")
 

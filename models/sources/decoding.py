@@ -6,6 +6,7 @@ Workers return uint8 pixels (a quarter of the float32 bytes); the parent applies
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -18,6 +19,7 @@ from PIL import Image
 
 from qpart.models.errors import DatasetError, ImageDecodeError, PreprocessError
 from qpart.models.preprocess import PreprocessSpec, to_pixels
+from qpart.models.sources.files import read_regular
 
 IMAGE_FORMATS = ("JPEG", "PNG", "WEBP")
 """The only decoders Pillow may use: a file in another format is refused, whatever its name."""
@@ -32,12 +34,14 @@ def decode_pixels(path: str, spec: PreprocessSpec) -> Pixels:
     """One image file as uint8 ``[C, H, W]`` pixels after the spec's color, resize and crop.
 
     Raises:
-        ImageDecodeError: the file cannot be read, is not a JPEG/PNG/WebP image, is truncated or
-            declares more than :data:`MAX_IMAGE_PIXELS` pixels; the message names the file.
+        ImageDecodeError: the file cannot be read, is not a regular file of at most
+            :data:`~qpart.models.sources.files.MAX_FILE_BYTES`, is not a JPEG/PNG/WebP image, is
+            truncated or declares more than :data:`MAX_IMAGE_PIXELS` pixels; names the file.
         PreprocessError: the image does not fit the spec (smaller than the crop); names the file.
     """
     try:
-        with Image.open(path, formats=IMAGE_FORMATS) as img:
+        # Read whole by read_regular, not opened by Pillow: a FIFO or device must not block it.
+        with Image.open(io.BytesIO(read_regular(path)), formats=IMAGE_FORMATS) as img:
             width, height = img.size
             if width * height > MAX_IMAGE_PIXELS:
                 raise ImageDecodeError(

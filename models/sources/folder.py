@@ -4,7 +4,9 @@ Classes and files are ordered as ``torchvision.datasets.ImageFolder`` orders the
 sorted by name (a label is a class's position), then within a class the sorted walk of its
 folder and, in each folder, the sorted file names. Files count when their name ends in ``.jpg``,
 ``.jpeg``, ``.png`` or ``.webp`` (any case); others are ignored. Unlike torchvision, symbolic links
-to folders inside a class are not followed (a link loop cannot hang the scan).
+to folders inside a class are not followed (a link loop cannot hang the scan), a class folder or
+image that is a link leading outside the root is refused, and only regular files of at most
+:data:`~qpart.models.sources.files.MAX_FILE_BYTES` are read (:mod:`qpart.models.sources.files`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qpart.models.errors import ImageDecodeError, ImageFolderError, PreprocessError
+from qpart.models.errors import ImageFolderError, PreprocessError
 from qpart.models.preprocess import PreprocessSpec, normalize_pixels
 from qpart.models.sources.base import (
     Batch,
@@ -28,6 +30,7 @@ from qpart.models.sources.base import (
     check_selection,
 )
 from qpart.models.sources.decoding import iter_pixel_chunks
+from qpart.models.sources.files import check_inside, read_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 """The subset of torchvision's ``IMG_EXTENSIONS`` read here, compared case-insensitively."""
@@ -38,13 +41,18 @@ def find_classes(root: Path) -> tuple[str, ...]:
     """The class folder names under ``root``, sorted as torchvision sorts them.
 
     Raises:
-        ImageFolderError: ``root`` is not a readable folder or has no subfolder.
+        ImageFolderError: ``root`` is not a readable folder or has no subfolder, or a class folder
+            is a link leading outside ``root``.
     """
     try:
         with os.scandir(root) as entries:
-            classes = sorted(entry.name for entry in entries if entry.is_dir())
+            found = sorted((entry.name, entry.is_symlink()) for entry in entries if entry.is_dir())
     except OSError as exc:
         raise ImageFolderError(f"cannot list the ImageFolder {root}: {exc.strerror or exc}") from exc
+    for name, link in found:
+        if link:
+            check_inside(root, root / name, "the class folder")
+    classes = [name for name, _ in found]
     if not classes:
         raise ImageFolderError(
             f"{root} has no class folders; put each class's images in {root}/<class name>/")
@@ -68,7 +76,11 @@ def find_images(root: Path, classes: Sequence[str]) -> tuple[tuple[str, ...], La
         before = len(files)
         for folder, _, names in sorted(os.walk(root / name, onerror=_raise_walk_error)):
             rel = Path(folder).relative_to(root)
-            files.extend(str(rel / f) for f in sorted(names) if f.lower().endswith(IMAGE_EXTENSIONS))
+            images = [f for f in sorted(names) if f.lower().endswith(IMAGE_EXTENSIONS)]
+            for f in images:
+                if os.path.islink(root / rel / f):
+                    check_inside(root, root / rel / f, "the image")
+            files.extend(str(rel / f) for f in images)
         if len(files) == before:
             empty.append(name)
         labels.extend([label] * (len(files) - before))
@@ -82,13 +94,12 @@ def find_images(root: Path, classes: Sequence[str]) -> tuple[tuple[str, ...], La
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 hex of a file's bytes."""
-    try:
-        with path.open("rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    except OSError as exc:
-        raise ImageDecodeError(
-            f"cannot read {path}: {exc.strerror or exc}; fix its permissions or remove it") from exc
+    """sha256 hex of a file's bytes.
+
+    Raises:
+        ImageDecodeError: not a readable regular file of at most ``MAX_FILE_BYTES`` (named).
+    """
+    return hashlib.sha256(read_regular(path)).hexdigest()
 
 
 class ImageFolderSource(DataSource):

@@ -1,0 +1,76 @@
+"""Reading a data file only when it is a regular file of bounded size: a FIFO, a device or a link
+to one is refused before a byte is read, so a hostile folder cannot hang or flood the job."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+from qpart.models.errors import ImageDecodeError, ImageFolderError
+
+MAX_FILE_BYTES = 64 << 20
+"""The most bytes an image file may hold (64 MiB); a larger one is refused before it is read."""
+_READ_BYTES = 1 << 20
+
+
+def read_regular(path: Path | str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``limit`` bytes.
+
+    The file is opened with ``O_NONBLOCK`` (opening a FIFO for reading waits for a writer without
+    it) and its type is checked on the opened descriptor, so a FIFO or device swapped in after a
+    scan is refused too; at most ``limit + 1`` bytes are read, so a file that grows is refused.
+
+    Raises:
+        ImageDecodeError: the file is missing or unreadable, not a regular file (a FIFO, a device,
+            a link to one) or larger than ``limit``; the message names it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ImageDecodeError(
+            f"cannot read {path}: {exc.strerror or exc}; fix its permissions or remove it") from exc
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ImageDecodeError(
+                f"{path} is not a regular file ({_kind(info.st_mode)}); only regular image files are "
+                f"read: replace it with the image or remove it")
+        if info.st_size > limit:
+            raise ImageDecodeError(_too_large(path, info.st_size, limit))
+        chunks = io.BytesIO()
+        try:
+            while chunk := handle.read(_READ_BYTES):
+                chunks.write(chunk)
+                if chunks.tell() > limit:
+                    raise ImageDecodeError(_too_large(path, chunks.tell(), limit))
+        except OSError as exc:
+            raise ImageDecodeError(
+                f"cannot read {path}: {exc.strerror or exc}; fix its permissions or remove it") from exc
+        return chunks.getvalue()
+
+
+def check_inside(root: Path, path: Path, what: str) -> None:
+    """Refuse ``path`` when its real path (links resolved) is outside ``root``'s.
+
+    Raises:
+        ImageFolderError: names ``path``, where it leads and how to fix it.
+    """
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise ImageFolderError(
+            f"{what} {path} is a link to {real}, outside the ImageFolder {root}; copy what it holds "
+            f"into the folder or remove the link")
+
+
+def _too_large(path: Path | str, size: int, limit: int) -> str:
+    return (f"{path} holds {size} bytes or more, more than the {limit} an image file may hold; "
+            "downscale or remove it")
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")

@@ -68,7 +68,7 @@ def webp_encoder() -> str:
 
 def decode_webp(body: bytes) -> Image.Image:
     """A WebP's pixels, decoded by Pillow's WebP plugin alone. No bounds: the server checks a body
-    from the network (``server.webp``) before it comes here; calibration decodes its own bytes.
+    from the network (``server.planning.webp``) before it comes here; calibration decodes its own bytes.
 
     Raises:
         OSError, ValueError: Pillow cannot decode the body.

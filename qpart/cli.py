@@ -284,7 +284,7 @@ def serve(
     """Serve plans, head segments and tail inference over HTTP (uvicorn). Other settings: QPART_*."""
     settings = settings_from(ServerSettings, {"artifacts": artifacts, "host": host, "port": port})
     check_artifacts(settings.artifacts)
-    from qpart.server.main import serve as run_server
+    from qpart.server.api.main import serve as run_server
 
     run_server(settings)
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from qpart.lazy_face import attach
 
 if TYPE_CHECKING:
-    from qpart.server.app import create_app
+    from qpart.server.api.app import create_app
+    from qpart.server.api.main import serve
     from qpart.server.errors import (
         BadRequestError,
         ClientError,
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
         UnprocessableError,
         UnsupportedMediaTypeError,
     )
-    from qpart.server.main import serve
     from qpart.server.settings import ServerSettings
 
 __all__ = [

@@ -16,16 +16,11 @@ from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.artifacts import Pattern
 from qpart.profiles.devices import DeviceProfile, get_device
 from qpart.profiles.errors import ProfileError
-from qpart.server.answers import TailAnswer
-from qpart.server.catalog import Catalog, LoadedModel
-from qpart.server.content import IDENTITY
-from qpart.server.decode_times import DecodeTimes
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
-from qpart.server.image_plans import ImagePlans
-from qpart.server.images import INPUT_PNG, ImageTimes
 from qpart.server.metrics import Metrics
-from qpart.server.packets import decode_activation, packet_limit, upload_batch
-from qpart.server.planner import (
+from qpart.server.planning.image_plans import ImagePlans
+from qpart.server.planning.images import INPUT_PNG, ImageTimes
+from qpart.server.planning.planner import (
     Candidate,
     PlanInputs,
     allowed_patterns,
@@ -35,10 +30,15 @@ from qpart.server.planner import (
     price_options,
 )
 from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
-from qpart.server.segment_index import SegmentEntry, SegmentIndex
-from qpart.server.segments import SegmentStore
 from qpart.server.settings import ServerSettings
-from qpart.server.tail_pool import TailPool
+from qpart.server.store.catalog import Catalog, LoadedModel
+from qpart.server.store.segment_index import SegmentEntry, SegmentIndex
+from qpart.server.store.segments import SegmentStore
+from qpart.server.tails.answers import TailAnswer
+from qpart.server.tails.content import IDENTITY
+from qpart.server.tails.decode_times import DecodeTimes
+from qpart.server.tails.packets import decode_activation, packet_limit, upload_batch
+from qpart.server.tails.tail_pool import TailPool
 
 # Activation packets up to this size are decoded on the event loop: a few microseconds of work,
 # where a hop to a worker thread costs a GIL handover (up to the 5 ms switch interval) each way.
@@ -98,7 +98,7 @@ class Engine:
         self.segments = SegmentIndex(catalog, store)
         self.tails = TailPool(settings, metrics)
         self.images = ImagePlans(settings)  # the input-image plans (ADR 0014, 0015)
-        self.decodes = DecodeTimes()  # what decoding uploaded packets takes (server.decode_times)
+        self.decodes = DecodeTimes()  # what decoding uploaded packets takes (server.tails.decode_times)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class Engine:
 
     def decode_seconds(self, model: LoadedModel) -> dict[str, list[float]]:
         """Per upload coding (identity and each :class:`Coding`), per cut: what decoding one
-        sample's packet takes on this server lately (:mod:`server.decode_times`)."""
+        sample's packet takes on this server lately (:mod:`server.tails.decode_times`)."""
         return self.decodes.prices(model.name, model.version, len(model.cuts), list(Coding))
 
     # ---- models and planning --------------------------------------------------------------
@@ -248,7 +248,7 @@ class Engine:
         took, ``decoded_s`` (the body's Content-Encoding ``coding``, undone by the caller) plus the
         packet's dequantization, are the answer's ``decode_s`` and part of its ``compute_s``, as an
         input-image plan's decoding is (:meth:`infer_image`): server work, not transfer. Plans
-        price it by what served packets took (:mod:`server.decode_times`)."""
+        price it by what served packets took (:mod:`server.tails.decode_times`)."""
         model, pattern = self.pattern_of(name, version, pattern_id)
         started = time.perf_counter()
         if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop

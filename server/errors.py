@@ -1,4 +1,4 @@
-"""Exception tree of the ``server`` package; ``server.http_errors`` maps it to HTTP responses.
+"""Exception tree of the ``server`` package; ``server.api.http_errors`` maps it to HTTP responses.
 
 ::
 

@@ -11,6 +11,7 @@ switch (``disable_created_metrics``) is process-wide, so the filter sits on this
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,12 +25,20 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from qpart.server.connections import ConnectionCounts
-from qpart.server.segments import SegmentStore
+from qpart.server.store.segments import SegmentStore
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNKNOWN_MODEL = "unknown"  # the model label of a request for no served model
 _BYTES = (256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
+
+
+@dataclass
+class ConnectionCounts:
+    """What the guard refused, for the metrics (one instance per server; api.connections fills it)."""
+
+    over_cap: int = 0
+    head_too_large: int = 0
+    head_timeout: int = 0
 
 
 class _CacheCollector(Collector):
@@ -148,5 +157,5 @@ class Metrics:
                                 ["version"], registry=r)
         self.build_info.labels(version=version).set(1)
         r.register(_CacheCollector(store))
-        self.connections = ConnectionCounts()  # filled by server.connections under `qpart serve`
+        self.connections = ConnectionCounts()  # filled by server.api.connections under `qpart serve`
         r.register(_ConnectionCollector(self.connections))

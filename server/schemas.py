@@ -132,7 +132,7 @@ class PlanRequest(_Strict):
         return frozenset([*self.upload_codings, *deflate])
 
 
-# How an activation packet is sent (server.content): as is, or in an upload coding.
+# How an activation packet is sent (server.tails.content): as is, or in an upload coding.
 UploadEncoding = Literal["identity"] | Annotated[Coding, Strict(False)]
 
 

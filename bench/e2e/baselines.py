@@ -13,7 +13,7 @@
   the bottleneck into an activation packet and uploads it; the server decodes it, runs the decoder
   and the float tail. Test drop: the autoencoder's ``meta.json``.
 
-Both are priced with the planner's own :func:`qpart.server.planner.price_upload`: the baseline is
+Both are priced with the planner's own :func:`qpart.server.planning.planner.price_upload`: the baseline is
 a pattern at its cut whose activation bytes are the upload's (the mean over the cell's images of
 the encoded sizes; the autoencoder's packed bottleneck with its scales), whose device encode time
 is what this host measured for the baseline's own device work (scaled to the device, as every
@@ -60,9 +60,9 @@ from qpart.models.registry import get_model
 from qpart.models.timing import median_seconds
 from qpart.profiles.artifacts import CalibrationArtifact
 from qpart.profiles.devices import DeviceProfile
-from qpart.server.images import CONTENT_TYPE, INPUT_PNG
-from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
-from qpart.server.webp import CONTENT_TYPE as WEBP_TYPE
+from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
+from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
+from qpart.server.planning.webp import CONTENT_TYPE as WEBP_TYPE
 
 CODECS = ("png", "webp@75", "webp@90", "jpeg@90")
 CODEC_RESULTS = REPO / "bench" / "results" / "input_codecs.json"

@@ -23,8 +23,8 @@ from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.image_codecs import parse_rung_id
 from qpart.profiles.devices import DeviceProfile
-from qpart.server.images import INPUT_PNG
-from qpart.server.planner import PlanInputs, image_pattern, price, price_image, price_options
+from qpart.server.planning.images import INPUT_PNG
+from qpart.server.planning.planner import PlanInputs, image_pattern, price, price_image, price_options
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

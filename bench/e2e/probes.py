@@ -17,7 +17,7 @@ from bench.harness.link import ShapedLink, idle_gap_s
 from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
 from qpart.profiles.devices import get_device
-from qpart.server.planner import PlanInputs
+from qpart.server.planning.planner import PlanInputs
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

@@ -10,7 +10,7 @@
 - ``GET /bench/ae/{model}/{cut}/encoder``: the encoder's safetensors, which a device downloads
   once, as it downloads a head segment.
 
-Answers are the product's tail answer (:class:`qpart.server.answers.TailAnswer`) with
+Answers are the product's tail answer (:class:`qpart.server.tails.answers.TailAnswer`) with
 ``compute_s`` holding the server's whole work (decoding and decoder included), so the benchmark
 counts server time and answer bytes as it does for a plan; ``Server-Timing: decode;dur=<ms>``
 gives the decoding's share, as the product's input-image route does. A body the route cannot read is a 400
@@ -39,10 +39,10 @@ from qpart.kernels.wire import decode_activation_array
 from qpart.models.errors import PreprocessError
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
-from qpart.server.answers import TailAnswer
+from qpart.server.api.limits import LimitsMiddleware
+from qpart.server.api.main import _app_of, _engine_of
 from qpart.server.errors import ServerError
-from qpart.server.limits import LimitsMiddleware
-from qpart.server.main import _app_of, _engine_of
+from qpart.server.tails.answers import TailAnswer
 
 FORMATS = ("PNG", "WEBP", "JPEG")
 MAX_PIXELS = 4096 * 4096  # an input image larger than this is refused before decoding

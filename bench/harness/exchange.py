@@ -3,7 +3,7 @@
 A probe (:func:`bench.e2e.probe_exchange`) uploads a small and a large cut-0 packet, alternately,
 on the link itself, and keeps each exchange's rest: the round trip less the server's reported
 queue + compute. The cost model prices an exchange's rest as
-``rtt + other_bytes / rate + body / upload_rate`` (``server.planner.price``, ADR 0006):
+``rtt + other_bytes / rate + body / upload_rate`` (``server.planning.planner.price``, ADR 0006):
 
 - The upload rate: the large body's extra bytes over its extra rest. The large exchange's extra
   wire time at the measured goodput less its extra rest is the ``hidden`` part of a probe (it

@@ -18,7 +18,7 @@ lent is the rate times that lag (tens of microseconds).
 The link's rate and bucket come as a datagram ``"<Mbit/s> <bucket bytes>"`` to the orders port,
 sent by the benchmark whenever it changes the shaper (``"0 0"``: unshaped, nothing sent); each
 response first drains that port without waiting. The product's app runs unchanged inside
-(``server.main.serve`` with a wrapper), behind the naive baselines' routes
+(``server.api.main.serve`` with a wrapper), behind the naive baselines' routes
 (:mod:`bench.harness.baseline_routes`), which cross the same link.
 """
 
@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bench.harness.baseline_routes import BaselineRoutes
 from bench.harness.link import Filler
-from qpart.server.main import serve
+from qpart.server.api.main import serve
 from qpart.server.settings import ServerSettings
 
 CONTROL_PORT_ENV = "QPART_BENCH_FILLER_PORT"

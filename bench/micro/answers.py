@@ -5,9 +5,9 @@
 In process, on random logits. The replaced code (:func:`legacy_answer_json`, kept here as the
 baseline) built every request's answer on the event loop in plain Python: softmax, a sort, one
 ``model_construct`` per result and per top-k entry, then ``model_dump_json``. The current path
-(:mod:`server.answers`) computes softmax and class order once per batch with numpy in the tail
-worker (:func:`server.answers.tail_rows`) and writes each request's JSON with pydantic_core's
-serializer (:func:`server.answers.tail_json`). Reported, per request of one sample, for batches of
+(:mod:`server.tails.answers`) computes softmax and class order once per batch with numpy in the tail
+worker (:func:`server.tails.answers.tail_rows`) and writes each request's JSON with pydantic_core's
+serializer (:func:`server.tails.answers.tail_json`). Reported, per request of one sample, for batches of
 1 and 16: microseconds of each path (medians over rounds; the batch step shared out over the
 batch) and their ratio, measured side by side.
 """
@@ -26,15 +26,15 @@ from typing import Any
 import numpy as np
 
 from bench import write_json
-from qpart.server.answers import tail_json, tail_rows
 from qpart.server.schemas import TailResponse, TailResult, TopK
+from qpart.server.tails.answers import tail_json, tail_rows
 
 BATCHES = (1, 16)
 
 
 def legacy_answer_json(*, plan_id: str, model: str, version: str, logits: np.ndarray, top_k: int,
                        queue_s: float, compute_s: float) -> bytes:
-    """The answer as the server wrote it before server.answers (per request, plain Python)."""
+    """The answer as the server wrote it before server.tails.answers (per request, plain Python)."""
     results = []
     for row in logits:
         values: list[float] = row.tolist()

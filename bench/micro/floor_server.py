@@ -7,7 +7,7 @@ that does nothing but read each request's body and answer a fixed JSON body; or,
 Whatever a server costs per request above the floor (on the same core, under the same load
 generator) is its own: routing, middleware, decoding, batching, the model, the answer. The app
 is a bare ASGI callable: no framework, no middleware, no lifespan work. uvicorn picks its event
-loop and HTTP parser as under ``server.main.serve`` and keeps no access log either; its own log
+loop and HTTP parser as under ``server.api.main.serve`` and keeps no access log either; its own log
 level is warning and the lifespan protocol is off (nothing per request).
 
 With ``--artifacts`` every POST to a tail route goes straight to ``Engine.infer_tail`` (settings
@@ -26,8 +26,8 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from qpart.server import paths
-from qpart.server.app import freeze_long_lived, load_engine
+from qpart.server.api import paths
+from qpart.server.api.app import freeze_long_lived, load_engine
 from qpart.server.settings import ServerSettings
 
 

@@ -8,7 +8,7 @@ dependency of this project), from the repository root or with it on ``PYTHONPATH
 It serves exactly the graph ``qpart serve`` runs for ``/v2/models/{m}/infer``: the model from
 ``models.registry`` traced and batch-norm-folded by ``models.partition.prepare``, the tail of
 cut 0 with its 4-D weights in channels-last memory format, one torch thread, under
-``torch.inference_mode`` (``server/catalog.py`` ``_load_one``, ``server/engine.py`` ``_runner``).
+``torch.inference_mode`` (``server/store/catalog.py`` ``_load_one``, ``server/engine.py`` ``_runner``).
 
 KServe 0.21 has no bind-address option (``RESTServer`` hard-codes ``0.0.0.0``) and starts a gRPC
 server on 8081 unless told otherwise. :class:`LoopbackModelServer` starts only a

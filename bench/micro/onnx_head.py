@@ -24,8 +24,8 @@ from qpart.client.plans import HeadSpec
 from qpart.client.runtime import load_head
 from qpart.models.data import Split, load_split
 from qpart.models.timing import interleaved_medians
-from qpart.server.catalog import Catalog, LoadedModel
-from qpart.server.segments import build_onnx_segment, build_segment
+from qpart.server.store.catalog import Catalog, LoadedModel
+from qpart.server.store.segments import build_onnx_segment, build_segment
 
 
 def _torch_runner(head: torch.nn.Module, x: torch.Tensor) -> Any:

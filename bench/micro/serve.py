@@ -153,7 +153,7 @@ def plan_requests(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def planner_p99(artifacts: Path, n: int = 2000) -> float:
     """p99 of ``Engine.plan`` in process (segments indexed first, as the server's warm-up does)."""
-    from qpart.server.app import load_engine
+    from qpart.server.api.app import load_engine
     from qpart.server.schemas import PlanRequest
     from qpart.server.settings import ServerSettings
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from bench.micro.answers import legacy_answer_json, run
-from qpart.server.answers import tail_json, tail_rows
+from qpart.server.tails.answers import tail_json, tail_rows
 
 IDS = {"plan_id": "m@1/p", "model": "m", "version": "1", "queue_s": 0.00123, "compute_s": 4.5e-4}
 

@@ -23,7 +23,7 @@ from bench.e2e import (
 )
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import get_device
-from qpart.server.planner import PlanInputs, allowed_patterns
+from qpart.server.planning.planner import PlanInputs, allowed_patterns
 from qpart.server.schemas import PRESETS, WeightPreset
 
 CODINGS = frozenset({"deflate", "zstd"})

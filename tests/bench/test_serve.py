@@ -52,7 +52,7 @@ def test_the_engine_only_app_answers_a_tail_request_as_the_server_does(cnn_only)
     from qpart.client.plans import PlanResponse
     from qpart.client.runtime import encode_for_plan
     from qpart.models.data import Split, load_split
-    from qpart.server.app import create_app
+    from qpart.server.api.app import create_app
     from qpart.server.settings import ServerSettings
 
     with TestClient(create_app(ServerSettings(artifacts=cnn_only))) as real:

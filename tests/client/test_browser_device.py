@@ -24,7 +24,7 @@ from qpart.client.onnx_runtime import OnnxDeviceRuntime
 from qpart.client.plans import PacketFormat, PlanResponse
 from qpart.client.settings import DeviceSettings
 from qpart.models.registry import get_model
-from qpart.server.device_page import VENDOR_FILES, WEB_DIR
+from qpart.server.api.device_page import VENDOR_FILES, WEB_DIR
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"

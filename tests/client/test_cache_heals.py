@@ -22,7 +22,7 @@ from qpart.models.errors import UnknownModelError
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import get_model
 from qpart.profiles.artifacts import Pattern
-from qpart.server.segments import build_onnx_segment
+from qpart.server.store.segments import build_onnx_segment
 from tests.client.samples import PLAN
 
 MODEL, VERSION = "fmnist-cnn", "v1"

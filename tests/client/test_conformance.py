@@ -25,7 +25,7 @@ from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import REGISTRY_ENV, register_model
 from qpart.models.runtimes import runtime_refusals
 from qpart.profiles.artifacts import Pattern
-from qpart.server.segments import build_onnx_segment, build_segment, quantize_head
+from qpart.server.store.segments import build_onnx_segment, build_segment, quantize_head
 
 SAMPLES = 100
 VERSION = "conformance"

@@ -22,7 +22,7 @@ from qpart.kernels import QuantScheme, quantize_pack, unpack_codes
 from qpart.kernels.wire import decode_activation
 from qpart.models.conformance import FAMILIES, INPUT_SHAPE
 from qpart.models.partition import cuts_of, prepare, split
-from qpart.server.segments import build_onnx_segment
+from qpart.server.store.segments import build_onnx_segment
 from tests.client.test_browser_device import browser, open_page  # noqa: F401 (the browser fixture)
 from tests.client.test_conformance import _pattern, _reference
 

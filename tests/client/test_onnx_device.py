@@ -103,8 +103,8 @@ def test_onnx_head_codes_equal_the_torch_heads_at_every_cut(artifacts_dir):
     from qpart.client.runtime import load_head
     from qpart.kernels import QuantScheme, quantize_pack, unpack_codes
     from qpart.models.data import Split, load_split
-    from qpart.server.catalog import Catalog
-    from qpart.server.segments import build_onnx_segment, build_segment
+    from qpart.server.store.catalog import Catalog
+    from qpart.server.store.segments import build_onnx_segment, build_segment
 
     model = next(e.model for e in Catalog.load(artifacts_dir).entries if e.name == "fmnist-cnn")
     x = load_split(Split.TEST, limit=500).images

@@ -16,7 +16,7 @@ from qpart.kernels.onnx_segment import INPUT_NAME, OUTPUT_NAME, HeadRuntime
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.runtimes import runtime_refusals
 from qpart.profiles.artifacts import Pattern
-from qpart.server.segments import build_onnx_segment
+from qpart.server.store.segments import build_onnx_segment
 from tests.client.samples import PLAN
 
 INPUT_SHAPE = (3, 4, 4)

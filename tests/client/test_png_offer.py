@@ -111,7 +111,7 @@ def test_any_other_refusal_is_the_error_itself(tmp_path: Path, status, error):
 def test_the_offer_carries_no_metadata_the_server_would_refuse(tmp_path: Path, monkeypatch):
     from PIL import ImageFile, PngImagePlugin
 
-    from qpart.server.images import decode_png
+    from qpart.server.planning.images import decode_png
 
     server_cap = PngImagePlugin.MAX_TEXT_CHUNK  # the server's (64 KiB), set when it is imported
     path = tmp_path / "icc.png"

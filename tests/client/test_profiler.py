@@ -7,7 +7,7 @@ import pytest
 from qpart.client.profiler import profile_device
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import DeviceProfile, get_device
-from qpart.server.planner import encode_seconds, head_seconds
+from qpart.server.planning.planner import encode_seconds, head_seconds
 
 
 def test_profiler_times_every_cut_and_the_planner_prefers_it(artifacts_dir, tmp_path):

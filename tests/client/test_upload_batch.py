@@ -17,7 +17,7 @@ from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
 from qpart.kernels.wire import encode_float_activation, packet_bytes
 from qpart.profiles.devices import DeviceProfile
-from qpart.server.packets import coded_bytes_bound
+from qpart.server.tails.packets import coded_bytes_bound
 from tests.server.conftest import make_client
 
 LIMIT = 16 << 10

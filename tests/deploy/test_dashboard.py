@@ -127,7 +127,7 @@ def _families(prometheus: LivePrometheus) -> set[str]:
 
 # Label values a quiet server cannot produce (a 5xx needs a failing server), each with the source
 # file that must emit it verbatim: a misspelling still fails, against the code instead of a series.
-QUIET_UNSEEN = {'outcome="server_error"': REPO / "server/limits.py"}
+QUIET_UNSEEN = {'outcome="server_error"': REPO / "server/api/limits.py"}
 
 
 def _unseen_but_emitted(selector: str) -> bool:

@@ -22,7 +22,7 @@ from qpart.models.onnx_dequant import GraphParts
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import get_model
 from qpart.profiles.artifacts import Pattern
-from qpart.server.segments import build_onnx_segment, build_segment
+from qpart.server.store.segments import build_onnx_segment, build_segment
 
 
 def test_value_names_are_unique_and_never_an_initializers_or_a_spelt_out_letter():

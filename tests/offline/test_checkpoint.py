@@ -123,6 +123,56 @@ def test_a_checkpoint_that_is_not_json_is_refused(tmp_path):
         ck.load("tables")
 
 
+def test_an_edited_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
+    ck = Checkpoints.open(tmp_path, {"settings": {"seed": 0}})
+    ck.save("cut-0", {"levels": [{"pattern": {"weight_bits": {"conv1.weight": 8}}}]})
+    assert ck.load("cut-0") == {"levels": [{"pattern": {"weight_bits": {"conv1.weight": 8}}}]}
+    file = ck.path("cut-0")
+    file.write_text(file.read_text().replace('"conv1.weight":8', '"conv1.weight":1'))
+    with pytest.raises(CheckpointMismatchError) as refused:
+        ck.load("cut-0")
+    message = str(refused.value)
+    assert str(file) in message and "changed after the job wrote it" in message and "--fresh" in message
+    assert "\n" not in message
+
+
+def test_a_checkpoint_renamed_or_from_other_inputs_is_refused(tmp_path):
+    ck = Checkpoints.open(tmp_path / "a", {"settings": {"seed": 0}})
+    ck.save("cut-0", {"levels": []})
+    ck.path("cut-0").rename(ck.path("cut-4"))  # a finished cut's record passed off as another's
+    with pytest.raises(CheckpointMismatchError, match=r"cut-4\.json was changed after the job wrote it"):
+        ck.load("cut-4")
+    other = Checkpoints.open(tmp_path / "b", {"settings": {"seed": 1}})
+    other.path("cut-4").write_bytes(ck.path("cut-4").read_bytes())
+    with pytest.raises(CheckpointMismatchError, match=r"changed after the job wrote it"):
+        other.load("cut-4")
+
+
+def test_an_edited_inputs_record_is_refused(tmp_path):
+    inputs = {"settings": {"seed": 0}}
+    ck = Checkpoints.open(tmp_path, inputs)
+    ck.path("inputs").write_text(ck.path("inputs").read_text().replace('"seed":0', '"seed":1'))
+    with pytest.raises(CheckpointMismatchError, match=r"inputs\.json was changed after the job wrote it"):
+        Checkpoints.open(tmp_path, {"settings": {"seed": 1}})
+
+
+def test_a_finished_cut_edited_before_resuming_is_refused_and_not_served(tmp_path):
+    """End to end (issue 52, finding 9): a killed job's finished cut 0 edited to 1-bit activations, then
+    the same command: refused in one line before any artifact is written; --fresh starts afresh."""
+    out = tmp_path / "out"
+    assert run_driver(out, 1, "validate + test patterns@4").returncode == -9
+    file = out / CHECKPOINT_DIR / "cut-0.json"
+    sealed = json.loads(file.read_text())
+    for level in sealed.get("doc", sealed)["levels"]:  # (an unsealed record before issue 52)
+        level["pattern"].update(activation_bits=1, calib_drop_ub=0.0)
+    file.write_text(json.dumps(sealed))
+    with pytest.raises(CheckpointMismatchError) as refused:
+        calibrate(get_model("fmnist-cnn"), settings(1), out)
+    message = str(refused.value)
+    assert str(file) in message and "--fresh" in message and "\n" not in message
+    assert not (out / "artifact.json").exists()
+
+
 def test_an_unwritable_output_folder_is_one_clear_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -23,7 +23,7 @@ def seen(monkeypatch) -> list[object]:
     for name in [k for k in os.environ if k.startswith("QPART_")]:
         monkeypatch.delenv(name)
     captured: list[object] = []
-    server_main = ModuleType("qpart.server.main")
+    server_main = ModuleType("qpart.server.api.main")
     server_main.serve = captured.append  # type: ignore[attr-defined]
     job = ModuleType("qpart.offline.job")
 
@@ -33,7 +33,7 @@ def seen(monkeypatch) -> list[object]:
         return SimpleNamespace(patterns=[], lossless_levels=[])
 
     job.calibrate = calibrate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "qpart.server.main", server_main)
+    monkeypatch.setitem(sys.modules, "qpart.server.api.main", server_main)
     monkeypatch.setitem(sys.modules, "qpart.offline.job", job)
     return captured
 

@@ -82,7 +82,7 @@ def test_the_installed_cli_answers_version_and_lists_the_models(installed):
 
 
 def test_the_wheel_ships_the_browser_device_page(installed):
-    from qpart.server.device_page import VENDOR_FILES
+    from qpart.server.api.device_page import VENDOR_FILES
 
     python = installed / "bin" / "python"
     site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from qpart.server.app import create_app
+from qpart.server.api.app import create_app
 from qpart.server.settings import ServerSettings
 
 
@@ -33,8 +33,8 @@ def slow_decoding(monkeypatch: pytest.MonkeyPatch, content_s: float, packet_s: f
     ``packet_s`` longer, on the tail route and the fast path alike."""
     import time
 
-    from qpart.server import engine, inference
-
+    from qpart.server import engine
+    from qpart.server.api import inference
     def slowed(real: Callable[..., object], seconds: float) -> Callable[..., object]:
         def wrapped(*args: object, **kwargs: object) -> object:
             time.sleep(seconds)

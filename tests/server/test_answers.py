@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from qpart.server.answers import TailRows, tail_json, tail_rows
 from qpart.server.schemas import TailResponse
+from qpart.server.tails.answers import TailRows, tail_json, tail_rows
 
 finite_logits = arrays(np.float32, st.tuples(st.integers(1, 8), st.integers(1, 12)),
                        elements=st.floats(-80, 80, width=32))

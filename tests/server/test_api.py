@@ -13,7 +13,7 @@ from qpart.client.plans import HeadSpec, PacketFormat, PlanResponse
 from qpart.client.runtime import encode_for_plan, load_head
 from qpart.models.data import Split, load_split
 from qpart.models.registry import get_model
-from qpart.server.app import create_app
+from qpart.server.api.app import create_app
 from qpart.server.settings import ServerSettings
 from tests.server.conftest import make_client, slow_decoding
 

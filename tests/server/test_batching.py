@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from qpart.server.batching import Batcher, BatchReport
 from qpart.server.errors import BadRequestError, OverloadedError, PayloadTooLargeError, TailFailedError
+from qpart.server.tails.batching import Batcher, BatchReport
 
 
 def _gate():
@@ -193,7 +193,7 @@ def test_with_no_delay_requests_queued_during_a_batch_form_the_next_one():
 
 def test_a_batch_reports_how_long_the_pool_idled_before_it_and_none_if_it_shared_the_workers():
     """Idle time is taken across keys: a batch that begins while another key's runs, or during
-    which another begins, found no idle pool (server.tail_times prices lone tails from those that
+    which another begins, found no idle pool (server.tails.tail_times prices lone tails from those that
     did). Two workers, so the two keys' batches really run side by side."""
     reports: list[BatchReport] = []
     gate, gated = _gate()

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from qpart.server.classification import class_count, classify
+from qpart.server.api.oip_codec import encode_response
 from qpart.server.errors import BadRequestError
-from qpart.server.oip_codec import encode_response
 from qpart.server.schemas import InferOutputTensor, InferRequestedOutput, InferResponse
+from qpart.server.tails.classification import class_count, classify
 
 
 def test_entries_are_score_index_label_by_falling_score_ties_lower_index_first():

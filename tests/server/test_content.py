@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qpart.kernels.coding import deflate, zstd_compress
-from qpart.server.content import content_coding, decode_content, identity_only
 from qpart.server.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from qpart.server.tails.content import content_coding, decode_content, identity_only
 
 
 @pytest.mark.parametrize(("values", "coding"), [

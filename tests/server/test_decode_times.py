@@ -1,4 +1,4 @@
-"""What decoding served packets took prices the packet plans (server.decode_times)."""
+"""What decoding served packets took prices the packet plans (server.tails.decode_times)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from qpart.client.plans import PlanResponse
 from qpart.client.runtime import encode_for_plan
 from qpart.kernels.coding import zstd_compress
 from qpart.models.data import Split, load_split
-from qpart.server.decode_times import LEAST, MAX_SAMPLE_S, STALE_AFTER_S, WINDOW, DecodeTimes
+from qpart.server.tails.decode_times import LEAST, MAX_SAMPLE_S, STALE_AFTER_S, WINDOW, DecodeTimes
 from tests.server.conftest import make_client, slow_decoding
 
 

@@ -10,8 +10,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from qpart.server.device_page import VENDOR_FILES, WEB_DIR, content_security_policy, device_router
-from qpart.server.http_errors import install_error_handlers
+from qpart.server.api.device_page import VENDOR_FILES, WEB_DIR, content_security_policy, device_router
+from qpart.server.api.http_errors import install_error_handlers
 from qpart.server.settings import ServerSettings
 
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from qpart.kernels.onnx_segment import HeadRuntime
-from qpart.server.batching import BatchReport
-from qpart.server.catalog import Catalog
 from qpart.server.engine import Engine
 from qpart.server.errors import UnprocessableError
 from qpart.server.metrics import Metrics
-from qpart.server.segments import SegmentStore
 from qpart.server.settings import ServerSettings
-from qpart.server.tail_pool import TailKey
+from qpart.server.store.catalog import Catalog
+from qpart.server.store.segments import SegmentStore
+from qpart.server.tails.batching import BatchReport
+from qpart.server.tails.tail_pool import TailKey
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from starlette.routing import compile_path
 from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
 from qpart.kernels.coding import deflate
-from qpart.server import fastpath
-from qpart.server import paths as route_paths
+from qpart.server.api import fastpath
+from qpart.server.api import paths as route_paths
 from tests.server.conftest import make_client
 
 TIMING = ("queue_s", "compute_s")

@@ -81,7 +81,7 @@ def test_the_image_plan_is_priced_with_the_requests_figures(client):
         plan = client.post("/v1/plan", json=body).json()  # the most accurate plan that meets 10 s: level 0
         assert plan["plan_id"].endswith("/input-png"), plan["plan_id"]
         p = plan["predicted"]
-        # the PNG's bytes, the answer's and one exchange's headers (server.planner.HTTP_EXCHANGE_BYTES)
+        # the PNG's bytes, the answer's and one exchange's headers (planner.HTTP_EXCHANGE_BYTES)
         assert p["transfer_bytes"] == len(png) + extra_bytes + info["answer_bytes"] + 768
         assert p["time_s"]["local"] == pytest.approx(encode_s)  # no head and no quantization
         tail = info["server_tail_s"][0]

@@ -16,7 +16,7 @@ from PIL import Image, ImageFile, PngImagePlugin
 
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 from qpart.server.errors import BadRequestError
-from qpart.server.images import (
+from qpart.server.planning.images import (
     PNG_SIGNATURE,
     decode_png,
     decode_seconds,
@@ -99,7 +99,7 @@ def _with_text(chunks: int, size: int) -> bytes:
 
 def test_a_text_chunk_bomb_is_refused_not_inflated(monkeypatch):
     # Under Pillow's own caps (1 MiB a chunk, 64 MiB in all) but over this server's: refused here
-    # only because server.images lowers them (with Pillow's defaults back, both decode: below)
+    # only because server.planning.images lowers them (with Pillow's defaults back, both decode: below)
     assert PngImagePlugin.MAX_TEXT_CHUNK < 512 << 10 < ImageFile_SAFEBLOCK
     one = _with_text(1, 512 << 10)  # one chunk of 512 KiB in about 1 kB
     many = _with_text(8, 60 << 10)  # 480 KiB of text in chunks each under the chunk cap
@@ -217,7 +217,7 @@ def test_a_header_the_card_takes_is_read_by_pillow_not_refused_before():
 
 
 def test_image_times_price_from_the_probe_then_from_served_images():
-    from qpart.server.images import ImageTimes
+    from qpart.server.planning.images import ImageTimes
 
     times, key = ImageTimes(), ("m", "1")
     assert times.predict(key, 784) is None and not times.takes_images(key)
@@ -248,7 +248,7 @@ def test_a_short_chunk_after_the_image_data_is_a_bad_request():
 
 
 def test_image_times_count_a_slow_image_at_most_the_clamp():
-    from qpart.server.images import ImageTimes
+    from qpart.server.planning.images import ImageTimes
 
     times, key = ImageTimes(), ("m", "1")
     times.set_probe(key, 1e-4, 784)
@@ -271,7 +271,7 @@ def _chunks_to_iend(body: bytes) -> int:
 
 
 def test_a_body_of_many_tiny_chunks_is_refused_before_pillow_walks_them():
-    from qpart.server.images import chunk_allowance
+    from qpart.server.planning.images import chunk_allowance
 
     body = _png(np.zeros((28, 28), np.uint8))
     start = body.index(b"IDAT") - 4

@@ -64,8 +64,8 @@ def test_an_unknown_runtime_is_a_422(client, runtime):
 @pytest.mark.slow
 def test_onnx_segments_are_no_bigger_than_1_05x_for_every_pattern_of_the_reference_models(artifacts_dir):
     """Acceptance 4 of issue 25, over the committed artifacts of the three reference models."""
-    from qpart.server.catalog import Catalog
-    from qpart.server.segments import build_onnx_segment, build_segment
+    from qpart.server.store.catalog import Catalog
+    from qpart.server.store.segments import build_onnx_segment, build_segment
 
     ratios = {}
     for entry in Catalog.load(artifacts_dir).entries:

@@ -10,7 +10,13 @@ import pytest
 from qpart.kernels.coding import Coding
 from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.devices import get_device
-from qpart.server.planner import HTTP_EXCHANGE_BYTES, PlanInputs, coding_header_bytes, price, price_upload
+from qpart.server.planning.planner import (
+    HTTP_EXCHANGE_BYTES,
+    PlanInputs,
+    coding_header_bytes,
+    price,
+    price_upload,
+)
 from qpart.server.schemas import PRESETS, WeightPreset
 
 
@@ -123,7 +129,7 @@ def test_a_slow_link_deflates_the_upload_at_the_measured_ratio_plus_the_deflate_
 
 def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper_wins(artifact):
     from qpart.profiles.devices import MeasuredHeads
-    from qpart.server.planner import price_options
+    from qpart.server.planning.planner import price_options
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
     ratios = {Coding.DEFLATE: {32: 0.30}, Coding.ZSTD: {32: 0.35}}
@@ -164,7 +170,7 @@ def test_each_offered_coding_is_priced_at_its_own_ratio_and_time_and_the_cheaper
 def test_each_option_is_charged_its_own_codings_server_decoding_per_sample(artifact):
     """ADR 0017: the server's decoding of the upload's coding is server time beside the tail, per
     sample; a coding the server has no figure for costs 0; the last cut uploads nothing."""
-    from qpart.server.planner import price_options
+    from qpart.server.planning.planner import price_options
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
     _, make = _deflating(1e6)
@@ -211,7 +217,7 @@ def test_a_deadline_sees_the_raw_upload_when_deflating_saves_energy_but_costs_ti
     """Energy only, a radio that draws 20x the CPU's power, a deflate slower than the bytes it
     saves: deflating is cheaper in J and slower. Both are candidates, so a deadline between their
     times keeps the raw one instead of refusing the pattern."""
-    from qpart.server.planner import Candidate, choose, price_options
+    from qpart.server.planning.planner import Candidate, choose, price_options
     from qpart.server.schemas import ObjectiveWeights
 
     p = next(p for p in artifact.patterns if p.cut == 0 and p.activation_bits == 32)
@@ -230,7 +236,7 @@ def test_a_deadline_sees_the_raw_upload_when_deflating_saves_energy_but_costs_ti
 
 
 def test_a_plan_says_lossless_only_where_every_candidate_at_the_demand_sends_float32(artifact):
-    from qpart.server.planner import Candidate, only_lossless
+    from qpart.server.planning.planner import Candidate, only_lossless
     from qpart.server.schemas import CostBreakdown
 
     costs = CostBreakdown.model_construct()  # the flag reads the patterns, not the prices

@@ -16,7 +16,7 @@ import pytest
 
 from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
-from qpart.server.connections import PROBE_RESERVE
+from qpart.server.api.connections import PROBE_RESERVE
 from tests.conftest import REPO, LiveServer
 from tests.server.test_faults import IO_TIMEOUT_S, RawResponse, parse_response, request_head
 
@@ -287,7 +287,7 @@ def test_a_plan_with_a_content_encoding_is_a_415(hardened, coded):
 def test_an_injected_tail_failure_fails_only_its_batch(cnn_only, monkeypatch):
     """In process (the seam is the engine's runner): the failing request gets a JSON 500, the
     next one on the same model and cut is served, and readiness stays 200."""
-    from qpart.server.tail_pool import TailPool
+    from qpart.server.tails.tail_pool import TailPool
     from tests.server.conftest import make_client
 
     original = TailPool.runner

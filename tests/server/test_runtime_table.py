@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 
-from qpart.server.catalog import Catalog
-from qpart.server.routes_oip import card_parameters
-from qpart.server.segment_index import runtime_table
+from qpart.server.api.routes_oip import card_parameters
+from qpart.server.store.catalog import Catalog
+from qpart.server.store.segment_index import runtime_table
 from tests.server.conftest import make_client
 
 

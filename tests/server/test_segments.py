@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from qpart.server.segments import SegmentStore
+from qpart.server.store.segments import SegmentStore
 from tests.server.conftest import make_client
 
 

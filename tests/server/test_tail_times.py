@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qpart.server.tail_times import (
+from qpart.server.tails.tail_times import (
     ALPHA,
     CUT_MIN_SAMPLES,
     CUT_STALE_AFTER_S,

@@ -24,7 +24,7 @@ from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from qpart.profiles.artifacts import load_artifact
 from qpart.server.errors import BadRequestError
-from qpart.server.webp import webp_size
+from qpart.server.planning.webp import webp_size
 from tests.server.conftest import make_client
 
 MODEL = "fmnist-cnn"
@@ -84,7 +84,7 @@ def test_a_promised_quality_is_planned_and_priced_at_its_bytes(client, ladder):
     assert (plan["cut"], plan["segment"], plan["level"]) == (0, None, rung.level)
     assert plan["infer_url"].endswith(f"/patterns/input-webp@{q}/infer")
     info = client.get(f"/v1/models/{MODEL}").json()
-    # the WebP's bytes, the answer's and one exchange's headers (server.planner.HTTP_EXCHANGE_BYTES)
+    # the WebP's bytes, the answer's and one exchange's headers (server.planning.planner.HTTP_EXCHANGE_BYTES)
     assert plan["predicted"]["transfer_bytes"] == len(encode_webp(image, q)) + info["answer_bytes"] + 768
     assert plan["predicted"]["time_s"]["local"] == pytest.approx(3e-4)
     without = _plan(client, image, [])  # a real image's PNG (about 400 B) loses to the cut-0 packet

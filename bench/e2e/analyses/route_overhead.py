@@ -30,7 +30,7 @@ from bench import REPO, free_port, start_server, write_json
 from bench.harness.codecs import encode
 from qpart.models.data import Split, load_split_pixels
 from qpart.profiles.artifacts import load_artifact
-from qpart.server.images import CONTENT_TYPE, INPUT_PNG
+from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
 
 MODEL = "fmnist-cnn"
 ROUTES = ("product", "bench")

@@ -29,7 +29,7 @@ from qpart.server.errors import BadRequestError, OverloadedError, PayloadTooLarg
 
 class Rows(Protocol):
     """What a batch function returns: one row per input sample, sliced per request (a numpy
-    array, or :class:`server.answers.TailRows`)."""
+    array, or :class:`server.tails.answers.TailRows`)."""
 
     def __getitem__(self, rows: slice, /) -> Self: ...
 
@@ -206,7 +206,7 @@ class Batcher(Generic[K, R]):
         started = time.perf_counter()
         queue_s = [started - j.enqueued for j in jobs]
         # Whether the batch found the pool idle, and for how long: a batch that began while another
-        # ran, or during which another began, shared the workers (server.tail_times prices lone
+        # ran, or during which another began, shared the workers (server.tails.tail_times prices lone
         # tails from batches that found the server idle).
         idle_s = 0.0 if self._running else max(0.0, started - self._last_end)
         self._running += 1

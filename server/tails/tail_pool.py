@@ -16,13 +16,13 @@ from torch import fx
 
 from qpart.models.partition import split
 from qpart.models.timing import interleaved_medians
-from qpart.server.answers import TailRows, tail_json, tail_rows
-from qpart.server.batching import Batcher, BatchReport
-from qpart.server.catalog import LoadedModel
 from qpart.server.errors import DeadlineExceededError
 from qpart.server.metrics import Metrics
 from qpart.server.settings import ServerSettings
-from qpart.server.tail_times import TailTimes
+from qpart.server.store.catalog import LoadedModel
+from qpart.server.tails.answers import TailRows, tail_json, tail_rows
+from qpart.server.tails.batching import Batcher, BatchReport
+from qpart.server.tails.tail_times import TailTimes
 
 TAIL_PROFILE_SECONDS = 0.5
 """Least seconds of interleaved rounds in a model version's start-up tail profile."""
@@ -128,7 +128,7 @@ class TailPool:
     def tail_seconds(self, model: LoadedModel) -> list[float]:
         """Per cut, what a lone request's tail takes on this server now: the batch-1 times measured
         at start-up through the worker pool, plus what lone requests took beyond them lately
-        (:mod:`server.tail_times`). The artifact's figures (measured where the calibration ran)
+        (:mod:`server.tails.tail_times`). The artifact's figures (measured where the calibration ran)
         stand in before warm-up. Prices use compute only, not queueing."""
         live = self.tail_times.seconds(model.name, model.version)
         return live if live is not None else [c.server_tail_s for c in model.artifact.cuts]
@@ -151,7 +151,7 @@ class TailPool:
         # the worker pool as requests run (the hand-over to the thread and back is part of what a
         # request waits), in rounds that run every cut's tail in turn (models.timing): timed one
         # cut after another, a slow spell of the host fell on a few cuts only, and one extra
-        # (server.tail_times) cannot correct cuts that are wrong by different amounts. Seen in the
+        # (server.tails.tail_times) cannot correct cuts that are wrong by different amounts. Seen in the
         # end-to-end grid at c416ed2: fmnist-mobilenet's tails at cuts 4 and 10 profiled at 12.6-13.7
         # and 10.2-11.3 ms where they took 5.1-5.5 and 4.7-5.1 ms, cut 0 within 1.4 ms.
         fns = []

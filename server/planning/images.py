@@ -135,7 +135,7 @@ def open_png(body: bytes, spec: PreprocessSpec, input_shape: tuple[int, ...],
 
 def finish_image(image: Image.Image, spec: PreprocessSpec, input_shape: tuple[int, ...],
                  kind: str = "PNG") -> npt.NDArray[np.float32]:
-    """``[1, *input_shape]``: an opened image (:func:`open_png`, ``server.webp.open_webp``) decoded
+    """``[1, *input_shape]``: an opened image (:func:`open_png`, ``server.planning.webp.open_webp``) decoded
     and preprocessed.
 
     Raises:

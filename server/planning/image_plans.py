@@ -18,9 +18,8 @@ import numpy as np
 from qpart.models.image_codecs import WEBP, parse_rung_id, rung_id
 from qpart.models.preprocess import PreprocessSpec
 from qpart.profiles.artifacts import ImageRung
-from qpart.server.catalog import LoadedModel
 from qpart.server.errors import NotFoundError
-from qpart.server.images import (
+from qpart.server.planning.images import (
     INPUT_PNG,
     ImageTimes,
     decode_seconds,
@@ -30,10 +29,11 @@ from qpart.server.images import (
     png_size,
     probe_image,
 )
-from qpart.server.planner import Candidate, PlanInputs, image_pattern, price_image
+from qpart.server.planning.planner import Candidate, PlanInputs, image_pattern, price_image
+from qpart.server.planning.webp import decode_webp_input, webp_decode_seconds, webp_size
 from qpart.server.schemas import InputImage
 from qpart.server.settings import ServerSettings
-from qpart.server.webp import decode_webp_input, webp_decode_seconds, webp_size
+from qpart.server.store.catalog import LoadedModel
 
 # Input images are opened and decoded on the event loop only when both their header's size and
 # their body are this small: Pillow walks every PNG chunk before the pixels, and an 8 MiB body of

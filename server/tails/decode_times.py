@@ -6,7 +6,7 @@ beside the tail's. A timing loop says 30-40 us for a cut-0 packet here; served r
 find the caches cold after the device's own work, took 0.18-0.27 ms (fmnist-cnn and
 fmnist-mobilenet; the medians of ``Server-Timing: decode`` in a quick ``bench.e2e`` grid, not
 committed), 12-16% of fmnist-cnn's cut-0 tail price in that grid (1.51 ms). So, as the image
-plans' decoding is priced from served images (:class:`server.images.ImageTimes`), the price is
+plans' decoding is priced from served images (:class:`server.planning.images.ImageTimes`), the price is
 what lone requests (one sample each, as a device sends) took: the median of the last
 :data:`WINDOW` samples of a (cut, coding) once there are :data:`LEAST` and while its newest is at
 most :data:`STALE_AFTER_S` old, else the median of the model version's last :data:`WINDOW` samples
@@ -15,7 +15,7 @@ else 0 (the first requests teach it). The lapse is there for a price set too hig
 the planner stops choosing that cut and coding, so no new sample would correct it (and where it
 stops choosing packets at all, none would correct the pooled price either); a (cut, coding)'s
 first sample after a lapse starts its window afresh, as the tails' own prices do
-(:mod:`server.tail_times`). Batches of several samples decode at another per-sample cost and are
+(:mod:`server.tails.tail_times`). Batches of several samples decode at another per-sample cost and are
 not counted.
 """
 
@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from qpart.server.content import IDENTITY
+from qpart.server.tails.content import IDENTITY
 
 WINDOW = 9
 LEAST = 3

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from qpart.server.metrics import ConnectionCounts
+
 log = logging.getLogger(__name__)
 _HEAD_END = b"\r\n\r\n"
 PROBE_RESERVE = 64  # connections past the cap that may still ask a health route
@@ -32,15 +34,6 @@ class ConnectionLimits:
     max_header_bytes: int
     header_timeout_s: float
     max_connections: int
-
-
-@dataclass
-class ConnectionCounts:
-    """What the guard refused, for the metrics (one instance per server)."""
-
-    over_cap: int = 0
-    head_too_large: int = 0
-    head_timeout: int = 0
 
 
 def _answer(status: int, reason: str, message: str) -> bytes:

@@ -5,7 +5,7 @@ Each served model ``m`` appears twice under /v2: ``m`` (the float model, input `
 ``[-1, *input_shape]``, output ``logits``) and ``m-tail`` (input ``activation_packet`` UINT8, the
 packet of kernels/wire.py; request parameter ``pattern_id`` names the plan's pattern). An input
 of another name is refused; ``logits`` requested with ``classification: N`` is answered as the
-top N ``score:index:label`` strings (:mod:`server.classification`).
+top N ``score:index:label`` strings (:mod:`server.tails.classification`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import numpy as np
 from starlette.responses import Response
 
 from qpart.models.image_codecs import parse_rung_id
-from qpart.server.answers import TailAnswer
-from qpart.server.catalog import LoadedModel
-from qpart.server.classification import class_count, classify
-from qpart.server.content import IDENTITY, content_coding, decode_content, identity_only
+from qpart.server.api.oip_codec import decode_request, encode_response
 from qpart.server.engine import Engine
 from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMediaTypeError
-from qpart.server.images import CONTENT_TYPE, INPUT_PNG
-from qpart.server.oip_codec import decode_request, encode_response
+from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
+from qpart.server.planning.webp import CONTENT_TYPE as WEBP_TYPE
 from qpart.server.schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
-from qpart.server.webp import CONTENT_TYPE as WEBP_TYPE
+from qpart.server.store.catalog import LoadedModel
+from qpart.server.tails.answers import TailAnswer
+from qpart.server.tails.classification import class_count, classify
+from qpart.server.tails.content import IDENTITY, content_coding, decode_content, identity_only
 
 TAIL_SUFFIX = "-tail"
 FULL_INPUT = "input"

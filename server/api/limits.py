@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 
-from qpart.server.content import identity_only
+from qpart.server.api.http_errors import unexpected_response
+from qpart.server.api.paths import route_label
 from qpart.server.errors import UnsupportedMediaTypeError
-from qpart.server.http_errors import unexpected_response
 from qpart.server.metrics import UNKNOWN_MODEL, Metrics
-from qpart.server.paths import route_label
+from qpart.server.tails.content import identity_only
 
 M = TypeVar("M", Counter, Histogram)
 Scope = MutableMapping[str, Any]

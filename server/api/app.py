@@ -13,21 +13,21 @@ from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from qpart.server import paths
-from qpart.server.catalog import Catalog
-from qpart.server.device_page import device_router
+from qpart.server.api import paths
+from qpart.server.api.device_page import device_router
+from qpart.server.api.fastpath import InferFastPath
+from qpart.server.api.http_errors import install_error_handlers
+from qpart.server.api.limits import ASGIApp, LimitsMiddleware
+from qpart.server.api.responses import Links
+from qpart.server.api.routes_api import router as api_router
+from qpart.server.api.routes_oip import SERVER_VERSION
+from qpart.server.api.routes_oip import router as oip_router
 from qpart.server.engine import Engine
-from qpart.server.fastpath import InferFastPath
-from qpart.server.http_errors import install_error_handlers
-from qpart.server.limits import ASGIApp, LimitsMiddleware
 from qpart.server.metrics import Metrics
-from qpart.server.responses import Links
-from qpart.server.routes_api import router as api_router
-from qpart.server.routes_oip import SERVER_VERSION
-from qpart.server.routes_oip import router as oip_router
 from qpart.server.schemas import InferRequest
-from qpart.server.segments import SegmentStore
 from qpart.server.settings import ServerSettings
+from qpart.server.store.catalog import Catalog
+from qpart.server.store.segments import SegmentStore
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         ServerErrorMiddleware and two more layers), so the fast path skips three layers and their
         ``send`` wrappers, a measurable share of the event loop per tail request. The fast path
         answers its own errors, unexpected ones included, as the
-        handlers of :func:`server.http_errors.install_error_handlers` do.
+        handlers of :func:`server.api.http_errors.install_error_handlers` do.
         """
         inner: ASGIApp = build_stack()
         if settings.inference_fast_path:  # inside the limits middleware: same limits and metrics

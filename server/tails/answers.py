@@ -1,9 +1,9 @@
 """A tail batch's answer: softmax and class order for the whole batch at once, JSON per request.
 
-The batch function of a tail (:meth:`server.tail_pool.TailPool.runner`) turns its logits into
+The batch function of a tail (:meth:`server.tails.tail_pool.TailPool.runner`) turns its logits into
 :class:`TailRows` in the worker thread, vectorized over the batch, so the event loop does no
 per-request softmax or pydantic serialization; each request takes its slice
-(:class:`server.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes the
+(:class:`server.tails.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes the
 :class:`server.schemas.TailResponse` document byte for byte as ``model_dump_json`` would (a test
 compares them), except that a class's ``name`` is left out, not null, when the card names no
 labels. ``bench/README.md`` has the measured saving (``python -m bench.answers``).

@@ -96,7 +96,7 @@ def price_options(artifact: CalibrationArtifact, pattern: Pattern, segment_id: s
     cut's packets at these bits shrink (``CutProfile.coding_ratio``, below 1) and the device's
     profile says how long compressing takes (``MeasuredHeads.coding_s``). See
     :func:`price_upload`. ``decode_s``: per coding (``identity`` for a body sent as is), the server's
-    seconds decoding one sample's packet (:mod:`server.decode_times`); a coding it lacks costs 0."""
+    seconds decoding one sample's packet (:mod:`server.tails.decode_times`); a coding it lacks costs 0."""
     decode = decode_s or {}
     options = [price_upload(artifact, pattern, segment_id, segment_bytes, inputs, tail_s, answer_bytes,
                             decode_s=decode.get("identity", 0.0))]

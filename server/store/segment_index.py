@@ -1,5 +1,5 @@
 """The segment index: which content id each pattern's head segment has, and the segments themselves
-through the byte-budgeted :class:`server.segments.SegmentStore` (rebuilt and verified on a miss)."""
+through the byte-budgeted :class:`server.store.segments.SegmentStore` (rebuilt and verified on a miss)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.errors import PartitionError
 from qpart.profiles.artifacts import Pattern
-from qpart.server.catalog import Catalog, LoadedModel
 from qpart.server.errors import NotFoundError, UnprocessableError
-from qpart.server.segments import SegmentStore, build_onnx_segment, build_segment
+from qpart.server.store.catalog import Catalog, LoadedModel
+from qpart.server.store.segments import SegmentStore, build_onnx_segment, build_segment
 
 
 @dataclass(frozen=True)

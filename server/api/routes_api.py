@@ -1,5 +1,5 @@
 """QPART routes (``/v1``): plan, segment download, tail inference, cache budget. Thin over the engine;
-the tail route's work is in :mod:`server.inference`, which the fast path shares."""
+the tail route's work is in :mod:`server.api.inference`, which the fast path shares."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
-from qpart.server import paths
-from qpart.server.deps import (
+from qpart.server.api import paths
+from qpart.server.api.deps import (
     EngineDep,
     LinksDep,
     read_body,
@@ -23,10 +23,10 @@ from qpart.server.deps import (
     require_model_token,
     require_token,
 )
+from qpart.server.api.inference import tail_infer_response
+from qpart.server.api.limits import MODEL_STATE_KEY
+from qpart.server.api.responses import model_info_response, plan_response
 from qpart.server.errors import RangeNotSatisfiableError
-from qpart.server.inference import tail_infer_response
-from qpart.server.limits import MODEL_STATE_KEY
-from qpart.server.responses import model_info_response, plan_response
 from qpart.server.schemas import (
     SHA256_HEX,
     ErrorBody,

@@ -1,5 +1,5 @@
 """The HTTP layer's answers built from the engine's results: links are made here, from the route
-table (:mod:`server.paths`), never in the engine."""
+table (:mod:`server.api.paths`), never in the engine."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from typing import Literal
 
 from qpart.models.image_codecs import parse_rung_id
 from qpart.profiles.artifacts import Pattern
-from qpart.server import paths, webp
-from qpart.server.catalog import LoadedModel
+from qpart.server.api import paths
 from qpart.server.engine import ModelView, PlanChoice
-from qpart.server.images import CONTENT_TYPE, INPUT_PNG
+from qpart.server.planning import webp
+from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.schemas import ModelInfo, PatternInfo, PlanResponse, RuntimeCuts, SegmentRef
-from qpart.server.segment_index import SegmentEntry, runtime_table
+from qpart.server.store.catalog import LoadedModel
+from qpart.server.store.segment_index import SegmentEntry, runtime_table
 
 
 class Links:

@@ -3,7 +3,7 @@
 Under load FastAPI's routing, dependency solving and exit stacks were a large share of the event
 loop's CPU per tail request. For a POST to a tail or v2 infer route that is
 well-formed on its face (authorised, no query but a valid ``top_k``), this middleware calls the
-same handler the route calls, and maps errors through :mod:`server.http_errors` as the route
+same handler the route calls, and maps errors through :mod:`server.api.http_errors` as the route
 would. Anything else falls through to FastAPI, which answers it (401, 422, ...) as documented.
 """
 
@@ -18,20 +18,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from qpart.server import paths
-from qpart.server.deps import bearer_ok
-from qpart.server.engine import Engine
-from qpart.server.errors import ServerError
-from qpart.server.http_errors import (
+from qpart.server.api import paths
+from qpart.server.api.deps import bearer_ok
+from qpart.server.api.http_errors import (
     disconnect_response,
     http_exception_response,
     server_error_response,
     unexpected_response,
 )
-from qpart.server.inference import infer_response, tail_infer_response
-from qpart.server.limits import ASGIApp, Receive, Scope, Send
-from qpart.server.oip_codec import HEADER
-from qpart.server.routes_api import TOP_K_DEFAULT, TOP_K_MAX
+from qpart.server.api.inference import infer_response, tail_infer_response
+from qpart.server.api.limits import ASGIApp, Receive, Scope, Send
+from qpart.server.api.oip_codec import HEADER
+from qpart.server.api.routes_api import TOP_K_DEFAULT, TOP_K_MAX
+from qpart.server.engine import Engine
+from qpart.server.errors import ServerError
 
 _TOP_K = re.compile(rb"top_k=([1-9][0-9]{0,3})")
 _HEADER = HEADER.lower().encode()

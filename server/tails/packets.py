@@ -8,9 +8,9 @@ import numpy as np
 from qpart.kernels import KernelError
 from qpart.kernels.wire import decode_activation_array, float_packet_bytes, packet_bytes
 from qpart.profiles.artifacts import Pattern
-from qpart.server.catalog import LoadedModel
 from qpart.server.errors import BadRequestError
 from qpart.server.settings import ServerSettings
+from qpart.server.store.catalog import LoadedModel
 
 
 def packet_limit(settings: ServerSettings, model: LoadedModel, pattern: Pattern) -> int:

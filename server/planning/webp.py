@@ -4,7 +4,7 @@ quality the calibration promised, made into the model's input by the card's prep
 Only the simple lossy format is taken: ``RIFF`` whose size is the body's, ``WEBP``, then one
 ``VP8 `` chunk holding a key frame (no ``VP8X`` extended header, so no alpha, animation, ICC or
 EXIF, and no lossless ``VP8L``). Its size is read from the key frame's header, bounds-checked, and
-checked against :func:`~server.images.image_fits` before Pillow's WebP plugin (the only one tried)
+checked against :func:`~server.planning.images.image_fits` before Pillow's WebP plugin (the only one tried)
 decodes a pixel; every failure is a :class:`~server.errors.BadRequestError` naming why.
 """
 
@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 from qpart.models.image_codecs import encode_webp
 from qpart.models.preprocess import PreprocessSpec
 from qpart.server.errors import BadRequestError
-from qpart.server.images import PIL_ERRORS, finish_image, image_fits, probe_image, time_decoding
+from qpart.server.planning.images import PIL_ERRORS, finish_image, image_fits, probe_image, time_decoding
 
 CONTENT_TYPE: Literal["image/webp"] = "image/webp"  # models.image_codecs.CONTENT_TYPES[WEBP]
 VP8_START = b"\x9d\x01\x2a"
@@ -86,7 +86,7 @@ def decode_webp_input(body: bytes, spec: PreprocessSpec, input_shape: tuple[int,
 
 
 def probe_webp(spec: PreprocessSpec, input_shape: tuple[int, ...], quality: int) -> bytes | None:
-    """A WebP at ``quality`` of :func:`~server.images.probe_image` (None: no such image)."""
+    """A WebP at ``quality`` of :func:`~server.planning.images.probe_image` (None: no such image)."""
     image = probe_image(spec, input_shape)
     return None if image is None else encode_webp(image, quality)
 
@@ -94,6 +94,6 @@ def probe_webp(spec: PreprocessSpec, input_shape: tuple[int, ...], quality: int)
 def webp_decode_seconds(spec: PreprocessSpec, input_shape: tuple[int, ...], max_pixels: int,
                         quality: int) -> float:
     """This server's time to decode and preprocess :func:`probe_webp`'s image (median of
-    :data:`~server.images.PROBE_RUNS`); 0 when there is none."""
+    :data:`~server.planning.images.PROBE_RUNS`); 0 when there is none."""
     return time_decoding(probe_webp(spec, input_shape, quality),
                          lambda b: decode_webp_input(b, spec, input_shape, max_pixels))

@@ -18,9 +18,10 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from qpart.server.app import create_app
-from qpart.server.connections import PROBE_RESERVE, ConnectionCounts, ConnectionLimits, guarded_protocol
+from qpart.server.api.app import create_app
+from qpart.server.api.connections import PROBE_RESERVE, ConnectionLimits, guarded_protocol
 from qpart.server.engine import Engine
+from qpart.server.metrics import ConnectionCounts
 from qpart.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)

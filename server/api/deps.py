@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from pydantic import SecretStr
 
+from qpart.server.api.responses import Links
 from qpart.server.engine import Engine
 from qpart.server.errors import ForbiddenError, UnauthorizedError
-from qpart.server.responses import Links
 
 
 async def get_engine(request: Request) -> Engine:

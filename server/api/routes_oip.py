@@ -1,5 +1,5 @@
 """Open Inference Protocol v2 routes: health, metadata, and infer for full and tail models (the
-``m`` / ``m-tail`` pair of :mod:`server.inference`, which holds the infer handler)."""
+``m`` / ``m-tail`` pair of :mod:`server.api.inference`, which holds the infer handler)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from qpart.server import paths
-from qpart.server.catalog import LoadedModel
-from qpart.server.deps import EngineDep, read_body, require_model_token, require_token
+from qpart.server.api import paths
+from qpart.server.api.deps import EngineDep, read_body, require_model_token, require_token
+from qpart.server.api.inference import infer_response, resolve_model
+from qpart.server.api.oip_codec import HEADER
 from qpart.server.engine import Engine
-from qpart.server.image_plans import promised_rungs
-from qpart.server.inference import infer_response, resolve_model
-from qpart.server.oip_codec import HEADER
+from qpart.server.planning.image_plans import promised_rungs
 from qpart.server.schemas import ErrorBody, ModelMetadata, Parameter, ServerMetadata, TensorMetadata
-from qpart.server.segment_index import runtime_table
+from qpart.server.store.catalog import LoadedModel
+from qpart.server.store.segment_index import runtime_table
 
 router = APIRouter()
 SERVER_VERSION = "0.1.0"
@@ -70,7 +70,7 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
     lossy input-image plan's promised WebP qualities, each with its tightest level and the encoder
     the promise is for, ADR 0015; not
     with ``images`` false: a tail takes packets), and ``runtimes`` (per device runtime, the cuts it
-    can run and why not the others, :func:`server.segment_index.runtime_table`; not for a tail),
+    can run and why not the others, :func:`server.store.segment_index.runtime_table`; not for a tail),
     each a JSON string, since a protocol parameter is a string, number or boolean; absent when the
     card or calibration has none."""
     parameters: dict[str, Parameter] = {}

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import SecretStr
 
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
@@ -31,9 +32,9 @@ from qpart.server.planning.planner import (
 )
 from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
 from qpart.server.settings import ServerSettings
-from qpart.server.store.catalog import Catalog, LoadedModel
+from qpart.server.store.catalog import Catalog, LoadedModel, ModelEntry
 from qpart.server.store.segment_index import SegmentEntry, SegmentIndex
-from qpart.server.store.segments import SegmentStore
+from qpart.server.store.segments import CacheStats, SegmentStore
 from qpart.server.tails.answers import TailAnswer
 from qpart.server.tails.content import IDENTITY
 from qpart.server.tails.decode_times import DecodeTimes
@@ -298,3 +299,66 @@ class Engine:
             raise UnprocessableError("the model produced non-finite logits for this input; "
                                      "inputs are expected in [0, 1]")
         return logits, model
+
+    # ---- what the routes read (they call these, never the engine's parts) ------------------
+
+    @property
+    def auth_token(self) -> SecretStr | None:
+        """The bearer token the inference routes require (None: open)."""
+        return self.settings.auth_token
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body a route accepts."""
+        return self.settings.max_body_bytes
+
+    def model_names(self) -> list[str]:
+        """The served models' names."""
+        return self.catalog.names()
+
+    def known_model_names(self) -> frozenset[str]:
+        """Every model name in the catalog, served or not (the metrics' model label)."""
+        return self.catalog.known_names
+
+    def model_versions(self, name: str) -> list[ModelEntry]:
+        """The catalog's versions of model ``name`` (404 if it has none)."""
+        return self.catalog.versions(name)
+
+    def model_entry(self, name: str, version: str | None = None) -> ModelEntry:
+        """A model version's catalog entry, served or not (404 if unknown)."""
+        return self.catalog.entry(name, version)
+
+    def model(self, name: str, version: str | None = None) -> LoadedModel:
+        """A served model version (404 if unknown, 503 if it cannot serve)."""
+        return self.catalog.get(name, version)
+
+    def image_plan_model(self, name: str, version: str | None, pattern_id: str) -> LoadedModel:
+        """The model behind an input-image plan, checked to offer ``pattern_id`` (404 if not)."""
+        model = self.catalog.get(name, version)
+        self.images.check_plan(model, pattern_id)
+        return model
+
+    def tail_queue_depth(self) -> int:
+        """Tail samples waiting across every model and cut."""
+        return sum(self.tails.batcher.depth().values())
+
+    def segment(self, segment_id: str) -> tuple[bytes, SegmentEntry, bool]:
+        """A head segment's bytes, its index entry and whether the cache held it."""
+        return self.segments.segment(segment_id)
+
+    def segment_entry(self, segment_id: str) -> SegmentEntry:
+        """A head segment's index entry (its size), without building or caching it."""
+        return self.segments.entry(segment_id)
+
+    def count_segment_bytes(self, model: str, size_bytes: int) -> None:
+        """Count ``size_bytes`` of model ``model``'s segment as sent."""
+        self.metrics.segment_bytes.labels(model).inc(size_bytes)
+
+    def observe_segment_stream(self, seconds: float) -> None:
+        """Record how long one segment download streamed."""
+        self.metrics.segment_stream.observe(seconds)
+
+    def set_cache_budget(self, budget_bytes: int) -> CacheStats:
+        """Change the segment cache's byte budget (shrinking evicts at once); its stats after."""
+        self.store.set_budget(budget_bytes)
+        return self.store.stats()

@@ -104,12 +104,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     def prometheus_metrics(request: Request) -> Response:
         engine: Engine | None = getattr(request.app.state, "engine", None)
         if engine is not None:
-            metrics.queue_depth.set(sum(engine.tails.batcher.depth().values()))
+            metrics.queue_depth.set(engine.tail_queue_depth())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     def known_models() -> frozenset[str]:
         engine: Engine | None = getattr(app.state, "engine", None)
-        return engine.catalog.known_names if engine is not None else frozenset()
+        return engine.known_model_names() if engine is not None else frozenset()
 
     build_stack = app.build_middleware_stack
 

@@ -86,7 +86,7 @@ class InferFastPath:
         if engine is None or scope.get("root_path") or not path.endswith("/infer"):
             return None
         headers = scope["headers"]
-        if not bearer_ok(engine.settings.auth_token, _first(headers, b"authorization") or ""):
+        if not bearer_ok(engine.auth_token, _first(headers, b"authorization") or ""):
             return None
         read = partial(_read_body, scope)
         if (params := paths.TAIL_INFER.match(path)) is not None:

@@ -36,7 +36,7 @@ OUTPUT = "logits"
 
 def resolve_model(engine: Engine, name: str) -> tuple[str, bool]:
     """The served model behind a /v2 model name, and whether the name is its ``-tail`` twin."""
-    if name.endswith(TAIL_SUFFIX) and name[: -len(TAIL_SUFFIX)] in engine.catalog.names():
+    if name.endswith(TAIL_SUFFIX) and name[: -len(TAIL_SUFFIX)] in engine.model_names():
         return name[: -len(TAIL_SUFFIX)], True
     return name, False
 
@@ -47,10 +47,10 @@ async def infer_response(engine: Engine, model: str, version: str | None,
     """/v2 infer: ``read`` gives the body, ``header_length`` is the binary split header,
     ``content_encoding`` the Content-Encoding values (identity only here)."""
     base, tail = resolve_model(engine, model)
-    engine.catalog.get(base, version)  # unknown model or version: 404 before the body is parsed
+    engine.model(base, version)  # unknown model or version: 404 before the body is parsed
     identity_only(content_encoding or [])
     body = await read()
-    decoded = decode_request(body, header_length, max_elements=engine.settings.max_body_bytes)
+    decoded = decode_request(body, header_length, max_elements=engine.max_body_bytes)
     _check_inputs(model, TAIL_INPUT if tail else FULL_INPUT, decoded.request)
     count = _classification(decoded.request)  # a wrong output is refused before inference runs
     if tail:
@@ -95,7 +95,7 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
     if not isinstance(pattern_id, str) or packet is None or packet.dtype != np.uint8:
         raise BadRequestError("a tail infer needs the request parameter 'pattern_id' and a UINT8 input "
                               f"'{TAIL_INPUT}'")
-    model = engine.catalog.get(base, version)
+    model = engine.model(base, version)
     if pattern_id not in model.patterns:
         raise NotFoundError(f"model '{base}' has no pattern '{pattern_id}'")
     answer = await engine.infer_tail(base, model.version, pattern_id, packet.tobytes(), top_k=1)
@@ -112,7 +112,7 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
     rung = parse_rung_id(pattern_id)
     if pattern_id == INPUT_PNG or rung is not None:
         # unknown model, version or plan: 404 before the type is looked at
-        engine.images.check_plan(engine.catalog.get(model, version), pattern_id)
+        engine.image_plan_model(model, version, pattern_id)
         want = CONTENT_TYPE if rung is None else WEBP_TYPE
         if media != want:
             raise UnsupportedMediaTypeError(f"the input-image plan '{pattern_id}' takes the image as "

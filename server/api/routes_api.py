@@ -155,13 +155,13 @@ def segment(
 ) -> Response:
     """Stream a packed head segment. Strong ETag (its sha256), 304 on If-None-Match, 206 on Range."""
     started = time.perf_counter()
-    data, entry, hit = engine.segments.segment(segment_id)
+    data, entry, hit = engine.segment(segment_id)
     status, start, end, headers = _segment_headers(segment_id, len(data), request)
     if status == 304:
         return Response(status_code=304, headers=headers)
     headers["X-Cache"] = "hit" if hit else "miss"
-    chunks = _chunks(data, start, end, lambda n: engine.metrics.segment_bytes.labels(entry.model).inc(n),
-                     lambda: engine.metrics.segment_stream.observe(time.perf_counter() - started))
+    chunks = _chunks(data, start, end, lambda n: engine.count_segment_bytes(entry.model, n),
+                     lambda: engine.observe_segment_stream(time.perf_counter() - started))
     return StreamingResponse(chunks, status_code=status, headers=headers)
 
 
@@ -173,7 +173,7 @@ def segment_head(
 ) -> Response:
     """The GET's status and headers (size, ETag, Content-Range), from the segment index alone: a
     HEAD neither builds nor caches the segment, nor counts as a use of it."""
-    status, _start, _end, headers = _segment_headers(segment_id, engine.segments.entry(segment_id).size,
+    status, _start, _end, headers = _segment_headers(segment_id, engine.segment_entry(segment_id).size,
                                                      request)
     return Response(status_code=status, headers=headers)
 
@@ -217,6 +217,5 @@ class CacheBudget(BaseModel):
             summary="Change the segment cache's byte budget at run time")
 def set_cache_budget(body: CacheBudget, engine: EngineDep) -> dict[str, int]:
     """Shrinking evicts at once, least important segments first."""
-    engine.store.set_budget(body.budget_bytes)
-    stats = engine.store.stats()
+    stats = engine.set_cache_budget(body.budget_bytes)
     return {"budget_bytes": stats.budget_bytes, "resident_bytes": stats.resident_bytes}

@@ -49,10 +49,10 @@ async def server_metadata() -> ServerMetadata:
 
 def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
     base, tail = resolve_model(engine, name)
-    entries = engine.catalog.versions(base)
+    entries = engine.model_versions(base)
     if version is not None:
-        engine.catalog.entry(base, version)
-    model = engine.catalog.get(base, version)
+        engine.model_entry(base, version)
+    model = engine.model(base, version)
     classes = model.cuts[-1].shape
     if tail:
         inputs = [TensorMetadata(name="activation_packet", datatype="UINT8", shape=[-1])]
@@ -106,7 +106,7 @@ async def model_version_metadata(model: str, version: str, engine: EngineDep) ->
 
 def _ready(engine: Engine, model: str, version: str | None) -> Response:
     base, _ = resolve_model(engine, model)
-    entry = engine.catalog.entry(base, version)
+    entry = engine.model_entry(base, version)
     reason = entry.reason
     if reason is None and engine.draining:
         reason = "draining"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -79,6 +80,38 @@ def _load_inputs(card: ModelMetadata, images: list[Path], idx: Path | None,
         raise DeviceInputError(f"{labels} holds {len(y)} labels for {len(x)} inputs: give one label "
                                "per input, in the same order")
     return x, y
+
+
+def terminal_text(text: str) -> str:
+    """``text`` from the server made safe to print: every control character (ESC of ANSI and OSC
+    sequences, CR, BEL, newlines, C1 controls) and every Unicode line or bidi control shown as its
+    escape (``\\x1b``), so a label or an error string cannot drive the terminal or forge lines."""
+    return "".join(ascii(ch)[1:-1] if _unsafe(ch) else ch for ch in text)
+
+
+def _unsafe(ch: str) -> bool:
+    return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def _say(run: InferenceRun, accuracy: float | None, names: tuple[str, ...] | None) -> None:
+    """``infer``'s lines for a person; text from the server with its control characters escaped."""
+    predicted = run.plan.predicted.time_s
+    p = run.plan
+    if p.upload_content_type in ("image/png", "image/webp"):
+        coding = "PNG" if p.upload_content_type == "image/png" else f"WebP, level {p.level}"
+        typer.echo(f"plan: the input image itself ({coding}, preprocessed and run on the server); "
+                   f"uploaded {run.uploaded_bytes} B")
+    else:
+        lossless = " (lossless: no quantized pattern is certified at this demand)" if p.lossless else ""
+        typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
+                   f"{p.activation_bits} bits{lossless}; downloaded {run.downloaded_bytes} B, "
+                   f"uploaded {run.uploaded_bytes} B")
+    typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted.total:.3f} s")
+    if accuracy is not None:
+        typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")
+    else:
+        shown = _shown(_named(run.predictions, names))
+        typer.echo(f"predictions: {terminal_text(shown)}")
 
 
 def _named(predictions: list[int], names: tuple[str, ...] | None) -> list[dict[str, Any]]:
@@ -178,30 +211,15 @@ def infer(
                 run = runtime.infer(x, model, demand, **options)
         names = card.labels
     except DeviceError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {terminal_text(str(exc))}", err=True)
         raise typer.Exit(2) from exc
     finally:
         runtime.close()
     accuracy = float(np.mean(np.array(run.predictions) == y)) if y is not None else None
-    predicted = run.plan.predicted.time_s
     if as_json:
         typer.echo(json.dumps(_document(run, accuracy, names)))
         return
-    p = run.plan
-    if p.upload_content_type in ("image/png", "image/webp"):
-        coding = "PNG" if p.upload_content_type == "image/png" else f"WebP, level {p.level}"
-        typer.echo(f"plan: the input image itself ({coding}, preprocessed and run on the server); "
-                   f"uploaded {run.uploaded_bytes} B")
-    else:
-        lossless = " (lossless: no quantized pattern is certified at this demand)" if p.lossless else ""
-        typer.echo(f"plan: cut {p.cut}/{p.cuts - 1} level {p.level} activation "
-                   f"{p.activation_bits} bits{lossless}; downloaded {run.downloaded_bytes} B, "
-                   f"uploaded {run.uploaded_bytes} B")
-    typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted.total:.3f} s")
-    if accuracy is not None:
-        typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")
-    else:
-        typer.echo(f"predictions: {_shown(_named(run.predictions, names))}")
+    _say(run, accuracy, names)
 
 
 @device_app.command()

@@ -136,12 +136,26 @@ class DeviceClient:
         server that refuses the field)."""
         if input_image is not None:
             try:
-                return parse_answer(PlanResponse, self.transport.request(
-                    "POST", "/v1/plan", json={**body, "input_image": input_image}).content)
+                return self._trusted(parse_answer(PlanResponse, self.transport.request(
+                    "POST", "/v1/plan", json={**body, "input_image": input_image}).content))
             except ServerRejectedError as exc:
                 if exc.status != 422 or "input_image" not in str(exc):
                     raise
-        return parse_answer(PlanResponse, self.transport.request("POST", "/v1/plan", json=body).content)
+        return self._trusted(parse_answer(PlanResponse, self.transport.request(
+            "POST", "/v1/plan", json=body).content))
+
+    def _trusted(self, plan: PlanResponse) -> PlanResponse:
+        """``plan``, once its URLs are on origins this device sends to (ADR 0020): the tail's on the
+        server's own, the segment's there or on a trusted segment host.
+
+        Raises:
+            ForeignOriginError: before anything is downloaded, run or uploaded.
+        """
+        if plan.infer_url is not None:
+            self.transport.check_url(plan.infer_url)
+        if plan.segment is not None:
+            self.transport.check_url(plan.segment.url, segment=True)
+        return plan
 
     def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
         """``profile`` as a plan request carries it: without the times of codings the settings do
@@ -256,16 +270,20 @@ class DeviceClient:
         if seg is None:
             return None, 0
         fetched = self.cache.get(seg.id, seg.url, progress=progress, check=self.segment_check(plan),
-                                 size_bytes=seg.size_bytes, max_bytes=self.segment_max_bytes())
+                                 size_bytes=seg.size_bytes, max_bytes=self.segment_max_bytes(),
+                                 raise_cap=self.segment_cap_name)
         return fetched.data, fetched.downloaded_bytes
 
     def segment_check(self, plan: PlanResponse) -> Callable[[bytes], None] | None:
         """What a downloaded segment must pass before the cache keeps it (None: the hash alone)."""
         return None
 
+    segment_cap_name = "QPART_DEVICE_SEGMENT_MAX_BYTES"
+    """What a refusal over :meth:`segment_max_bytes` tells the user to raise."""
+
     def segment_max_bytes(self) -> int | None:
-        """The most bytes this device downloads for one segment (None: no cap but the plan's size)."""
-        return None
+        """The most bytes this device downloads for one segment (``segment_max_bytes``)."""
+        return self.settings.segment_max_bytes
 
     def load_head(self, plan: PlanResponse, segment: bytes | None) -> HeadFunction:
         """The plan's head as a function of a float32 batch (subclasses run it somewhere)."""

@@ -5,7 +5,10 @@
     DeviceError
     ├── ServerRejectedError      the server answered 4xx: the request must change (message from server)
     ├── ServerUnavailableError   5xx, 429 or connection failures that outlived the retries
+    │   └── TransferDeadlineError  a transfer that outlived its overall deadline (a server that drips)
     ├── ServerAnswerError        a plan or answer this client cannot read (client and server disagree)
+    │   ├── AnswerTooLargeError  an answer over the byte cap once decoded (a bomb, an endless body)
+    │   └── ForeignOriginError   a plan that sends the device to another origin it does not trust (ADR 0020)
     ├── SegmentError             a segment that fails its sha256, is truncated or does not fit the head
     │   └── SegmentRefusedError  a segment that fails the device's check before it runs (never cached)
     └── DeviceInputError         an input file that cannot be read as an image or IDX file
@@ -36,6 +39,19 @@ class ServerUnavailableError(DeviceError):
 
 class ServerAnswerError(DeviceError):
     """The server's plan or answer lacks a field this client needs, or holds one it cannot read."""
+
+
+class TransferDeadlineError(ServerUnavailableError):
+    """A transfer went on past its overall deadline (``transfer_deadline_s``); it is not retried."""
+
+
+class AnswerTooLargeError(ServerAnswerError):
+    """An answer grew past ``answer_max_bytes`` once decoded; nothing more of it was read."""
+
+
+class ForeignOriginError(ServerAnswerError):
+    """A plan names a URL on another origin than the server's (scheme, host, port) that the device
+    does not trust: credentials and activations go to the server's own origin only (ADR 0020)."""
 
 
 class SegmentError(DeviceError):

@@ -85,6 +85,7 @@ class OnnxDeviceRuntime(DeviceClient):
     """One device talking to one server, running heads with ONNX Runtime."""
 
     runtime = HeadRuntime.ONNX
+    segment_cap_name = "OnnxSegmentLimits(max_bytes=...)"
 
     def __init__(self, settings: DeviceSettings, *, device: str | None = None,
                  device_profile: DeviceProfile | None = None, transport: Transport | None = None,

@@ -4,7 +4,11 @@
 ``<id>.part`` and are renamed only when complete and verified, so a crash never leaves a file
 that looks usable. An interrupted download resumes with ``Range``; a cached file is revalidated
 with ``If-None-Match`` and re-hashed before use, and a corrupt one is deleted and fetched again.
-Pruning removes the least recently used files beyond the size limit.
+Pruning removes the least recently used files beyond the size limit; ``.part`` files count in it.
+A download that fails for any reason but a lost connection (which it resumes from) deletes its
+``.part`` file, and one left by a crash (untouched for :data:`PART_STALE_S`) is deleted when the
+cache opens. A download is held to an overall deadline (``transfer_deadline_s`` plus its announced
+size at ``transfer_min_rate_bps``), and its decoded bytes are counted against its bound.
 
 A segment is held to the size its plan announced and to the device's cap, if it has one: one
 announced over the cap is refused before a byte is downloaded, and a download whose
@@ -15,6 +19,7 @@ its ``.part`` file deleted. A download that ends short of the announced size is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -24,8 +29,18 @@ from pathlib import Path
 
 import httpx
 
-from qpart.client.errors import SegmentError, SegmentRefusedError, ServerRejectedError, ServerUnavailableError
-from qpart.client.transport import Transport
+from qpart.client.errors import (
+    SegmentError,
+    SegmentRefusedError,
+    ServerRejectedError,
+    ServerUnavailableError,
+    TransferDeadlineError,
+)
+from qpart.client.transport import Transport, iter_decoded
+
+PART_STALE_S = 600.0
+"""A ``.part`` file untouched this long is no download in progress (every write touches it, and a
+read waits ``timeout_s`` at most): one a crash left behind, deleted when the cache opens."""
 
 Progress = Callable[[int, int], None]
 Check = Callable[[bytes], None]
@@ -58,6 +73,8 @@ class _Bound:
     segment_id: str
     announced: int | None
     cap: int | None
+    raise_cap: str = "OnnxSegmentLimits(max_bytes=...)"
+    """How the user raises :attr:`cap` (named in the refusal)."""
 
     @property
     def most(self) -> int | None:
@@ -67,8 +84,7 @@ class _Bound:
     def refusal(self, how: str, size: int, kept: str = "nothing of it was kept") -> SegmentRefusedError:
         """The one-line refusal of ``size`` bytes (``how``: who says so), which exceed the bound."""
         if self.cap is not None and size > self.cap:
-            over = (f"over this device's cap of {self.cap} bytes (raise it with "
-                    "OnnxSegmentLimits(max_bytes=...))")
+            over = f"over this device's cap of {self.cap} bytes (raise it with {self.raise_cap})"
         else:
             over = f"more than the {self.announced} bytes the plan announced"
         return SegmentRefusedError(f"segment {self.segment_id[:12]} refused: {how} {size} bytes, {over}; "
@@ -91,6 +107,14 @@ class SegmentCache:
         self.max_bytes = max_bytes
         self.transport = transport
         root.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_parts(PART_STALE_S)
+
+    def _remove_stale_parts(self, age_s: float) -> None:
+        before = time.time() - age_s
+        for stale in self.root.glob("*.part"):
+            with contextlib.suppress(FileNotFoundError):  # another process finished or removed it
+                if stale.stat().st_mtime < before:
+                    stale.unlink(missing_ok=True)
 
     def _file(self, segment_id: str) -> Path:
         if len(segment_id) != 64 or any(c not in "0123456789abcdef" for c in segment_id):
@@ -112,7 +136,8 @@ class SegmentCache:
 
     def get(self, segment_id: str, url: str, *, revalidate: bool = True,
             progress: Progress | None = None, check: Check | None = None,
-            size_bytes: int | None = None, max_bytes: int | None = None) -> Fetched:
+            size_bytes: int | None = None, max_bytes: int | None = None,
+            raise_cap: str = "OnnxSegmentLimits(max_bytes=...)") -> Fetched:
         """The verified bytes of a segment, from disk or the server; with ``check``, bytes that
         fail it are deleted and :class:`SegmentRefusedError` raised, so they are never cached.
 
@@ -120,7 +145,7 @@ class SegmentCache:
         none): a segment announced over the cap is refused before anything is downloaded, and a
         download that goes past either is stopped and refused; neither leaves a file behind."""
         path = self._file(segment_id)
-        bound = _Bound(segment_id, size_bytes, max_bytes)
+        bound = _Bound(segment_id, size_bytes, max_bytes, raise_cap)
         if size_bytes is not None and max_bytes is not None and size_bytes > max_bytes:
             path.unlink(missing_ok=True)  # the cap may have tightened since it was cached
             (self.root / f"{segment_id}.part").unlink(missing_ok=True)
@@ -146,7 +171,8 @@ class SegmentCache:
     def _still_valid(self, segment_id: str, url: str) -> bool:
         """Whether the server still serves the cached segment as it is: a conditional HEAD, so
         that a server answering 200 instead of 304 sends no body (the download then is bounded)."""
-        response = self.transport.request("HEAD", url, headers={"If-None-Match": f'"{segment_id}"'})
+        response = self.transport.request("HEAD", url, segment=True,
+                                          headers={"If-None-Match": f'"{segment_id}"'})
         return response.status_code == 304
 
     def _download(self, segment_id: str, url: str, progress: Progress | None, check: Check | None,
@@ -154,8 +180,13 @@ class SegmentCache:
         part = self.root / f"{segment_id}.part"
         try:
             total_read = self._download_part(part, url, progress, bound)
-        except SegmentRefusedError:
-            part.unlink(missing_ok=True)  # refused: nothing of it stays, not even to resume
+        except TransferDeadlineError:
+            part.unlink(missing_ok=True)
+            raise
+        except ServerUnavailableError:
+            raise  # the connection was lost: the part stays for the next run to resume (Range)
+        except BaseException:
+            part.unlink(missing_ok=True)  # refused, rejected, disk full...: nothing of it stays
             raise
         size = part.stat().st_size
         if bound.announced is not None and size < bound.announced:
@@ -184,6 +215,8 @@ class SegmentCache:
             try:
                 total_read += self._stream_once(part, url, progress, bound)
                 return total_read
+            except TransferDeadlineError:
+                raise  # retrying a dripping server would only multiply the wait
             except _Retry as exc:
                 last_error = str(exc)
                 if attempt < settings.retries:
@@ -202,6 +235,7 @@ class SegmentCache:
             offset = 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         started = time.perf_counter()
+        deadline = self.transport.deadline(max(0, (most or 0) - offset))
         read = 0
         with self.transport.stream(url, headers) as response:
             if response.status_code == 416:
@@ -214,15 +248,14 @@ class SegmentCache:
                 part.unlink(missing_ok=True)  # not the range we asked for: never splice it in
                 raise ServerUnavailableError("unexpected Content-Range; restarting from zero")
             if response.status_code >= 400:
-                response.read()
-                raise ServerRejectedError(response.status_code, response.text[:300])
+                raise ServerRejectedError(response.status_code, _head_of(response, deadline))
             mode = "ab" if response.status_code == 206 else "wb"
             done = offset if mode == "ab" else 0
             total = done + _content_length(response)
             if most is not None and total > most:  # refused before a byte of the body is read
                 raise bound.refusal("the server's Content-Length makes it", total)
             with part.open(mode) as handle:
-                for chunk in response.iter_bytes():
+                for chunk in iter_decoded(response, deadline, f"download of segment {bound.segment_id[:12]}"):
                     handle.write(chunk)
                     read += len(chunk)
                     done += len(chunk)
@@ -241,6 +274,14 @@ class SegmentCache:
         self._file(segment_id).unlink(missing_ok=True)
         (self.root / f"{segment_id}.part").unlink(missing_ok=True)
 
+    def part_bytes(self) -> int:
+        """Bytes held by partial downloads (they count in the cache's size limit)."""
+        total = 0
+        for part in self.root.glob("*.part"):
+            with contextlib.suppress(FileNotFoundError):  # finished or removed meanwhile
+                total += part.stat().st_size
+        return total
+
     def entries(self) -> list[CachedSegment]:
         """Complete segment files, least recently used first."""
         found = [CachedSegment(p.stem, p.stat().st_size, p.stat().st_mtime) for p in self.root.glob("*.seg")]
@@ -249,12 +290,9 @@ class SegmentCache:
     def prune(self, keep: str | None = None, max_bytes: int | None = None) -> list[str]:
         """Delete least recently used segments until the total fits; returns deleted ids."""
         limit = self.max_bytes if max_bytes is None else max_bytes
-        day = time.time() - 86400
-        for stale in self.root.glob("*.part"):  # interrupted downloads nobody resumed for a day
-            if stale.stat().st_mtime < day:
-                stale.unlink(missing_ok=True)
+        self._remove_stale_parts(PART_STALE_S)
         entries = self.entries()
-        total = sum(e.size_bytes for e in entries)
+        total = sum(e.size_bytes for e in entries) + self.part_bytes()
         removed = []
         for e in entries:
             if total <= limit:
@@ -265,6 +303,16 @@ class SegmentCache:
             total -= e.size_bytes
             removed.append(e.segment_id)
         return removed
+
+
+def _head_of(response: httpx.Response, deadline: float) -> str:
+    """The first 300 characters of an error answer (the rest is never read)."""
+    body = bytearray()
+    for chunk in iter_decoded(response, deadline, "an error answer"):
+        body += chunk
+        if len(body) >= 300:
+            break
+    return body[:300].decode("utf-8", "replace")
 
 
 def _content_length(response: httpx.Response) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,29 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qpart.kernels.coding import Coding
 
 _BOOL = TypeAdapter(bool)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str, *, strict: bool = False) -> str:
+    """The origin ``scheme://host:port`` of an absolute http(s) URL, the port made explicit.
+
+    ``strict``: the URL must be an origin alone (no path beyond ``/``, no query), as a setting names one.
+
+    Raises:
+        ValueError: not an absolute http(s) URL (or, strict, more than an origin).
+    """
+    parts = urllib.parse.urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+        scheme = ""
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) origin such as https://cdn.example.com")
+    if strict and (parts.path not in ("", "/") or parts.query or parts.fragment or parts.username):
+        raise ValueError(f"{url!r}: give the origin alone (scheme://host[:port]), without a path")
+    return f"{scheme}://{parts.hostname}:{port or _DEFAULT_PORTS[scheme]}"
 
 
 class DeviceSettings(BaseSettings):
@@ -33,10 +57,33 @@ class DeviceSettings(BaseSettings):
         tuple(Coding), description="Upload codings to offer (the plan says which pays); "
         "empty: always upload packets as is.")
 
+    trusted_segment_hosts: tuple[str, ...] = Field(
+        (), description="Origins other than the server's (scheme://host[:port], e.g. a CDN) that a plan "
+        "may name for segment downloads; they are fetched without credentials, the sha256 checks them "
+        "(ADR 0020). Any other origin in a plan, and any foreign tail URL, is refused.")
+    answer_max_bytes: int = Field(
+        16 << 20, gt=0, description="Most bytes of one answer (plan, tail result, metadata) after "
+        "content decoding; a longer one is refused.")
+    segment_max_bytes: int = Field(
+        256 << 20, gt=0, description="Most bytes of one segment for the PyTorch device (the ONNX "
+        "device uses OnnxSegmentLimits.max_bytes); a plan announcing more is refused before download.")
+    transfer_deadline_s: float = Field(
+        60.0, gt=0, description="Overall deadline of one transfer (request and whole answer), beyond "
+        "the per-read timeout; a segment download gets its size at transfer_min_rate_bps on top.")
+    transfer_min_rate_bps: float = Field(
+        256e3, gt=0, description="Slowest rate (bit/s) a segment download is given time for: its "
+        "deadline is transfer_deadline_s + size × 8 / this.")
+
     offer_input_image: bool = Field(
         True, description="When classifying one image file, offer the server the image itself as a "
         "PNG (ADR 0014): the planner may then choose to have it uploaded and preprocessed on the "
         "server, when that costs less than running a head here; false: never.")
+
+    @field_validator("trusted_segment_hosts")
+    @classmethod
+    def _origins(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        """Each entry made a canonical origin (``scheme://host:port``); a path or query is refused."""
+        return tuple(dict.fromkeys(origin_of(h, strict=True) for h in hosts))
 
     @field_validator("upload_codings")
     @classmethod

@@ -1,5 +1,9 @@
 """HTTP to the server: retries with exponential backoff and jitter, Retry-After, and rate estimates.
 
+Credentials go to the server's own origin only, and a URL on another origin is refused unless it
+is a segment on a trusted segment host, fetched without them (ADR 0020). Every answer is read in
+small raw pieces, capped after decoding and held to an overall deadline.
+
 Every transfer also feeds a moving average of the channel rate (bits per second), which the
 runtime sends with its next plan request unless the user fixed the rate.
 """
@@ -12,14 +16,62 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from qpart.client.errors import ServerRejectedError, ServerUnavailableError
-from qpart.client.settings import DeviceSettings
+from qpart.client.errors import (
+    AnswerTooLargeError,
+    ForeignOriginError,
+    ServerRejectedError,
+    ServerUnavailableError,
+    TransferDeadlineError,
+)
+from qpart.client.settings import DeviceSettings, origin_of
 
 RETRY_STATUS = {429, 502, 503, 504}
 MIN_RATE_SAMPLE_BYTES = 16 * 1024
+RAW_PIECE_BYTES = 4096
+"""Raw bytes decoded at a time: what one piece can grow to is bounded (gzip: about 4 MB), so the
+cap is checked before a compression bomb fills memory."""
+
+
+class _Pieces(httpx.SyncByteStream):
+    """A response's raw stream cut into pieces of at most :data:`RAW_PIECE_BYTES` before decoding."""
+
+    def __init__(self, inner: httpx.SyncByteStream) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            for start in range(0, len(chunk), RAW_PIECE_BYTES):
+                yield chunk[start:start + RAW_PIECE_BYTES]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def iter_decoded(response: httpx.Response, deadline: float, what: str) -> Iterator[bytes]:
+    """The decoded body of a streamed ``response``, a small piece at a time, until ``deadline``
+    (a :func:`time.monotonic` instant); past it, :class:`TransferDeadlineError`."""
+    if isinstance(response.stream, httpx.SyncByteStream):
+        response.stream = _Pieces(response.stream)
+    for chunk in response.iter_bytes():
+        if time.monotonic() > deadline:
+            raise TransferDeadlineError(f"{what} outlived its deadline (transfer_deadline_s); "
+                                        "the server sends too slowly")
+        yield chunk
+
+
+def read_capped(response: httpx.Response, max_bytes: int, deadline: float, what: str) -> bytes:
+    """The decoded body of a streamed ``response``, refused past ``max_bytes`` or ``deadline``."""
+    body = bytearray()
+    for chunk in iter_decoded(response, deadline, what):
+        body += chunk
+        if len(body) > max_bytes:
+            raise AnswerTooLargeError(f"{what}: the answer is over {max_bytes} bytes once decoded "
+                                      "(answer_max_bytes); refused")
+    return bytes(body)
 
 
 class RateEstimator:
@@ -56,7 +108,7 @@ class RateEstimator:
 def _message(response: httpx.Response) -> str:
     try:
         body = response.json()
-        return str(body.get("error", body)) if isinstance(body, dict) else str(body)
+        return (str(body.get("error", body)) if isinstance(body, dict) else str(body))[:300]
     except ValueError:
         return response.text[:300] or response.reason_phrase
 
@@ -67,13 +119,14 @@ class Transport:
     def __init__(self, settings: DeviceSettings, client: httpx.Client | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.settings = settings
-        headers = {}
-        if settings.token is not None:
-            headers["Authorization"] = f"Bearer {settings.token.get_secret_value()}"
-        self.client = client or httpx.Client(base_url=settings.server, timeout=settings.timeout_s,
-                                             headers=headers)
-        if client is not None:
-            self.client.headers.update(headers)
+        self._credentials: dict[str, str] = {}
+        if settings.token is not None:  # per request, to the server's origin only (ADR 0020)
+            self._credentials["Authorization"] = f"Bearer {settings.token.get_secret_value()}"
+        try:
+            self.origin: str | None = origin_of(settings.server)
+        except ValueError:
+            self.origin = None
+        self.client = client or httpx.Client(base_url=settings.server, timeout=settings.timeout_s)
         self.rate = RateEstimator(settings.rate_smoothing, settings.cache_dir / "rate.json")
         self._sleep = sleep
         self._rng = random.Random()
@@ -100,12 +153,49 @@ class Transport:
                 wait = max(wait, min(seconds, self.settings.max_backoff_s))
         return wait
 
-    def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
-        """Send with retries; raises typed errors for 4xx and for exhausted retries."""
+    def deadline(self, size_bytes: int = 0) -> float:
+        """The :func:`time.monotonic` instant a transfer starting now of ``size_bytes`` must end by."""
+        return (time.monotonic() + self.settings.transfer_deadline_s
+                + size_bytes * 8 / self.settings.transfer_min_rate_bps)
+
+    def _build(self, method: str, url: str, *, segment: bool, headers: dict[str, str] | None = None,
+               **kwargs: Any) -> httpx.Request:
+        """The request, with credentials where it goes to the server's own origin.
+
+        Raises:
+            ForeignOriginError: another origin, unless ``segment`` and it is a trusted segment host.
+        """
+        request = self.client.build_request(method, url, headers=headers, **kwargs)
+        target = request.url
+        try:
+            origin = origin_of(str(target))
+        except ValueError:
+            origin = None
+        if origin is not None and origin == self.origin:
+            request.headers.update(self._credentials)
+        elif not (segment and origin in self.settings.trusted_segment_hosts):
+            what = "a segment" if segment else "the tail upload" if method == "POST" else "a request"
+            raise ForeignOriginError(
+                f"the server's plan sends {what} to {target.scheme}://{target.netloc.decode()}, not to "
+                f"the server's origin {self.origin}; refused (list a segment host in "
+                "QPART_DEVICE_TRUSTED_SEGMENT_HOSTS to fetch segments from it without credentials)")
+        return request
+
+    def check_url(self, url: str, *, segment: bool = False) -> None:
+        """Refuse (:class:`ForeignOriginError`) a URL this device would not send ``segment`` or an
+        upload to, before anything is sent anywhere."""
+        self._build("POST" if not segment else "GET", url, segment=segment)
+
+    def request(self, method: str, url: str, *, segment: bool = False, **kwargs: Any) -> httpx.Response:
+        """Send with retries; raises typed errors for 4xx and for exhausted retries. The answer's
+        body is read whole, capped at ``answer_max_bytes`` once decoded and held to the deadline."""
         last = "no attempt made"
         for attempt in range(self.settings.retries + 1):
+            request = self._build(method, url, segment=segment, **kwargs)
             try:
-                response = self.client.request(method, url, **kwargs)  # type: ignore[arg-type]
+                response = self._send_capped(request)
+            except TransferDeadlineError:
+                raise  # retrying a dripping server would only multiply the wait
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 retry_after = None
@@ -122,8 +212,25 @@ class Transport:
             f"{method} {url} failed after {self.settings.retries + 1} attempts (last: {last}); "
             f"check that the server at {self.settings.server} is up")
 
+    def _send_capped(self, request: httpx.Request) -> httpx.Response:
+        """``request``'s answer with its decoded body read (capped, before the deadline)."""
+        deadline = self.deadline()
+        response = self.client.send(request, stream=True)
+        try:
+            body = read_capped(response, self.settings.answer_max_bytes, deadline,
+                               f"{request.method} {request.url.path}")
+        finally:
+            response.close()
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(response.status_code, headers=headers, content=body, request=request)
+
     @contextmanager
     def stream(self, url: str, headers: dict[str, str]) -> Iterator[httpx.Response]:
-        """One streaming GET (the caller handles resume and retries)."""
-        with self.client.stream("GET", url, headers=headers) as response:
+        """One streaming GET of a segment (the caller handles resume, retries and the deadline):
+        with credentials on the server's origin, without on a trusted segment host."""
+        response = self.client.send(self._build("GET", url, segment=True, headers=headers), stream=True)
+        try:
             yield response
+        finally:
+            response.close()

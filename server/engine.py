@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -19,17 +18,10 @@ from qpart.profiles.devices import DeviceProfile, get_device
 from qpart.profiles.errors import ProfileError
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
 from qpart.server.metrics import Metrics
+from qpart.server.planning.choice import SegmentOffer, ServerPrices, plan_request
 from qpart.server.planning.image_plans import ImagePlans
 from qpart.server.planning.images import INPUT_PNG, ImageTimes
-from qpart.server.planning.planner import (
-    Candidate,
-    PlanInputs,
-    allowed_patterns,
-    best_at_cut,
-    choose,
-    only_lossless,
-    price_options,
-)
+from qpart.server.planning.planner import Candidate, PlanInputs
 from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
 from qpart.server.settings import ServerSettings
 from qpart.server.store.catalog import Catalog, LoadedModel, ModelEntry
@@ -71,18 +63,6 @@ class ModelView:
     answer_bytes: int
     server_decode_s: dict[str, list[float]]  # per upload coding, per cut: a sample's decoding
     upload_batch: dict[str, int] = field(default_factory=dict)  # per pattern id (body limit)
-
-
-def _require_finite(candidates: list[Candidate]) -> None:
-    """Every predicted number must be finite (JSON has no infinity: it would be sent as null)."""
-    for c in candidates:
-        t, e = c.costs.time_s, c.costs.energy_j
-        numbers = (t.local, t.transfer, t.server, t.total, e.local, e.transfer, e.total,
-                   c.costs.server_cost, c.costs.objective)
-        if not all(math.isfinite(x) for x in numbers):
-            raise BadRequestError(
-                f"the plan for cut {c.pattern.cut} prices to a non-finite number: the request's "
-                "rate_bps, weights or device profile figures are too large")
 
 
 class Engine:
@@ -194,36 +174,25 @@ class Engine:
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments),
                             upload_overlap_s=req.upload_overlap_s, upload_codings=req.offered_codings(),
                             upload_rate_bps=req.upload_rate_bps)
-        candidates = []
-        tail_s = self.tails.tail_seconds(model)
-        decode_s = self.decode_seconds(model)
-        answer = self.tails.answer_bytes(model)
+        prices = ServerPrices(self.tails.tail_seconds(model), self.decode_seconds(model),
+                              self.tails.answer_bytes(model))
         segments: dict[str, SegmentEntry | None] = {}
-        for pattern in allowed_patterns(model.artifact, req.accuracy_demand):
+
+        def offer(pattern: Pattern) -> SegmentOffer | None:
             try:
                 entry = segments[pattern.pattern_id] = self.segments.for_pattern(model, pattern, req.runtime)
             except UnprocessableError:
-                continue  # the device's runtime cannot run this cut's head: never offered (ADR 0019)
-            seg_id, size = (entry.segment_id, entry.size) if entry else (None, 0)
-            # Raw and compressed uploads are separate candidates: the cheaper one may miss a
-            # deadline the other meets (compressing can save energy and cost time).
-            tail = tail_s[pattern.cut]
-            decode = {coding: per_cut[pattern.cut] for coding, per_cut in decode_s.items()}
-            options = price_options(model.artifact, pattern, seg_id, size, inputs, tail, answer, decode)
-            candidates += [Candidate(pattern, seg_id, size, costs) for costs in options]
+                return None  # the device's runtime cannot run this cut's head (ADR 0019)
+            return (entry.segment_id, entry.size) if entry else (None, 0)
+
         images = self.images.candidates(model, req.input_image, req.accuracy_demand, req.batch, inputs,
-                                        tail_s[0], answer)
-        for image in images:
-            segments[image.pattern.pattern_id] = None
-        candidates += images
-        _require_finite(candidates)
-        chosen = choose(candidates, req.deadline_s)
-        all_server = best_at_cut(candidates, 0)
-        assert all_server is not None, "cut 0 has no head: every runtime is offered it"
-        choice = PlanChoice(model, chosen, segments[chosen.pattern.pattern_id], all_server,
-                            best_at_cut(candidates, len(model.cuts) - 1), inputs.held,
-                            min(images, key=lambda c: c.costs.objective) if images else None,
-                            upload_batch(self.settings, model, chosen.pattern), only_lossless(candidates))
+                                        prices.tail_s[0], prices.answer_bytes)
+        outcome = plan_request(model.artifact, req.accuracy_demand, req.deadline_s, inputs, prices, offer,
+                               images)
+        chosen = outcome.chosen
+        choice = PlanChoice(model, chosen, segments.get(chosen.pattern.pattern_id), outcome.all_server,
+                            outcome.all_device, inputs.held, outcome.image,
+                            upload_batch(self.settings, model, chosen.pattern), outcome.lossless)
         self.metrics.plan_duration.observe(time.perf_counter() - started)
         self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)

@@ -12,12 +12,19 @@ flushed to disk and renamed over the old one (a reader sees the old file or the 
   published, and the ladder's anchor (where the next level's search starts).
 * ``coding.json``: the upload codings' ratios.
 
+Each file holds ``{"sha256": …, "doc": …}``: the sha256 of the checkpoint's name, the inputs
+record's digest and the document's canonical JSON (:func:`checkpoint_sha256`). A resumed job
+refuses, in one line, a checkpoint whose digest does not match (edited by hand or by a tool that
+does not recompute it, or copied from another job's folder). This is a seal against edits, not a
+signature: whoever can write the folder can recompute the digest (ADR 0021).
+
 The folder is removed once ``artifact.json`` is written.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -30,6 +37,34 @@ from qpart.profiles.artifacts import write_atomic
 CHECKPOINT_DIR = "checkpoint"
 INPUTS = "inputs"
 _SHOWN_CHANGES = 6
+_DIGEST_DOMAIN = b"qpart-checkpoint-v1\0"
+
+
+def canonical_json(doc: Any) -> bytes:
+    """``doc`` as JSON with sorted keys and no spaces: equal documents give equal bytes.
+
+    The document is read back first, so it is sealed as it will be loaded: integer keys become
+    strings (``{2: …, 10: …}`` sorts as ``"10", "2"``), tuples lists."""
+    return json.dumps(json.loads(json.dumps(doc)), sort_keys=True, separators=(",", ":")).encode()
+
+
+def inputs_sha256(inputs: Any) -> str:
+    """sha256 hex of an inputs record's canonical JSON: what every checkpoint is bound to."""
+    return hashlib.sha256(canonical_json(inputs)).hexdigest()
+
+
+def checkpoint_sha256(name: str, bound_to: str, doc: Any) -> str:
+    """sha256 hex of checkpoint ``name``'s document ``doc`` bound to the inputs digest ``bound_to``
+    (``inputs.json`` is bound to its own document's digest).
+
+    It detects an edit of the document, a checkpoint renamed (``cut-0.json`` to ``cut-4.json``) or
+    copied from a job of other inputs. It does not stop a forger who recomputes it: the function
+    is public and takes no secret (ADR 0021)."""
+    hasher = hashlib.sha256(_DIGEST_DOMAIN)
+    for part in (name.encode(), bound_to.encode(), canonical_json(doc)):
+        hasher.update(len(part).to_bytes(8, "little"))
+        hasher.update(part)
+    return hasher.hexdigest()
 
 
 def output_error(action: str, exc: OSError, checkpoints: Path | None = None) -> CalibrationOutputError:
@@ -60,10 +95,12 @@ def check_writable(out_dir: Path) -> None:
 
 
 class Checkpoints:
-    """The checkpoint folder of one job's output folder (see the module doc)."""
+    """The checkpoint folder of one job's output folder (see the module doc), for the inputs whose
+    :func:`inputs_sha256` is ``bound_to``."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, bound_to: str) -> None:
         self.folder = folder
+        self._bound_to = bound_to
 
     @classmethod
     def open(cls, out_dir: Path, inputs: dict[str, Any], *, fresh: bool = False) -> Checkpoints:
@@ -75,7 +112,7 @@ class Checkpoints:
             CalibrationOutputError: ``out_dir`` cannot be created or written.
         """
         folder = out_dir / CHECKPOINT_DIR
-        ck = cls(folder)
+        ck = cls(folder, inputs_sha256(inputs))
         try:
             if fresh and folder.exists():
                 shutil.rmtree(folder)
@@ -90,9 +127,10 @@ class Checkpoints:
     @classmethod
     def refuse_other_inputs(cls, out_dir: Path, inputs: dict[str, Any]) -> Any:
         """The inputs saved in ``out_dir``'s checkpoints (None: none), reading only; raises
-        :class:`CheckpointMismatchError` if they are not ``inputs``. The job asks this before its
-        first long stage, and writes nothing until that stage has read every sample."""
-        ck = cls(out_dir / CHECKPOINT_DIR)
+        :class:`CheckpointMismatchError` if they are not ``inputs``, or if any checkpoint's seal
+        fails. The job asks this before its first long stage, and writes nothing until that stage
+        has read every sample."""
+        ck = cls(out_dir / CHECKPOINT_DIR, inputs_sha256(inputs))
         saved = ck.load(INPUTS) if ck.path(INPUTS).is_file() else None
         canonical = json.loads(json.dumps(inputs))
         if saved is not None and saved != canonical:
@@ -101,6 +139,9 @@ class Checkpoints:
             raise CheckpointMismatchError(
                 f"{ck.folder} holds the checkpoints of a calibration with other inputs (changed: {shown}); "
                 "run again with --fresh to discard them and start afresh, or choose another --out")
+        if saved is not None:  # every seal checked now, not when its stage comes, minutes later
+            for file in sorted(ck.folder.glob("*.json")):
+                ck.load(file.stem)
         return saved
 
     def path(self, name: str) -> Path:
@@ -111,11 +152,12 @@ class Checkpoints:
         """Checkpoint ``name``'s document, or None when it was not written yet.
 
         Raises:
-            CheckpointMismatchError: the file is not JSON (not written by this job).
+            CheckpointMismatchError: the file is not JSON or not a sealed checkpoint (not written by
+                this job), or its digest does not match its content (edited since).
         """
         file = self.path(name)
         try:
-            return json.loads(file.read_bytes())
+            envelope = json.loads(file.read_bytes())
         except FileNotFoundError:
             return None
         except (ValueError, UnicodeDecodeError) as exc:
@@ -124,15 +166,29 @@ class Checkpoints:
                 "discard the checkpoints and start afresh") from exc
         except OSError as exc:
             raise output_error(f"read {file}", exc) from exc
+        if not (isinstance(envelope, dict) and set(envelope) == {"sha256", "doc"}):
+            raise CheckpointMismatchError(
+                f"{file} is not a checkpoint this job wrote (no sha256 seal); run again with --fresh "
+                "to discard the checkpoints and start afresh")
+        doc = envelope["doc"]
+        bound_to = inputs_sha256(doc) if name == INPUTS else self._bound_to
+        if envelope["sha256"] != checkpoint_sha256(name, bound_to, doc):
+            raise CheckpointMismatchError(
+                f"{file} was changed after the job wrote it (its sha256 does not match its content "
+                "and the job's inputs), so it cannot be trusted; run again with --fresh to discard "
+                "the checkpoints and start afresh")
+        return doc
 
     def save(self, name: str, doc: Any) -> None:
-        """Write checkpoint ``name`` atomically.
+        """Write checkpoint ``name`` atomically, sealed with its :func:`checkpoint_sha256`.
 
         Raises:
             CalibrationOutputError: it could not be written (the previous one is still there).
         """
+        bound_to = inputs_sha256(doc) if name == INPUTS else self._bound_to
+        envelope = {"sha256": checkpoint_sha256(name, bound_to, doc), "doc": doc}
         try:
-            write_atomic(self.path(name), json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
+            write_atomic(self.path(name), json.dumps(envelope, indent=None, separators=(",", ":")) + "\n")
         except OSError as exc:
             raise output_error(f"write the checkpoint {self.path(name).name}", exc, self.folder) from exc
 

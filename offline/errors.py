@@ -4,7 +4,7 @@
 
     CalibrationError
     ├── CalibrationConfigError     settings that cannot work (levels out of range, too few samples)
-    │   └── CheckpointMismatchError   the output folder's checkpoints are of other inputs
+    │   └── CheckpointMismatchError   the output folder's checkpoints are of other inputs, or edited
     ├── CalibrationOutputError     the output folder cannot be written (permissions, a full disk)
     ├── InfeasibleLevelError       no pattern, not even the lossless one, meets a level
     ├── WorkerError                a validation worker process could not start or died
@@ -23,7 +23,8 @@ class CalibrationConfigError(CalibrationError, ValueError):
 
 
 class CheckpointMismatchError(CalibrationConfigError):
-    """The output folder holds checkpoints of a job with other inputs (model, data, settings)."""
+    """The output folder holds checkpoints of a job with other inputs (model, data, settings), or a
+    checkpoint that is not one the job wrote: not JSON, or edited since (its sha256 seal fails)."""
 
 
 class CalibrationOutputError(CalibrationError):

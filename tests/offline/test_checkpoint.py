@@ -136,6 +136,13 @@ def test_an_edited_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
     assert "\n" not in message
 
 
+def test_a_document_with_integer_keys_loads_back(tmp_path):
+    """JSON makes integer keys strings, which sort otherwise: the seal is over the loaded form."""
+    ck = Checkpoints.open(tmp_path, {"settings": {"seed": 0}})
+    ck.save("coding", {"zstd": {2: 1.5, 10: 2.5}})
+    assert ck.load("coding") == {"zstd": {"2": 1.5, "10": 2.5}}
+
+
 def test_a_checkpoint_renamed_or_from_other_inputs_is_refused(tmp_path):
     ck = Checkpoints.open(tmp_path / "a", {"settings": {"seed": 0}})
     ck.save("cut-0", {"levels": []})
@@ -166,6 +173,10 @@ def test_a_finished_cut_edited_before_resuming_is_refused_and_not_served(tmp_pat
     for level in sealed.get("doc", sealed)["levels"]:  # (an unsealed record before issue 52)
         level["pattern"].update(activation_bits=1, calib_drop_ub=0.0)
     file.write_text(json.dumps(sealed))
+    inputs = json.loads((out / CHECKPOINT_DIR / "inputs.json").read_text())["doc"]
+    with pytest.raises(CheckpointMismatchError) as refused:  # asked before decoding a sample
+        Checkpoints.refuse_other_inputs(out, inputs)
+    assert str(file) in str(refused.value)
     with pytest.raises(CheckpointMismatchError) as refused:
         calibrate(get_model("fmnist-cnn"), settings(1), out)
     message = str(refused.value)

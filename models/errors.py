@@ -4,8 +4,10 @@
 
     ModelsError
     ├── DatasetError            the dataset is missing or its files are malformed
-    │   ├── ImageFolderError    an ImageFolder with no class folders, or a class with no images
-    │   ├── ImageDecodeError    an image file that cannot be read or decoded (the message names it)
+    │   ├── ImageFolderError    an ImageFolder with no class folders, a class with no images, or a
+    │   │                       link that leads out of its root
+    │   ├── ImageDecodeError    an image file that cannot be read or decoded, is not a regular file
+    │   │                       or is over the size cap (the message names it)
     │   ├── ArrayFileError      an .npz or safetensors file without x/y, or with bad dtypes or shapes
     │   ├── SourceMismatchError calibration and test sources whose class names differ
     │   └── SampleOverlapError  calibration and test sources sharing a sample (equal digests)
@@ -30,11 +32,13 @@ class DatasetError(ModelsError):
 
 
 class ImageFolderError(DatasetError):
-    """An ImageFolder without class folders, or with a class folder holding no image."""
+    """An ImageFolder without class folders, with a class folder holding no image, or with a link
+    (a class folder or an image) whose real path is outside the folder's root."""
 
 
 class ImageDecodeError(DatasetError):
-    """An image file that Pillow cannot open or decode, or one too large to decode."""
+    """An image file that Pillow cannot open or decode, one too large to decode, or one that is not
+    a regular file (a FIFO, a device, a link to one) or is over the per-file size cap."""
 
 
 class ArrayFileError(DatasetError):

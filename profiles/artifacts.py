@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qpart.kernels.coding import Coding
+from qpart.kernels.onnx_format import HeadRuntime
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
 ARTIFACT_SCHEMA_VERSION = 6
@@ -261,6 +262,18 @@ class CalibrationArtifact(_Frozen):
     def pattern(self, pattern_id: str) -> Pattern | None:
         """The pattern with this id, if any."""
         return next((p for p in self.patterns if p.pattern_id == pattern_id), None)
+
+    def runtime_table(self) -> dict[str, dict[str, object]]:
+        """Per device runtime, the cuts calibration found it can run (``cuts``: cut 0 always) and
+        why it cannot run the others (``refused``: cut, as a string, -> reason), from
+        ``cuts[i].runtimes_refused`` (an artifact from before that check lists every cut)."""
+        table: dict[str, dict[str, object]] = {}
+        for runtime in HeadRuntime:
+            refused = {str(i): c.runtimes_refused[runtime.value] for i, c in enumerate(self.cuts)
+                       if i > 0 and runtime.value in c.runtimes_refused}
+            table[runtime.value] = {"cuts": [i for i in range(len(self.cuts)) if str(i) not in refused],
+                                    "refused": refused}
+        return table
 
 
 def _schema1_cut(cut: dict[str, Any]) -> dict[str, Any]:

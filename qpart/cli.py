@@ -129,19 +129,12 @@ def _artifact_facts(folder: Path) -> dict[str, object]:
     """What the artifact in ``folder`` says of its model (None each: no artifact there): the float
     model's top-1 on the calibration's test split, the levels it keeps lossless, and per device
     runtime the cuts calibration found it runs and why not the others (``cuts[i].runtimes_refused``)."""
-    from qpart.kernels.onnx_segment import HeadRuntime
     from qpart.profiles.artifacts import ARTIFACT_FILE, load_artifact
 
     if not (folder / ARTIFACT_FILE).is_file():
         return {"lossless_only_levels": None, "runtimes": None, "calibration_test_accuracy": None}
     artifact = load_artifact(folder)
-    runtimes: dict[str, object] = {}
-    for runtime in HeadRuntime:
-        refused = {str(i): c.runtimes_refused[runtime.value] for i, c in enumerate(artifact.cuts)
-                   if i > 0 and runtime.value in c.runtimes_refused}
-        runtimes[runtime.value] = {"cuts": [i for i in range(len(artifact.cuts)) if str(i) not in refused],
-                                   "refused": refused}
-    return {"lossless_only_levels": artifact.lossless_levels, "runtimes": runtimes,
+    return {"lossless_only_levels": artifact.lossless_levels, "runtimes": artifact.runtime_table(),
             "calibration_test_accuracy": artifact.fp32_test_accuracy}
 
 

@@ -49,16 +49,9 @@ def refused_reason(model: LoadedModel, cut: int, runtime: HeadRuntime) -> str | 
 
 
 def runtime_table(model: LoadedModel) -> dict[str, dict[str, object]]:
-    """Per device runtime, the cuts calibration found it can run (``cuts``: cut 0 always) and why
-    it cannot run the others (``refused``: cut -> reason), from the artifact's
-    ``cuts[i].runtimes_refused`` (an artifact from before that check lists every cut)."""
-    table: dict[str, dict[str, object]] = {}
-    for runtime in HeadRuntime:
-        refused = {cut: reason for cut in range(1, len(model.cuts))
-                   if (reason := refused_reason(model, cut, runtime)) is not None}
-        table[runtime.value] = {"cuts": [c for c in range(len(model.cuts)) if c not in refused],
-                                "refused": {str(c): r for c, r in refused.items()}}
-    return table
+    """Per device runtime, the cuts it runs and why not the others
+    (:meth:`CalibrationArtifact.runtime_table`)."""
+    return model.artifact.runtime_table()
 
 
 class SegmentIndex:

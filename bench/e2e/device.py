@@ -116,8 +116,9 @@ def device_profile(name: str, models: list[ModelView]) -> tuple[DeviceProfile, d
 
 
 # Seconds of interleaved timing rounds per re-profile (models.timing.interleaved_medians). In the
-# run before (e2e.json at b90a80c) one profile of 9 calls per cut read the CNN at 0.905 ms on this
-# machine; the cell that followed took a median 1.267 ms, and the planner lost 25.1% there.
+# run before (bench/results/e2e.json at b90a80c, in git history) one profile of 9 calls per cut
+# read the CNN at 0.905 ms on this machine; the cell that followed took a median 1.267 ms, and the
+# planner lost 25.1% there.
 PROFILE_SECONDS = {"head": 2.0, "encode": 0.5, "coding": 1.0}  # coding: deflate and zstd, 0.5 s before
 
 

@@ -69,7 +69,7 @@ def probe_exchange(client: httpx.Client, url: str, model: ModelView, image: np.n
     A probe of the unshaped link missed what the link itself hides: it priced the exchanges
     of the previous full run 1.7 ms (1 Mbit/s) and 0.3 ms (5 Mbit/s) above what their measured
     cut-0 exchanges implied (medians over each rate's 24 cells, ``bench/results/e2e.json`` as of
-    ec5b1b3).
+    ec5b1b3, in git history).
     """
     cut0 = [p for p in model.patterns if p["cut"] == 0]
     pair = [min(cut0, key=lambda p: p["activation_bits"]), max(cut0, key=lambda p: p["activation_bits"])]

@@ -1,6 +1,6 @@
 """How much of a grid's mean regret its noise alone makes (issue 27, item 1).
 
-``python -m bench.e2e.analyses.regret_noise bench/results/e2e-01785b1.json --json OUT``
+``python -m bench.e2e.analyses.regret_noise bench/runs/RAW.json --json OUT`` (a raw grid of ``bench.e2e``)
 
 A cell's regret (:mod:`bench.e2e.repetitions`) is the planner's median ``J`` over the smallest
 median ``J`` among the strategies that keep the demand, minus 1. The smallest is picked from the

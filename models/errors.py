@@ -17,6 +17,8 @@
     ├── LabelsError             label names that are malformed, or not one per logit or per class
     ├── UnknownModelError       a model name that is not registered
     ├── ModelLoadError          weights file missing, unreadable or not matching the architecture
+    │   └── RegistryError       a registry file that is malformed, lists a name twice or names a
+    │                           built-in model (a registry cannot replace one)
     └── PartitionError          a cut index outside the legal cuts, or a graph that cannot be traced
 """
 
@@ -72,6 +74,12 @@ class UnknownModelError(ModelsError, KeyError):
 
 class ModelLoadError(ModelsError):
     """A weights file that is missing, unreadable or does not fit the architecture."""
+
+
+class RegistryError(ModelLoadError):
+    """A model registry file (``$QPART_MODEL_REGISTRY``) that is malformed, lists a name twice or
+    gives a name ``qpart models register`` refuses, such as a built-in model's: the file is refused
+    as a whole, never merged over the built-in models."""
 
 
 class PartitionError(ModelsError):

@@ -3,7 +3,9 @@ and a card that declares, once, the model's preprocessing and label names.
 
 Built-in entries are the reference models whose trained weights live in ``models/zoo/``. More
 entries come from a JSON registry file (``$QPART_MODEL_REGISTRY``), written by
-``qpart models register``; nothing is ever unpickled: weights load through safetensors only.
+``qpart models register``; a registry file that names a built-in model is refused, never merged
+over it. Listing reads files only: a factory is imported when a model is built. Nothing is ever
+unpickled: weights load through safetensors only.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from qpart.models.errors import LabelsError, ModelLoadError, PreprocessError, UnknownModelError
+from qpart.models.errors import (
+    LabelsError,
+    ModelLoadError,
+    PreprocessError,
+    RegistryError,
+    UnknownModelError,
+)
 from qpart.models.partition import legal_cuts
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 
@@ -33,6 +41,12 @@ _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 MAX_LABELS = 100_000
 MAX_LABEL_CHARS = 200
+# name -> (factory, input shape): the reference models, whose names no registry file may take.
+_BUILTIN: dict[str, tuple[str, tuple[int, ...]]] = {
+    "fmnist-cnn": ("qpart.models.architectures:fmnist_cnn", (1, 28, 28)),
+    "fmnist-resnet": ("qpart.models.architectures:fmnist_resnet", (1, 28, 28)),
+    "fmnist-mobilenet": ("qpart.models.mobilenet:fmnist_mobilenet", (3, 64, 64)),
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,8 @@ def import_factory(path: str) -> Callable[[], nn.Module]:
     except ImportError as exc:
         raise ModelLoadError(
             f"cannot import '{module_name}' for factory '{path}': {exc}; make the package that holds "
-            f"it importable here (pip install -e DIR, or PYTHONPATH=DIR)") from exc
+            f"it importable here (pip install -e DIR, or PYTHONPATH=DIR: qpart does not import from "
+            f"the working directory)") from exc
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ModelLoadError(f"'{func_name}' in '{module_name}' is not a callable factory")
@@ -128,15 +143,15 @@ def _card(name: str) -> dict[str, object]:
     return {}
 
 
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is a built-in reference model's (no registry file may take it)."""
+    return name in _BUILTIN
+
+
 def _builtin() -> dict[str, ModelSpec]:
-    entries = {
-        "fmnist-cnn": ("qpart.models.architectures:fmnist_cnn", (1, 28, 28)),
-        "fmnist-resnet": ("qpart.models.architectures:fmnist_resnet", (1, 28, 28)),
-        "fmnist-mobilenet": ("qpart.models.mobilenet:fmnist_mobilenet", (3, 64, 64)),
-    }
     return {
         name: ModelSpec(name, factory, shape, ZOO_DIR / f"{name}.safetensors", _card(name))
-        for name, (factory, shape) in entries.items()
+        for name, (factory, shape) in _BUILTIN.items()
     }
 
 
@@ -146,36 +161,75 @@ def registry_path() -> Path | None:
     return Path(value) if value else None
 
 
-def _user_entries() -> dict[str, ModelSpec]:
-    path = registry_path()
-    if path is None or not path.is_file():
-        return {}
+def _entry_spec(entry: Mapping[str, object], folder: Path) -> ModelSpec:
+    """One registry entry as a spec; a relative weights path is read from the registry's ``folder``
+    (never from the working directory)."""
+    name, factory, shape = entry["name"], entry["factory"], entry["input_shape"]
+    card = entry.get("card", {})
+    if not isinstance(name, str) or not isinstance(factory, str) or not isinstance(card, Mapping):
+        raise TypeError(f"entry {entry.get('name')!r}: name and factory must be strings, card an object")
+    if not isinstance(shape, list):
+        raise TypeError(f"entry '{name}': input_shape must be a list of sizes")
+    weights = Path(str(entry["weights"]))
+    return ModelSpec(name, factory, tuple(int(d) for d in shape),
+                     weights if weights.is_absolute() else folder / weights, dict(card))
+
+
+def read_registry(path: Path) -> dict[str, ModelSpec]:
+    """The models the registry file ``path`` lists, by name; nothing is imported.
+
+    Raises:
+        RegistryError: the file is malformed, lists a name twice, gives a name ``qpart models
+            register`` would refuse, or names a built-in model (a registry cannot replace one).
+    """
     try:
         raw = json.loads(path.read_text())
-        return {
-            e["name"]: ModelSpec(
-                e["name"], e["factory"], tuple(int(d) for d in e["input_shape"]),
-                Path(e["weights"]), dict(e.get("card", {})),
-            )
-            for e in raw["models"]
-        }
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"model registry {path} is malformed: {exc}") from exc
+        specs = [_entry_spec(e, path.parent) for e in raw["models"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RegistryError(f"model registry {path} is malformed: {exc}") from exc
+    entries: dict[str, ModelSpec] = {}
+    for spec in specs:
+        if is_builtin(spec.name):
+            raise RegistryError(
+                f"model registry {path} names '{spec.name}', a built-in reference model; a registry "
+                f"cannot replace one: rename that entry (qpart models register --name NEW) or remove it")
+        if not _NAME_RE.match(spec.name):
+            raise RegistryError(f"model registry {path}: model name {spec.name!r} must match "
+                                f"{_NAME_RE.pattern}")
+        if spec.name in entries:
+            raise RegistryError(f"model registry {path} lists '{spec.name}' twice; keep one entry")
+        entries[spec.name] = spec
+    return entries
+
+
+def _user_entries() -> dict[str, ModelSpec]:
+    path = registry_path()
+    return read_registry(path) if path is not None and path.is_file() else {}
 
 
 def list_models() -> list[ModelSpec]:
-    """Every registered model, built-in first."""
-    merged = _builtin()
-    merged.update(_user_entries())
-    return list(merged.values())
+    """Every registered model, built-in first. Only files are read: no factory is imported (a
+    spec's :meth:`ModelSpec.build` and :meth:`ModelSpec.load` import it).
+
+    Raises:
+        RegistryError: the registry file is malformed or names a built-in model.
+    """
+    return [*_builtin().values(), *_user_entries().values()]
 
 
 def get_model(name: str) -> ModelSpec:
-    """The spec of a registered model, or :class:`UnknownModelError` naming the known ones."""
-    for spec in list_models():
+    """The spec of a registered model, or :class:`UnknownModelError` naming the known ones.
+
+    Raises:
+        UnknownModelError: no model of that name.
+        RegistryError: the registry file is malformed or names a built-in model; refused even for
+            a built-in name, so that a shadowing file is never used silently.
+    """
+    models = list_models()
+    for spec in models:
         if spec.name == name:
             return spec
-    known = ", ".join(s.name for s in list_models())
+    known = ", ".join(s.name for s in models)
     path = registry_path()
     where = (f"{REGISTRY_ENV} is not set: set it to the registry file qpart models register wrote"
              if path is None else f"your own models are read from {path} ({REGISTRY_ENV})")
@@ -230,11 +284,18 @@ def register_model(
     preprocess: PreprocessSpec | None = None, labels: Sequence[str] | None = None,
 ) -> ModelSpec:
     """Add (or replace) a user model in the registry file ``path``, checking it loads, takes the
-    preprocessed sample, gives one logit per label and traces; nothing is written on a failure."""
+    preprocessed sample, gives one logit per label and traces; nothing is written on a failure.
+    The card records the model's parameter and legal-cut counts, so that listing never imports it.
+
+    Raises:
+        RegistryError: ``path`` exists and is malformed or names a built-in model.
+    """
     if not _NAME_RE.match(name):
         raise ModelLoadError(f"model name '{name}' must match {_NAME_RE.pattern}")
-    if name in _builtin():
+    if is_builtin(name):
         raise ModelLoadError(f"'{name}' is a built-in reference model; choose another name")
+    if path.is_file():
+        read_registry(path)  # a registry that shadows a built-in is not extended either
     names = None if labels is None else check_labels(list(labels), f"labels of '{name}'")
     card: dict[str, object] = {}
     if preprocess is not None:
@@ -245,14 +306,13 @@ def register_model(
     model = spec.load()
     check_declaration(model, name, input_shape, preprocess, names)
     # Checked before the registry is written: a model the partitioner cannot cut is never listed.
-    legal_cuts(model, input_shape)
+    cuts = legal_cuts(model, input_shape)
+    card.update(params=sum(int(p.numel()) for p in model.parameters()), legal_cuts=len(cuts))
+    spec = replace(spec, card=card)
     entries = json.loads(path.read_text())["models"] if path.is_file() else []
     entries = [e for e in entries if e["name"] != name]
-    entry: dict[str, object] = {"name": name, "factory": factory, "input_shape": list(input_shape),
-                                "weights": str(spec.weights)}
-    if card:
-        entry["card"] = card
-    entries.append(entry)
+    entries.append({"name": name, "factory": factory, "input_shape": list(input_shape),
+                    "weights": str(spec.weights), "card": card})
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"models": entries}, indent=2) + "\n")
     tmp.replace(path)

@@ -19,6 +19,7 @@ from qpart.server.settings import ServerSettings
 
 if TYPE_CHECKING:
     from qpart.models.preprocess import PreprocessSpec
+    from qpart.models.registry import ModelSpec
 
 app = typer.Typer(
     help="QPART serving: plan, quantize and split inference between edge devices and a server.",
@@ -89,29 +90,29 @@ def models_list(
     version: VersionOpt = False,
 ) -> None:
     """List registered models: test accuracy, number of legal cuts and parameters, and the levels
-    its artifact keeps lossless-only (float32, untested: calibrate --uncertified lossless)."""
+    its artifact keeps lossless-only (float32, untested: calibrate --uncertified lossless).
+    Your own models' factories are not imported: their counts are those registration recorded."""
     if ctx.invoked_subcommand is not None:
         return
-    from qpart.models.partition import legal_cuts
     from qpart.models.registry import list_models
     from qpart.offline.sizing import percent
 
     rows = []
     for spec in list_models():
-        model = spec.load() if spec.weights.is_file() else spec.build().eval()
+        facts = _artifact_facts(artifacts / spec.name)
         rows.append({
             "name": spec.name,
             "test_accuracy": spec.card.get("test_accuracy"),
             "trained": spec.weights.is_file(),
             "input_shape": list(spec.input_shape),
-            "cuts": len(legal_cuts(model, spec.input_shape)),
-            "params": sum(int(p.numel()) for p in model.parameters()),
-            **_artifact_facts(artifacts / spec.name),
+            **_model_sizes(spec, facts.pop("artifact_cuts")),
+            **facts,
         })
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
+        row.update({k: "?" for k in ("cuts", "params") if row[k] is None})  # an entry from before counts
         accuracy = row["test_accuracy"] if row["trained"] else "untrained"
         if accuracy is None and row["calibration_test_accuracy"] is not None:  # a user's model
             accuracy = f"{row['calibration_test_accuracy']:.4f} (calibration's test split)"
@@ -125,17 +126,33 @@ def models_list(
         typer.echo(f"{row['name']:<20} acc={accuracy}  cuts={row['cuts']}  params={row['params']}{note}")
 
 
+def _model_sizes(spec: ModelSpec, artifact_cuts: object) -> dict[str, object]:
+    """A listed model's legal cuts and parameters. A built-in model is built (its code is ours); a
+    registered one is never imported by a listing (its factory runs when it is built to calibrate or
+    serve): its card's counts, which registration records, else its artifact's cuts (None: neither)."""
+    from qpart.models.partition import legal_cuts
+    from qpart.models.registry import is_builtin
+
+    if not is_builtin(spec.name):
+        return {"cuts": spec.card.get("legal_cuts", artifact_cuts), "params": spec.card.get("params")}
+    model = spec.load() if spec.weights.is_file() else spec.build().eval()
+    return {"cuts": len(legal_cuts(model, spec.input_shape)),
+            "params": sum(int(p.numel()) for p in model.parameters())}
+
+
 def _artifact_facts(folder: Path) -> dict[str, object]:
     """What the artifact in ``folder`` says of its model (None each: no artifact there): the float
-    model's top-1 on the calibration's test split, the levels it keeps lossless, and per device
-    runtime the cuts calibration found it runs and why not the others (``cuts[i].runtimes_refused``)."""
+    model's top-1 on the calibration's test split, the levels it keeps lossless, per device runtime
+    the cuts calibration found it runs and why not the others (``cuts[i].runtimes_refused``), and
+    its number of cuts (``artifact_cuts``)."""
     from qpart.profiles.artifacts import ARTIFACT_FILE, load_artifact
 
     if not (folder / ARTIFACT_FILE).is_file():
-        return {"lossless_only_levels": None, "runtimes": None, "calibration_test_accuracy": None}
+        return {"lossless_only_levels": None, "runtimes": None, "calibration_test_accuracy": None,
+                "artifact_cuts": None}
     artifact = load_artifact(folder)
     return {"lossless_only_levels": artifact.lossless_levels, "runtimes": artifact.runtime_table(),
-            "calibration_test_accuracy": artifact.fp32_test_accuracy}
+            "calibration_test_accuracy": artifact.fp32_test_accuracy, "artifact_cuts": len(artifact.cuts)}
 
 
 @models_app.command("register")

@@ -41,9 +41,10 @@ def user(tmp_path) -> Path:
 
 
 def register(folder: Path, *args: str):
+    # On PYTHONPATH as the guide says: qpart does not import a factory from the working directory.
     return qpart("models", "register", "--name", "mine", "--factory", "mynets:rgb", "--weights",
                  str(folder / "w.safetensors"), "--registry", str(folder / "registry.json"), *args,
-                 cwd=folder)
+                 cwd=folder, env={"PYTHONPATH": os.pathsep.join((str(REPO), str(folder)))})
 
 
 def test_register_records_the_preprocessing_and_labels_given_as_flags(user):

@@ -1,17 +1,26 @@
 """Connection limits in the HTTP protocol itself, before any request reaches the app: the size of a
-request's head (431), the time to send it (408), and how many connections may be open at once.
+request's head (431), the time to send it (408), and how many connections may be open at once; and
+how connections end in a drain (every answer says ``connection: close``, none is cut unanswered).
 
 uvicorn's httptools protocol bounds none of these: a head is fed to the parser however large it
 grows (httptools joins a split header value by concatenation, so time grows with its square), a
 connection that sends nothing or trickles its head is never timed out, and connections are
 accepted until file descriptors run out. :func:`guarded_protocol` returns its subclass with them.
+
+uvicorn's shutdown closes an idle keep-alive connection at once, and so resets a request its client
+has just written (issue 52, finding 11): here a connection is closed only after an answer saying so,
+or by its keep-alive timer with nothing unread (ADR 0022).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
+import struct
+import termios
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,6 +45,21 @@ class ConnectionLimits:
     max_connections: int
 
 
+@dataclass
+class Drain:
+    """Whether the server is draining: set once, on the first SIGTERM/SIGINT, never cleared."""
+
+    started: bool = False
+
+    def begin(self, connections: Iterable[object]) -> None:
+        """Start the drain (on the event loop): every answer from now on says
+        ``connection: close``, those in flight included where their head is still to be sent."""
+        self.started = True
+        for connection in list(connections):
+            if isinstance(connection, GuardedProtocol):
+                connection.shutdown()
+
+
 def _answer(status: int, reason: str, message: str) -> bytes:
     body = json.dumps({"error": message}).encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
@@ -52,6 +76,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits]
     counts: ClassVar[ConnectionCounts]
+    drain: ClassVar[Drain]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -125,6 +150,8 @@ class GuardedProtocol(HttpToolsProtocol):
                          "retry later")
             return
         super().on_headers_complete()
+        if (self.drain.started or self._probe_only) and self.cycle is not None:
+            self.cycle.keep_alive = False  # the answer says connection: close, then it closes
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -140,6 +167,31 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self._probe_only and not self.transport.is_closing():
             self.transport.close()  # its slot is the probes' reserve, not a keep-alive
+
+    def shutdown(self) -> None:
+        """End the connection gracefully (uvicorn calls this when it closes the listener; the drain
+        at its start): a request in flight whose answer has not begun is answered with
+        ``connection: close``. An idle connection is left open (uvicorn closes it at once, and a
+        request its client is writing meanwhile is reset unanswered): its next request is answered
+        with ``connection: close`` as :attr:`drain` says, or its keep-alive timer closes it."""
+        if self.cycle is not None and not self.cycle.response_started:
+            self.cycle.keep_alive = False
+
+    def timeout_keep_alive_handler(self) -> None:
+        # A request that arrived after the loop last polled this socket is unread but not lost:
+        # read and answer it rather than reset it with the close.
+        if not self.transport.is_closing() and self._unread_bytes() == 0:
+            self.transport.close()
+
+    def _unread_bytes(self) -> int:
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return 0
+        try:
+            buffer = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return 0
+        return int(struct.unpack("i", buffer)[0])
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
@@ -168,7 +220,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(limits: ConnectionLimits, counts: ConnectionCounts) -> type[GuardedProtocol]:
+def guarded_protocol(limits: ConnectionLimits, counts: ConnectionCounts,
+                     drain: Drain | None = None) -> type[GuardedProtocol]:
     """A :class:`GuardedProtocol` class bound to ``limits`` (uvicorn builds one per connection)
-    whose connections add to ``counts``."""
-    return type("QpartHttpProtocol", (GuardedProtocol,), {"limits": limits, "counts": counts})
+    whose connections add to ``counts`` and close as ``drain`` says."""
+    return type("QpartHttpProtocol", (GuardedProtocol,),
+                {"limits": limits, "counts": counts, "drain": drain or Drain()})

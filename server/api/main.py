@@ -1,15 +1,20 @@
 """Running the server under uvicorn with a graceful drain on SIGTERM/SIGINT.
 
-On the first signal readiness turns 503 at once, the server keeps serving for
-``drain_delay_s`` (so load balancers stop sending), then uvicorn stops accepting and waits at most
-``graceful_timeout_s`` for in-flight requests.
+On the first signal readiness turns 503 at once and every answer says ``connection: close``; the
+server keeps serving for ``drain_delay_s`` (so load balancers stop sending), then uvicorn stops
+accepting and waits at most ``graceful_timeout_s`` for in-flight requests and for kept-alive
+connections to end (after an answer that says so, or by their keep-alive timer): no request is cut
+unanswered (ADR 0022).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import resource
+import socket
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -19,7 +24,8 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from qpart.server.api.app import create_app
-from qpart.server.api.connections import PROBE_RESERVE, ConnectionLimits, guarded_protocol
+from qpart.server.api.connections import PROBE_RESERVE, ConnectionLimits, Drain, guarded_protocol
+from qpart.server.api.listeners import empty_listeners
 from qpart.server.engine import Engine
 from qpart.server.metrics import ConnectionCounts
 from qpart.server.settings import ServerSettings
@@ -30,10 +36,11 @@ log = logging.getLogger(__name__)
 class DrainingServer(uvicorn.Server):
     """uvicorn server whose exit signal first flips readiness, then stops after a delay."""
 
-    def __init__(self, config: uvicorn.Config, drain_delay_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, drain_delay_s: float, drain: Drain | None = None) -> None:
         super().__init__(config)
         self._drain_delay_s = drain_delay_s
         self._draining = False
+        self._drain = drain or Drain()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         engine = _engine_of(self.config.loaded_app)
@@ -42,10 +49,19 @@ class DrainingServer(uvicorn.Server):
             return
         self._draining = True
         engine.draining = True
+        self._drain.started = True
+        # The connections are the loop's: end them from it, not from inside a signal handler.
+        with contextlib.suppress(RuntimeError):  # no loop yet: nothing is connected
+            asyncio.get_running_loop().call_soon_threadsafe(self._drain.begin, self.server_state.connections)
         log.info("signal %s: readiness is now 503; stopping in %.1f s", sig, self._drain_delay_s)
         timer = threading.Timer(self._drain_delay_s, self._stop)
         timer.daemon = True
         timer.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn closes the listeners first: have them accept what is queued, and no more, before.
+        await empty_listeners(self.servers)
+        await super().shutdown(sockets)
 
     def _stop(self) -> None:
         # Not super().handle_exit: uvicorn (>= 0.29) records the signal there and raises it again
@@ -101,10 +117,11 @@ def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = 
     _ensure_descriptors(settings.max_connections + PROBE_RESERVE + _SPARE_DESCRIPTORS)
     engine_app = _app_of(app)
     counts = engine_app.state.metrics.connections if engine_app is not None else ConnectionCounts()
+    drain = Drain()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            http=guarded_protocol(limits, counts),
+                            http=guarded_protocol(limits, counts, drain),
                             timeout_keep_alive=settings.keepalive_timeout_s,
                             # uvicorn reads None as "wait forever": always pass a bound.
                             timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),
                             access_log=False, lifespan="on", proxy_headers=settings.proxy_headers)
-    DrainingServer(config, settings.drain_delay_s).run()
+    DrainingServer(config, settings.drain_delay_s, drain).run()

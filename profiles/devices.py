@@ -25,6 +25,10 @@ from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError
 DEVICES_DIR = Path(__file__).resolve().parent / "devices"
 DEVICE_SCHEMA_VERSION = 2
 _SCHEMA1_TIMES = {"deflate_s": Coding.DEFLATE, "zstd_s": Coding.ZSTD}  # schema 1's fields
+MAX_CUTS = 256
+"""The most cuts a profile's per-cut lists may hold: the shipped models have 9 to 35 legal cuts.
+An inline profile is request data, parsed on the server's event loop: every list has a bound."""
+MAX_NAME = 64  # a model name or version, as a plan request names them
 
 
 class EnergyModel(StrEnum):
@@ -48,16 +52,16 @@ class MeasuredHeads(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: str = Field(description="Model version the times were measured for.")
+    version: str = Field(max_length=MAX_NAME, description="Model version the times were measured for.")
     # Bounded (an hour per head) so that every price stays finite: an inline profile is request data.
     head_s: list[Annotated[float, Field(ge=0, le=3600)]] = Field(
-        description="Seconds to run the head of each cut (index = cut index), batch 1."
+        max_length=MAX_CUTS, description="Seconds to run the head of each cut (index = cut index), batch 1."
     )
     encode_s: list[Annotated[float, Field(ge=0, le=3600)]] = Field(
-        default_factory=list,
+        default_factory=list, max_length=MAX_CUTS,
         description="Seconds to quantize and pack the activation of each cut (8 bits, batch 1); "
                     "empty when not measured.")
-    coding_s: dict[Coding, Annotated[list[CodingTimes], Field(max_length=256)]] = Field(
+    coding_s: dict[Coding, Annotated[list[CodingTimes], Field(max_length=MAX_CUTS)]] = Field(
         default_factory=dict,
         description="Per upload coding (kernels.coding): seconds to compress an upload per cut "
                     "(index = cut index) and activation bits (1..8, 32), batch 1. A coding absent: "
@@ -110,7 +114,7 @@ class DeviceProfile(BaseModel):
     schema_version: Literal[2] = 2
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = Field(default="", max_length=500)
-    sources: list[str] = Field(default_factory=list, max_length=20,
+    sources: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=20,
                                description="Where the figures come from.")
     flops_per_s: float = Field(ge=1e3, le=1e15, description="Sustained FLOP/s for CNN inference, batch 1.")
     power_compute_w: float = Field(gt=0, le=1e3, description="Power drawn while computing (W).")
@@ -120,7 +124,7 @@ class DeviceProfile(BaseModel):
     kappa: float = Field(default=3e-27, ge=0, le=1e-20, description="Switched capacitance (J/Hz^2/cycle).")
     cycles_per_flop: float = Field(default=5.0, gt=0, le=1e4, description="gamma_local of QPART.")
     rtt_s: float = Field(default=0.01, ge=0, le=10, description="Round-trip time to the server (s).")
-    measured: dict[str, MeasuredHeads] = Field(
+    measured: dict[Annotated[str, Field(max_length=MAX_NAME)], MeasuredHeads] = Field(
         default_factory=dict, max_length=64, description="Per model: head times measured on the device."
     )
 

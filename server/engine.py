@@ -111,13 +111,15 @@ class Engine:
         is down."""
         return self.not_ready_reason() is None
 
-    def not_ready_reason(self) -> str | None:
-        """Why the server is not ready (None: it is)."""
+    def not_ready_reason(self, *, name_models: bool = True) -> str | None:
+        """Why the server is not ready (None: it is); without ``name_models``, the reason counts
+        the models it concerns instead of naming them (a caller who may not see model names)."""
         if self.draining:
             return "draining"
         stalled = self.tails.stalled_models()
         if stalled:
-            return f"tail inference of {', '.join(sorted(stalled))} is restarting"
+            which = ", ".join(sorted(stalled)) if name_models else f"{len(stalled)} model(s)"
+            return f"tail inference of {which} is restarting"
         if not any(e.ready for e in self.catalog.entries):
             return "no model is ready"
         return None

@@ -55,9 +55,19 @@ class ForbiddenError(ClientError):
 
 
 class NotFoundError(ClientError):
-    """Unknown model, version, pattern, segment or route."""
+    """Unknown model, version, pattern, segment or route.
+
+    ``listing`` names what there is instead (the served models, a model's versions): it follows
+    the message for a caller who may see model names, and is left out for one who may not
+    (``QPART_PROTECT_MODELS`` without the token, ADR 0009); ``bare`` is the message without it.
+    """
 
     status = 404
+
+    def __init__(self, message: str, *, listing: str = "") -> None:
+        super().__init__(f"{message}; {listing}" if listing else message)
+        self.bare = message
+        self.listing = listing
 
 
 class RequestTimeoutError(ClientError):

@@ -23,6 +23,11 @@ class ServerSettings(BaseSettings):
         4096 * 4096, ge=1, le=1 << 26, description="Most pixels of an input image (ADR 0014) the "
         "server decodes; a larger one is refused from its PNG header, and never planned (at most "
         "2^26, under Pillow's own decompression-bomb bound).")
+    max_plan_body_bytes: int = Field(
+        1 << 20, ge=64 << 10, description="Largest accepted plan request body (413 above; at most "
+        "QPART_MAX_BODY_BYTES): a plan is small, and its JSON is parsed on the event loop, so an 8 MiB "
+        "one held every request for a tenth of a second. An inline device profile fits with the "
+        "times of 16 models of 256 cuts.")
     body_timeout_s: float = Field(10.0, gt=0, description="Time allowed to receive a request body (408).")
     request_timeout_s: float = Field(30.0, gt=0, description="Per-request processing timeout (504).")
     segment_cache_bytes: int = Field(64 << 20, ge=0, description="Byte budget of cached head segments.")
@@ -48,11 +53,16 @@ class ServerSettings(BaseSettings):
     metrics_created: bool = Field(
         False, description="Export the `_created` series of counters and histograms on /metrics "
                            "(off: fewer series; Prometheus does not need them).")
+    api_docs: bool = Field(
+        False, description="Serve the interactive API pages /docs and /redoc (they load Swagger UI and "
+                           "ReDoc from a CDN into the browser); off: the OpenAPI document at "
+                           "/openapi.json only.")
     public_url: str = Field("", description="Base URL put into segment links (default: relative URLs).")
     protect_models: bool = Field(
-        True, description="With QPART_AUTH_TOKEN set, segment downloads and model listings and metadata "
-                          "need the token too (a level-0 segment is the whole model's weights); false: "
-                          "they are public. Health and readiness stay public (ADR 0009).")
+        True, description="With QPART_AUTH_TOKEN set, segment downloads, model listings and metadata, and "
+                          "/metrics (its labels name every model and version) need the token too (a "
+                          "level-0 segment is the whole model's weights); false: they are public. Health "
+                          "and readiness stay public, naming no model but the one asked for (ADR 0009).")
     max_header_bytes: int = Field(
         64 << 10, ge=1024, le=16 << 20, description="Largest request line plus headers; above it the "
                                                     "server answers 431 and closes the connection.")

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qpart.server.api import paths
+from qpart.server.api.deps import require_model_token
 from qpart.server.api.device_page import device_router
 from qpart.server.api.fastpath import InferFastPath
 from qpart.server.api.http_errors import install_error_handlers
@@ -75,6 +76,13 @@ def create_app(settings: ServerSettings) -> FastAPI:
         version=SERVER_VERSION,
         summary="Plans, quantized head segments and tail inference for edge devices.",
         lifespan=lifespan,
+        # Swagger UI and ReDoc load their scripts from a CDN into the browser: off unless asked for
+        # (QPART_API_DOCS); /openapi.json is always served.
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
+        # Starlette's slash redirect writes the request's Host header into Location; no route here
+        # needs it (the device page redirects /device itself, to a path without a host).
+        redirect_slashes=False,
         # Off by default (Prometheus at /metrics is the server's telemetry): FastAPI's check for
         # configured OpenTelemetry providers costs every request a few microseconds.
         telemetry={"tracing": settings.opentelemetry, "metrics": settings.opentelemetry,
@@ -100,7 +108,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.get(paths.METRICS.template, include_in_schema=False)
+    # Its labels name every model and version: the token, as for model listings (ADR 0009).
+    @app.get(paths.METRICS.template, include_in_schema=False, dependencies=[Depends(require_model_token)])
     def prometheus_metrics(request: Request) -> Response:
         engine: Engine | None = getattr(request.app.state, "engine", None)
         if engine is not None:
@@ -127,7 +136,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
             inner = InferFastPath(inner, state=app.state)
         return LimitsMiddleware(inner, max_body_bytes=settings.max_body_bytes,
                                 body_timeout_s=settings.body_timeout_s, metrics=metrics,
-                                known_models=known_models)
+                                known_models=known_models,
+                                route_body_bytes={"plan": (settings.max_plan_body_bytes,
+                                                           "QPART_MAX_PLAN_BODY_BYTES")})
 
     app.build_middleware_stack = outermost  # type: ignore[method-assign]
     return app

@@ -49,11 +49,20 @@ async def require_token(request: Request) -> None:
         raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
 
 
+def models_visible(request: Request) -> bool:
+    """Whether the caller may see the served models' names and versions: always, unless
+    ``QPART_PROTECT_MODELS`` is on and a token is set, and then with the token (ADR 0009)."""
+    settings = request.app.state.settings
+    authorization = request.headers.get("authorization", "")
+    return not settings.protect_models or bearer_ok(settings.auth_token, authorization)
+
+
 async def require_model_token(request: Request) -> None:
-    """The inference token on segments and model listings too, unless ``QPART_PROTECT_MODELS`` is
-    false (a level-0 segment is the whole model's weights: ADR 0009)."""
-    if request.app.state.settings.protect_models:
-        await require_token(request)
+    """The inference token on segments, model listings and ``/metrics`` too, unless
+    ``QPART_PROTECT_MODELS`` is false (a level-0 segment is the whole model's weights, and the
+    metrics' labels name every model and version: ADR 0009)."""
+    if not models_visible(request):
+        raise UnauthorizedError("missing or invalid bearer token: send 'Authorization: Bearer <token>'")
 
 
 async def require_admin(request: Request) -> None:

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from qpart.server.errors import OverloadedError, ServerError, UnauthorizedError
+from qpart.server.api.deps import models_visible
+from qpart.server.errors import NotFoundError, OverloadedError, ServerError, UnauthorizedError
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,12 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def server_error_response(exc: ServerError, method: str, path: str) -> JSONResponse:
-    """The answer to an error of the server's own tree."""
+def server_error_response(exc: ServerError, method: str, path: str, *,
+                          names_visible: bool = True) -> JSONResponse:
+    """The answer to an error of the server's own tree; with ``names_visible`` false (a caller
+    without the token while ``QPART_PROTECT_MODELS`` is on), a 404 names no other model or
+    version than the one asked for."""
+    message = exc.bare if isinstance(exc, NotFoundError) and not names_visible else str(exc)
     headers = dict(exc.headers or {})
     if isinstance(exc, OverloadedError):
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
@@ -37,14 +42,14 @@ def server_error_response(exc: ServerError, method: str, path: str) -> JSONRespo
         headers["WWW-Authenticate"] = "Bearer"
     if exc.status >= 500:
         log.warning("%s %s -> %d: %s", method, path, exc.status, exc)
-    return error_response(exc.status, str(exc), headers)
+    return error_response(exc.status, message, headers)
 
 
 def http_exception_response(exc: StarletteHTTPException, method: str, path: str) -> JSONResponse:
     """The answer to a Starlette HTTPException (no route, 408 / 413 from the limits middleware)."""
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
-        message = f"no route {method} {path}; see /docs for the API"
+        message = f"no route {method} {path}; see /openapi.json for the API"
     return error_response(exc.status_code, message, dict(exc.headers or {}))
 
 
@@ -66,7 +71,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServerError)
     async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
-        return server_error_response(exc, request.method, request.url.path)
+        return server_error_response(exc, request.method, request.url.path,
+                                     names_visible=models_visible(request))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

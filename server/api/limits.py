@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 from prometheus_client import Counter, Histogram
@@ -40,9 +40,10 @@ class _BodyGuard:
     (408). After the last body chunk, ``receive`` only waits for a disconnect, which a streaming
     response watches for: no deadline there, or long downloads would be cut off."""
 
-    def __init__(self, receive: Receive, max_body: int, timeout_s: float) -> None:
+    def __init__(self, receive: Receive, max_body: int, timeout_s: float, setting: str) -> None:
         self._receive = receive
         self._max_body = max_body
+        self._setting = setting
         self._timeout = timeout_s
         self._deadline = time.monotonic() + timeout_s
         self.received = 0
@@ -63,18 +64,23 @@ class _BodyGuard:
             self.received += len(message.get("body", b""))
             self._body_done = not message.get("more_body", False)
             if self.received > self._max_body:
-                raise HTTPException(413, f"request body exceeds the limit of {self._max_body} bytes",
-                                    headers=_CLOSE)
+                raise HTTPException(413, f"request body exceeds the limit of {self._max_body} bytes "
+                                         f"({self._setting})", headers=_CLOSE)
         return message
 
 
 class LimitsMiddleware:
-    """Refuses bodies over ``max_body_bytes`` and bodies that arrive slower than ``body_timeout_s``."""
+    """Refuses bodies over ``max_body_bytes`` (or a route's own smaller limit in
+    ``route_body_bytes``: route label -> (bytes, the setting that sets it)) and bodies that arrive
+    slower than ``body_timeout_s``."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
-                 metrics: Metrics, known_models: Callable[[], frozenset[str]]) -> None:
+                 metrics: Metrics, known_models: Callable[[], frozenset[str]],
+                 route_body_bytes: Mapping[str, tuple[int, str]] | None = None) -> None:
         self.app = app
         self.max_body = max_body_bytes
+        self._body_limits = {route: limit for route, limit in (route_body_bytes or {}).items()
+                             if limit[0] < max_body_bytes}
         self.timeout = body_timeout_s
         self.metrics = metrics
         self.known_models = known_models
@@ -91,16 +97,20 @@ class LimitsMiddleware:
         # One spelling for "no served model": a name not served and a route naming none alike.
         return name if name is not None and name in self.known_models() else UNKNOWN_MODEL
 
-    async def _refuse_declared_length(self, scope: Scope, send: Send) -> bool:
+    def _body_limit(self, route: str) -> tuple[int, str]:
+        return self._body_limits.get(route, (self.max_body, "QPART_MAX_BODY_BYTES"))
+
+    async def _refuse_declared_length(self, scope: Scope, send: Send, route: str) -> bool:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is None:
             return False
         if not (length.isascii() and length.isdigit()):
             await _send_error(send, 400, "Content-Length is not a number")
             return True
-        if int(length) > self.max_body:
+        limit, setting = self._body_limit(route)
+        if int(length) > limit:
             await _send_error(send, 413, f"request body of {int(length)} bytes exceeds the limit of "
-                                         f"{self.max_body} bytes")
+                                         f"{limit} bytes ({setting})")
             return True
         return False
 
@@ -109,9 +119,10 @@ class LimitsMiddleware:
             await self.app(scope, receive, send)
             return
         route = route_label(scope.get("path", ""))
-        if await self._refuse_declared_length(scope, send) or await _refuse_coding(route, scope, send):
+        if await self._refuse_declared_length(scope, send, route) or await _refuse_coding(route, scope, send):
             return
-        guard = _BodyGuard(receive, self.max_body, self.timeout)
+        limit, setting = self._body_limit(route)
+        guard = _BodyGuard(receive, limit, self.timeout, setting)
         m = self.metrics
         sent, received = self._child(m.bytes_sent, (route,)), self._child(m.bytes_received, (route,))
         duration = self._child(m.request_duration, (route,))

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 from qpart.server.api.app import create_app
 from qpart.server.api.connections import PROBE_RESERVE, ConnectionLimits, Drain, guarded_protocol
 from qpart.server.api.listeners import empty_listeners
+from qpart.server.api.log_throttle import throttle_warnings
 from qpart.server.engine import Engine
 from qpart.server.metrics import ConnectionCounts
 from qpart.server.settings import ServerSettings
@@ -124,4 +125,8 @@ def serve(settings: ServerSettings, wrap: Callable[[ASGIApp], ASGIApp] | None = 
                             # uvicorn reads None as "wait forever": always pass a bound.
                             timeout_graceful_shutdown=max(1, math.ceil(settings.graceful_timeout_s)),
                             access_log=False, lifespan="on", proxy_headers=settings.proxy_headers)
+    # One warning per malformed request (uvicorn) or per 5xx answer: rate-limited, so that no client
+    # fills the log. After uvicorn.Config, which configures its loggers.
+    for name in ("uvicorn.error", "qpart.server.api.http_errors"):
+        throttle_warnings(logging.getLogger(name))
     DrainingServer(config, settings.drain_delay_s, drain).run()

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from qpart.server.api import paths
-from qpart.server.api.deps import EngineDep, read_body, require_model_token, require_token
+from qpart.server.api.deps import EngineDep, models_visible, read_body, require_model_token, require_token
 from qpart.server.api.inference import infer_response, resolve_model
 from qpart.server.api.oip_codec import HEADER
 from qpart.server.engine import Engine
@@ -32,9 +32,9 @@ async def live() -> dict[str, bool]:
 
 
 @router.get(paths.V2_READY.template, responses={503: {"model": ErrorBody}}, summary="Readiness")
-async def ready(engine: EngineDep) -> Response:
+async def ready(engine: EngineDep, request: Request) -> Response:
     """200 when models are loaded and the server is not draining, else 503."""
-    reason = engine.not_ready_reason()
+    reason = engine.not_ready_reason(name_models=models_visible(request))
     if reason is None:
         return JSONResponse({"ready": True})
     return JSONResponse({"error": f"not ready: {reason}"}, status_code=503)

@@ -150,7 +150,8 @@ class Catalog:
         """Entries of one model, newest artifact folder last."""
         found = [e for e in self.entries if e.name == name]
         if not found:
-            raise NotFoundError(f"unknown model '{name}'; served models: {', '.join(self.names()) or 'none'}")
+            raise NotFoundError(f"unknown model '{name}'",
+                                listing=f"served models: {', '.join(self.names()) or 'none'}")
         return found
 
     def entry(self, name: str, version: str | None = None) -> ModelEntry:
@@ -163,7 +164,7 @@ class Catalog:
             if e.version == version:
                 return e
         known = ", ".join(e.version for e in found)
-        raise NotFoundError(f"model '{name}' has no version '{version}'; versions: {known}")
+        raise NotFoundError(f"model '{name}' has no version '{version}'", listing=f"versions: {known}")
 
     def get(self, name: str, version: str | None = None) -> LoadedModel:
         """A ready model, or NotFound / NotReady with the reason."""

@@ -300,6 +300,29 @@ def test_servicemonitor_selects_the_service_and_carries_the_release_label():
         e["port"] in ports and e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
 
 
+def _token_source(container: dict) -> dict:
+    """The secret key a server container reads QPART_AUTH_TOKEN from."""
+    env = {e["name"]: e for e in container["env"]}
+    return env["QPART_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+
+
+def test_prometheus_scrapes_with_the_token_the_server_reads():
+    """With a token and QPART_PROTECT_MODELS on, /metrics needs the token (its labels name every
+    model): each monitor sends, as a bearer token, the secret key its server reads the token from."""
+    production, kserve = render("overlays/production"), render("kserve")
+    server = one(production, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    (predictor,) = one(kserve, "InferenceService")["spec"]["predictor"]["containers"]
+    for container, endpoints in (
+            (server, one(production, "ServiceMonitor")["spec"]["endpoints"]),
+            (predictor, one(kserve, "PodMonitor")["spec"]["podMetricsEndpoints"])):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["QPART_PROTECT_MODELS"] == "true"
+        source = _token_source(container)
+        for endpoint in endpoints:
+            assert endpoint.get("authorization", {}).get("type") == "Bearer", endpoint
+            assert endpoint["authorization"]["credentials"] == {"name": source["name"], "key": source["key"]}
+
+
 def test_prometheusrule_is_alerts_yml_and_labelled_for_discovery():
     rule = one(render("overlays/production"), "PrometheusRule")
     assert rule["metadata"]["labels"].get("release")

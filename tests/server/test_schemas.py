@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from qpart.kernels.coding import Coding
-from qpart.profiles.devices import DeviceProfile, get_device
+from qpart.profiles.devices import MAX_CUTS, DeviceProfile, get_device
 from qpart.server.schemas import CostBreakdown, PlanRequest
 
 
@@ -68,3 +68,14 @@ def test_a_plan_reports_its_upload_encoding_as_a_coding_or_identity():
     assert CostBreakdown.model_validate({**costs, "upload_encoding": "zstd"}).upload_encoding is Coding.ZSTD
     with pytest.raises(ValidationError, match="upload_encoding"):
         CostBreakdown.model_validate({**costs, "upload_encoding": "br"})
+
+
+def test_an_inline_profile_over_a_list_cap_is_a_422_naming_field_and_cap(client):
+    device = {**get_device("raspberry-pi-4").model_dump(mode="json"),
+              "measured": {"fmnist-cnn": {"version": "v", "head_s": [1e-3] * (MAX_CUTS + 1),
+                                          "warmup": 0, "repeats": 1}}}
+    answer = client.post("/v1/plan", json={"model": "fmnist-cnn", "accuracy_demand": 0.01,
+                                           "rate_bps": 1e6, "device": device})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert "measured.fmnist-cnn.head_s" in error and f"at most {MAX_CUTS} items" in error, error

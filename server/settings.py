@@ -39,8 +39,12 @@ class ServerSettings(BaseSettings):
     torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per tail worker.")
     tail_workers: int = Field(1, ge=1, le=64, description="Threads running tail batches.")
     price_per_second: float = Field(1.0, ge=0, description="Server cost per second of tail compute (C).")
-    graceful_timeout_s: float = Field(20.0, ge=0, description="Max wait for in-flight requests on shutdown.")
-    drain_delay_s: float = Field(0.0, ge=0, description="After SIGTERM: readiness 503, then wait this long.")
+    graceful_timeout_s: float = Field(
+        20.0, ge=0, description="Max wait on shutdown for in-flight requests, and for idle connections "
+                                "to end after their next answer or at their keep-alive timeout (ADR 0022).")
+    drain_delay_s: float = Field(
+        0.0, ge=0, description="After SIGTERM: readiness 503 and every answer says `connection: close`, "
+                               "then wait this long before the listener closes.")
     inference_fast_path: bool = Field(
         True, description="Serve well-formed infer POSTs straight from ASGI (false: via FastAPI's router; "
                           "same answers, more CPU per request).")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from qpart.client.errors import (
         DeviceError,
         DeviceInputError,
+        HeadDeadlineError,
         SegmentError,
         SegmentRefusedError,
         ServerAnswerError,
@@ -32,6 +33,7 @@ __all__ = [
     "DeviceInputError",
     "DeviceRuntime",
     "DeviceSettings",
+    "HeadDeadlineError",
     "InferenceRun",
     "OnnxDeviceRuntime",
     "SegmentError",

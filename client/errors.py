@@ -10,7 +10,8 @@
     │   ├── AnswerTooLargeError  an answer over the byte cap once decoded (a bomb, an endless body)
     │   └── ForeignOriginError   a plan that sends the device to another origin it does not trust (ADR 0020)
     ├── SegmentError             a segment that fails its sha256, is truncated or does not fit the head
-    │   └── SegmentRefusedError  a segment that fails the device's check before it runs (never cached)
+    │   ├── SegmentRefusedError  a segment that fails the device's check before it runs (never cached)
+    │   └── HeadDeadlineError    a head that ran past its deadline (the segment is evicted, ADR 0020)
     └── DeviceInputError         an input file that cannot be read as an image or IDX file
 """
 
@@ -61,6 +62,12 @@ class SegmentError(DeviceError):
 class SegmentRefusedError(SegmentError):
     """A segment the device will not run (an ONNX segment outside its allow-list or caps); the
     cache never keeps it, and downloading it again would not help."""
+
+
+class HeadDeadlineError(SegmentError):
+    """An ONNX head run went on past its deadline (``head_deadline_s`` plus its estimated work at
+    ``head_min_flops_per_s``): it was stopped, or its output refused; its segment was deleted from
+    the cache, so a later run does not hang on it again (ADR 0020)."""
 
 
 class DeviceInputError(DeviceError):

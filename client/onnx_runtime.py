@@ -2,25 +2,31 @@
 
 Needs onnxruntime, numpy, httpx and pydantic (Pillow for image files): no torch, no safetensors, no
 model code. A segment is checked (:func:`kernels.onnx_segment.check_onnx_segment`: digest, caps,
-allow-list) before the cache keeps it and again before a session is created for it; its metadata
-must name the plan's model, version, cut and pattern. The activation is quantized with the numpy
+allow-list, and a work budget from the plan's declared head FLOPs, :func:`work_budget`) before the
+cache keeps it and again before a session is created for it; its metadata must name the plan's
+model, version, cut and pattern. Each run has a deadline from the segment's estimated work, past
+which it is stopped and the segment evicted (ADR 0020). The activation is quantized with the numpy
 kernels, so the packet is the one the torch device sends.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
 from qpart.client.device import DeviceClient, HeadFunction
-from qpart.client.errors import CACHE_HEALED, SegmentError, SegmentRefusedError
+from qpart.client.errors import CACHE_HEALED, HeadDeadlineError, SegmentError, SegmentRefusedError
 from qpart.client.plans import PlanResponse
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
-from qpart.kernels import KernelError
+from qpart.kernels import KernelError, WorkBudgetError
 from qpart.kernels.onnx_segment import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -32,9 +38,25 @@ from qpart.kernels.onnx_segment import (
 from qpart.profiles.devices import DeviceProfile
 
 
-def check_segment(plan: PlanResponse, data: bytes,
-                  limits: OnnxSegmentLimits | None = None) -> OnnxSegmentInfo:
-    """Check an ONNX segment's bytes against the plan before anything runs them.
+def work_budget(plan: PlanResponse, settings: DeviceSettings) -> tuple[int, str]:
+    """The most operations per sample an ONNX head of ``plan`` may ask for, and whence: the plan's
+    declared head FLOPs times ``head_flops_margin``, never over ``head_max_flops`` (which is all a
+    plan that declares none gets)."""
+    cap = settings.head_max_flops
+    capped = f"QPART_DEVICE_HEAD_MAX_FLOPS {cap:.3g}"
+    if plan.head_flops is None:
+        return cap, f"{capped}: the plan declares no head FLOPs"
+    margin = settings.head_flops_margin
+    declared = (f"the plan's declared head FLOPs {plan.head_flops:.3g} x QPART_DEVICE_HEAD_FLOPS_MARGIN "
+                f"{margin:g}")
+    budget = math.ceil(plan.head_flops * margin)
+    return (budget, declared) if budget < cap else (cap, f"{capped}, under {declared}")
+
+
+def check_segment(plan: PlanResponse, data: bytes, limits: OnnxSegmentLimits | None = None,
+                  settings: DeviceSettings | None = None) -> OnnxSegmentInfo:
+    """Check an ONNX segment's bytes against the plan before anything runs them; with ``settings``,
+    its estimated work against :func:`work_budget` too (else the work cap of ``limits``).
 
     Raises:
         SegmentRefusedError: with the check's one-line reason.
@@ -42,8 +64,14 @@ def check_segment(plan: PlanResponse, data: bytes,
     seg = plan.segment
     if seg is None:
         raise SegmentRefusedError("the plan has no segment to check")
+    limits, whence = limits or OnnxSegmentLimits(), "OnnxSegmentLimits.max_flops"
+    if settings is not None:
+        budget, whence = work_budget(plan, settings)
+        limits = replace(limits, max_flops=min(limits.max_flops, budget))
     try:
         info = check_onnx_segment(data, seg.id, size_bytes=seg.size_bytes, limits=limits)
+    except WorkBudgetError as exc:
+        raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc} ({whence})") from exc
     except KernelError as exc:
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc}") from exc
     # The plan id is "model@version/pattern id" (server.responses); the exporter writes the
@@ -98,7 +126,7 @@ class OnnxDeviceRuntime(DeviceClient):
         """The ONNX check, run on the download before the cache keeps it."""
 
         def check(data: bytes) -> None:
-            check_segment(plan, data, self.limits)
+            check_segment(plan, data, self.limits, self.settings)
 
         return check
 
@@ -112,7 +140,7 @@ class OnnxDeviceRuntime(DeviceClient):
             if plan.cut != 0:
                 raise SegmentError(f"the plan for cut {plan.cut} has no segment")
             return _identity
-        check_segment(plan, segment, self.limits)
+        info = check_segment(plan, segment, self.limits, self.settings)
         seg_id = plan.segment.id if plan.segment else ""
         try:
             session = create_session(segment, self.threads)
@@ -121,13 +149,41 @@ class OnnxDeviceRuntime(DeviceClient):
             raise SegmentError(f"{exc}; {CACHE_HEALED}") from exc
 
         def run(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+            deadline_s = self.head_deadline_s(info.flops, len(x))
+            # ONNX Runtime has no deadline of its own: the flag, set from a timer, stops the run
+            # before its next node (the work budget bounds what any one node can take).
+            options = ort.RunOptions()
+            timer = threading.Timer(deadline_s, setattr, (options, "terminate", True))
+            timer.daemon = True
+            started = time.monotonic()
+            timer.start()
             try:
-                out = session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+                out = session.run([OUTPUT_NAME], {INPUT_NAME: x}, options)[0]
             except Exception as exc:  # ORT's own errors derive from Exception only
                 self.cache.discard(seg_id)
+                if options.terminate:
+                    raise self._deadline_error(seg_id, deadline_s, info.flops, len(x), "was stopped") from exc
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise SegmentError(f"ONNX Runtime could not run segment {seg_id[:12]} on an input of shape "
                                    f"{list(x.shape)}: {first[:300]}; {CACHE_HEALED}") from exc
+            finally:
+                timer.cancel()
+            if time.monotonic() - started > deadline_s:  # its last node ran past it: no node followed
+                self.cache.discard(seg_id)
+                raise self._deadline_error(seg_id, deadline_s, info.flops, len(x), "its output was refused")
             return np.asarray(out, dtype=np.float32)
 
         return run
+
+    def head_deadline_s(self, flops: int, samples: int) -> float:
+        """The deadline of one head run: ``head_deadline_s``, plus ``samples`` times the segment's
+        estimated operations per sample (``flops``) at ``head_min_flops_per_s``."""
+        return self.settings.head_deadline_s + samples * flops / self.settings.head_min_flops_per_s
+
+    def _deadline_error(self, seg_id: str, deadline_s: float, flops: int, samples: int,
+                        outcome: str) -> HeadDeadlineError:
+        return HeadDeadlineError(
+            f"the ONNX head of segment {seg_id[:12]} ran past its deadline of {deadline_s:.3g} s on "
+            f"{samples} samples (QPART_DEVICE_HEAD_DEADLINE_S {self.settings.head_deadline_s:g} + "
+            f"{samples} x {flops:.3g} operations at QPART_DEVICE_HEAD_MIN_FLOPS_PER_S "
+            f"{self.settings.head_min_flops_per_s:.3g}) and {outcome}; {CACHE_HEALED}")

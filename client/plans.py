@@ -93,6 +93,9 @@ class PlanResponse(HeadSpec, PacketFormat):
     level: float = Field(description="The accuracy level of the chosen pattern.")
     weight_bits: dict[str, int] = Field(description="Bits of each quantized head tensor.")
     activation_shape: list[int] = Field(description="One sample's activation at the cut.")
+    head_flops: int | None = Field(None, ge=0, description="The head's FLOPs per sample as the model "
+                                   "card declares them; an ONNX device budgets the segment's work from "
+                                   "it (ADR 0020; servers before it: None, the device's cap alone).")
     predicted: CostBreakdown
     all_server: CostBreakdown | None = None
     all_device: CostBreakdown | None = None

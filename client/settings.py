@@ -73,6 +73,21 @@ class DeviceSettings(BaseSettings):
     transfer_min_rate_bps: float = Field(
         256e3, gt=0, description="Slowest rate (bit/s) a segment download is given time for: its "
         "deadline is transfer_deadline_s + size × 8 / this.")
+    head_flops_margin: float = Field(
+        16.0, ge=1, description="An ONNX head's work budget is the plan's declared head FLOPs times "
+        "this (the dequantization of packed weights adds up to about 9 times a linear layer's own "
+        "FLOPs); a segment whose estimated operations per sample are over it is refused before it "
+        "runs (ADR 0020).")
+    head_max_flops: int = Field(
+        1 << 34, gt=0, description="Most operations per sample an ONNX head may ask for, whatever the "
+        "plan declares (a server that declares no FLOPs, or lies about them, gets this budget).")
+    head_deadline_s: float = Field(
+        10.0, gt=0, description="Fixed part of an ONNX head run's deadline; a run of N samples gets N × "
+        "its estimated operations per sample at head_min_flops_per_s on top. A run past it is "
+        "stopped and its segment deleted from the cache.")
+    head_min_flops_per_s: float = Field(
+        1e8, gt=0, description="Slowest rate (operations per second) an ONNX head run is given time for "
+        "in its deadline.")
 
     offer_input_image: bool = Field(
         True, description="When classifying one image file, offer the server the image itself as a "

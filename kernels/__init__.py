@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         TruncatedError,
         UnsafeSegmentError,
         WireFormatError,
+        WorkBudgetError,
     )
     from qpart.kernels.onnx_segment import (
         INPUT_NAME,
@@ -85,6 +86,7 @@ __all__ = [
     "TruncatedError",
     "UnsafeSegmentError",
     "WireFormatError",
+    "WorkBudgetError",
     "activation_group",
     "active_backend",
     "check_onnx_segment",

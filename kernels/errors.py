@@ -7,6 +7,7 @@
     └── WireFormatError        bytes that are not a valid segment or activation packet
         ├── TruncatedError     shorter than its header or its declared contents
         ├── OversizeError      a declared size beyond the configured limits
+        │   └── WorkBudgetError  an ONNX segment whose estimated work per sample is over its budget
         ├── DigestMismatchError  bytes that do not hash to the content id they were fetched by
         └── UnsafeSegmentError   an ONNX segment that could read files or run operators outside
                                  the allow-list (external data, a custom domain, a subgraph)
@@ -35,6 +36,12 @@ class TruncatedError(WireFormatError):
 
 class OversizeError(WireFormatError):
     """A declared size (elements, dimensions, header) exceeds the parser's limits."""
+
+
+class WorkBudgetError(OversizeError):
+    """An ONNX segment whose nodes' estimated operations per sample (:mod:`kernels.onnx_cost`) add
+    up to more than the budget the device gave it (ADR 0020): memory within the caps, but hours of
+    work."""
 
 
 class DigestMismatchError(WireFormatError):

@@ -102,6 +102,13 @@ class OnnxSegmentLimits:
     of many tensors, each under it, ask for as much memory as it has nodes. The largest total of the
     real segments of both reference models, over every cut and pattern, is 3,983,882 (fmnist-cnn,
     cut 8); 2**26 (256 MB as float32) is 16 times that."""
+    max_flops: int = 1 << 36
+    """Estimated operations per sample of all the nodes together (:mod:`kernels.onnx_cost`, 2 per
+    multiply-add as a model card counts FLOPs): the element caps bound memory, not work (ADR 0020).
+    A device lowers it per plan to the head's declared FLOPs times a margin
+    (:func:`client.onnx_runtime.work_budget`); this default, about 6.9e10, is the most any segment
+    is given. The largest estimate of the real segments of the reference models is about 4.6e7
+    (fmnist-resnet, its last cut)."""
     max_records: int = 1 << 18
     """Protobuf records the walk reads in all (a packed array is one)."""
     max_metadata: int = 64
@@ -131,3 +138,6 @@ class OnnxSegmentInfo:
     """``(op_type, domain)`` of each node, in order."""
     opset_domains: tuple[str, ...] = field(default=())
     """The domain of each ``opset_import``, in order."""
+    flops: int = 0
+    """The estimated operations per sample of all its nodes (:mod:`kernels.onnx_cost`), within
+    :attr:`OnnxSegmentLimits.max_flops`."""

@@ -9,7 +9,8 @@ outside :data:`ALLOWED_OPS`, attributes that carry tensors or graphs or that the
 local functions, training info, and more records, nodes, initializers or entries of any repeated
 field than the caps, each message against an allow-list of its field numbers and wire types; last,
 the static shapes of :mod:`kernels.onnx_shapes` (no tensor over the cap, no more elements in all
-than the total cap, none it cannot determine).
+than the total cap, none it cannot determine) with each node's estimated work
+(:mod:`kernels.onnx_cost`: no more in all than the work budget).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ tensor's shape through the graph, node by node, with each operator's ONNX (opset
 attributes (the rules of :mod:`kernels.onnx_shape_rules`), and refuses a tensor over the cap,
 node outputs whose sizes add up to more than the total cap (many tensors each under the first cap),
 a node out of topological order, and any shape it cannot determine: it refuses rather than guesses.
-The batch dimension of ``input`` is symbolic (:data:`~kernels.onnx_graph.BATCH`): sizes are
-counted per sample.
+On the way it adds up each node's estimated operations (:mod:`kernels.onnx_cost`) and refuses a
+graph whose work is over the budget it is given (ADR 0020). The batch dimension of ``input`` is
+symbolic (:data:`~kernels.onnx_graph.BATCH`): sizes and work are counted per sample.
 
 Needs neither onnx nor numpy: the walk of :mod:`kernels.onnx_walk` hands over what it read.
 """
@@ -16,8 +17,10 @@ Needs neither onnx nor numpy: the walk of :mod:`kernels.onnx_walk` hands over wh
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from qpart.kernels.errors import OversizeError, UnsafeSegmentError, WireFormatError
+from qpart.kernels.errors import OversizeError, UnsafeSegmentError, WireFormatError, WorkBudgetError
+from qpart.kernels.onnx_cost import node_flops
 from qpart.kernels.onnx_graph import (
     BATCH,
     INITIALIZER_TYPES,
@@ -35,15 +38,29 @@ from qpart.kernels.onnx_shape_rules import Refused, int64_values
 RULES = {**BASIC_RULES, **LAYOUT_RULES}
 
 
+class GraphSize(NamedTuple):
+    """What the shape check found of a graph it passed, per sample."""
+
+    largest: int
+    """Elements of its largest tensor."""
+    flops: int
+    """Estimated operations of all its nodes (:func:`~kernels.onnx_cost.node_flops`)."""
+
+
 def check_shapes(input_name: str, input_dims: Shape, initializers: Sequence[Initializer],
-                 nodes: Sequence[Node], output_name: str, *, max_elements: int, max_total: int) -> int:
+                 nodes: Sequence[Node], output_name: str, *, max_elements: int, max_total: int,
+                 max_flops: int | None = None) -> GraphSize:
     """Propagate shapes from ``input`` (``input_dims``, :data:`BATCH` for the symbolic batch) and
-    the initializers through ``nodes`` in order; return the largest tensor's size (per sample).
+    the initializers through ``nodes`` in order; return the largest tensor's size and the
+    estimated operations of all the nodes (per sample).
 
     Raises:
         OversizeError: a tensor of more than ``max_elements`` elements, naming the node; or node
             outputs of more than ``max_total`` elements per sample in all, naming the node that
             brings them over and their total.
+        WorkBudgetError: nodes whose estimated operations per sample (:func:`node_flops`) add up to
+            more than ``max_flops`` (None: no budget), naming the node that brings them over, its
+            own estimate and the total.
         UnsafeSegmentError: a node out of topological order, a value defined twice, a shape the
             check cannot determine, or shapes the operator does not accept.
     """
@@ -64,17 +81,22 @@ def check_shapes(input_name: str, input_dims: Shape, initializers: Sequence[Init
                                 f"the cap of {max_elements}")
         shapes[init.name], consts[init.name] = init.dims, init
         largest = max(largest, n)
-    total = 0
+    total = work = 0
     for index, node in enumerate(nodes):
-        n = _propagate(index, node, shapes, consts, max_elements)
+        n, flops = _propagate(index, node, shapes, consts, max_elements)
         largest = max(largest, n)
         total += n * sum(1 for name in node.outputs if name)  # each output is a tensor of its own
         if total > max_total:
             raise OversizeError(f"ONNX segment {_where(index, node)} brings its node outputs to {total} "
                                 f"elements per sample in all, over the total cap of {max_total}")
+        work += flops
+        if max_flops is not None and work > max_flops:
+            raise WorkBudgetError(f"ONNX segment {_where(index, node)} costs about {flops:.3g} operations "
+                                  f"per sample, bringing the graph to {work:.3g}, over the work budget "
+                                  f"of {max_flops:.3g}")
     if output_name not in shapes:
         raise UnsafeSegmentError(f"ONNX segment never makes its output {output_name!r}")
-    return largest
+    return GraphSize(largest, work)
 
 
 def _where(index: int, node: Node) -> str:
@@ -82,9 +104,10 @@ def _where(index: int, node: Node) -> str:
 
 
 def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[str, Initializer],
-               max_elements: int) -> int:
+               max_elements: int) -> tuple[int, int]:
     """One node's output shapes into ``shapes`` (and, for ``Shape`` and a ``Concat`` of such
-    values, the value into ``consts`` as a tracked one); the size of its largest output."""
+    values, the value into ``consts`` as a tracked one); the size of its largest output and the
+    node's estimated operations per sample."""
     where = _where(index, node)
     missing = next((name for name in node.inputs if name and name not in shapes), None)
     if missing is not None:
@@ -118,7 +141,7 @@ def _propagate(index: int, node: Node, shapes: dict[str, Shape], consts: dict[st
     if value is not None:
         name = node.outputs[0]
         consts[name] = Initializer(name, (len(value),), INT64, None, value, tracked=True)
-    return largest
+    return largest, node_flops(node, ins, outs)
 
 
 def _check_index_tables(where: str, node: Node, consts: dict[str, Initializer]) -> None:

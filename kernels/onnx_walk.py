@@ -201,10 +201,12 @@ class _Walk:
             elif number in values:
                 values[number].append(self.value_info(message(wire, value, "value_info")))
         inputs, outputs = tuple(v[0] for v in values[11]), tuple(v[0] for v in values[12])
-        check_shapes(INPUT_NAME, _input_dims(values[11]), initializers, nodes, OUTPUT_NAME,
-                     max_elements=limits.max_tensor_elements, max_total=limits.max_total_elements)
+        size = check_shapes(INPUT_NAME, _input_dims(values[11]), initializers, nodes, OUTPUT_NAME,
+                            max_elements=limits.max_tensor_elements, max_total=limits.max_total_elements,
+                            max_flops=limits.max_flops)
         ops = frozenset(op for op, _ in node_ops)
-        return OnnxSegmentInfo(metadata, ops, len(nodes), len(initializers), inputs, outputs, tuple(node_ops))
+        return OnnxSegmentInfo(metadata, ops, len(nodes), len(initializers), inputs, outputs, tuple(node_ops),
+                               flops=size.flops)
 
     def node(self, msg: memoryview) -> tuple[str, str, Node]:
         op, domain = "", ""

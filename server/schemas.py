@@ -192,6 +192,10 @@ class PlanResponse(_Strict):
     activation_bits: int
     group_size: int
     activation_shape: list[int]
+    head_flops: int = Field(ge=0, description=(
+        "The head's floating-point operations per sample, as the model card (the calibration "
+        "artifact's cut) declares them, 2 per multiply-add; an ONNX device gives the segment a work "
+        "budget of this times a margin, capped by its own setting (ADR 0020)."))
     predicted: CostBreakdown
     all_server: CostBreakdown = Field(
         description="The cheapest plan at cut 0 (the server runs the whole model): the input sent "

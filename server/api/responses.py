@@ -50,6 +50,7 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
         version=model.version, cut=p.cut, cut_node=model.cuts[p.cut].node, cuts=len(model.cuts),
         level=p.level, weight_bits=p.weight_bits, activation_bits=p.activation_bits,
         group_size=p.group_size, activation_shape=list(model.cuts[p.cut].shape),
+        head_flops=model.artifact.cuts[p.cut].head_flops,
         predicted=chosen.costs, all_server=choice.all_server.costs,
         all_device=None if choice.all_device is None else choice.all_device.costs,
         segment=links.segment_ref(choice.segment, held), infer_url=links.tail_infer(model, p),

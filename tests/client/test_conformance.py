@@ -18,10 +18,11 @@ from safetensors.torch import save_file
 from qpart.client.onnx_runtime import check_segment, create_session
 from qpart.client.plans import HeadSpec
 from qpart.client.runtime import load_head
+from qpart.client.settings import DeviceSettings
 from qpart.kernels import unpack_dequantize
 from qpart.kernels.onnx_segment import INPUT_NAME, OUTPUT_NAME, HeadRuntime
 from qpart.models.conformance import FAMILIES, INPUT_SHAPE
-from qpart.models.partition import cuts_of, prepare, split
+from qpart.models.partition import cut_flops, cuts_of, prepare, split
 from qpart.models.registry import REGISTRY_ENV, register_model
 from qpart.models.runtimes import runtime_refusals
 from qpart.profiles.artifacts import Pattern
@@ -74,6 +75,7 @@ def test_every_cut_offered_to_a_runtime_runs_on_that_device_with_the_servers_top
     model = registered(family)
     gm = prepare(model, INPUT_SHAPE)
     cuts = cuts_of(gm)
+    flops = cut_flops(gm)  # the card's head FLOPs of a cut: those of its ops up to it (offline.runner)
     x = torch.randn((SAMPLES, *INPUT_SHAPE), generator=torch.Generator().manual_seed(1))
     offered = {runtime: [0] for runtime in HeadRuntime}
     for cut in cuts[1:]:
@@ -90,8 +92,8 @@ def test_every_cut_offered_to_a_runtime_runs_on_that_device_with_the_servers_top
             runs[HeadRuntime.TORCH] = lambda h=device_head: h(x)
         if HeadRuntime.ONNX.value not in refused:
             data = build_onnx_segment(head, INPUT_SHAPE, family, VERSION, pattern)
-            plan = _onnx_plan(spec, data)
-            check_segment(plan, data)
+            plan = _onnx_plan(spec, data, sum(flops[: cut.position + 1]))
+            check_segment(plan, data, settings=DeviceSettings())  # within the work budget it declares
             session = create_session(data, threads=1)
             runs[HeadRuntime.ONNX] = lambda s=session: torch.from_numpy(
                 s.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0])
@@ -113,7 +115,7 @@ def test_every_cut_offered_to_a_runtime_runs_on_that_device_with_the_servers_top
     assert len(offered[HeadRuntime.ONNX]) >= 0.95 * legal
 
 
-def _onnx_plan(spec: HeadSpec, data: bytes):
+def _onnx_plan(spec: HeadSpec, data: bytes, head_flops: int):
     from qpart.client.plans import PlanResponse
     from tests.client.samples import PLAN
 
@@ -121,5 +123,5 @@ def _onnx_plan(spec: HeadSpec, data: bytes):
     segment = {"id": digest, "url": f"/v1/segments/{digest}", "size_bytes": len(data), "sha256": digest,
                "held": False, "runtime": "onnx"}
     doc = {**PLAN, "plan_id": f"{spec.model}@{spec.version}/c{spec.cut}-w4", "segment": segment,
-           **spec.model_dump()}
+           "head_flops": head_flops, **spec.model_dump()}
     return PlanResponse.model_validate(doc)

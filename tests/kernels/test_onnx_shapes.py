@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 
 from qpart.kernels.errors import OversizeError, UnsafeSegmentError
 from qpart.kernels.onnx_segment import INPUT_NAME, OUTPUT_NAME, OnnxSegmentLimits
-from tests.kernels.onnx_models import check, segment
+from tests.kernels.onnx_models import check, segment, window_bomb
 
 
 def _concat_bomb(k: int) -> bytes:
@@ -77,6 +77,20 @@ def test_the_total_cap_counts_every_node_output_per_sample():
     with pytest.raises(OversizeError, match=r"node 9 \(Relu -> 'activation'\) .* 40 elements per sample "
                                             r"in all, over the total cap of 39"):
         check(data, OnnxSegmentLimits(max_total_elements=39))
+
+
+@pytest.mark.parametrize(("op", "cost"), [("AveragePool", "1.76e\\+13"), ("MaxPool", "1.76e\\+13"),
+                                        ("Conv", "3.52e\\+13")])
+def test_a_huge_window_within_every_memory_cap_is_refused_by_its_work_naming_the_node(op, cost):
+    """Issue 52, finding 2: Concats make a tensor at the element cap, then one window as large as
+    half of it would run for about an hour per sample; it is refused before anything runs it."""
+    data = window_bomb(op=op)
+    assert len(data) < 1400
+    node = 25 if op == "Conv" else 24
+    with pytest.raises(OversizeError, match=rf"^ONNX segment node {node} \({op} -> 'activation'\) costs "
+                                            rf"about {cost} operations per sample, bringing the graph to "
+                                            rf"{cost}, over the work budget of 6.87e\+10$"):
+        check(data)
 
 
 REFUSED = {

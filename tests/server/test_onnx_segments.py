@@ -8,7 +8,11 @@ import shutil
 
 import pytest
 
+from qpart.client.onnx_runtime import check_segment
+from qpart.client.plans import PlanResponse
+from qpart.client.settings import DeviceSettings
 from qpart.kernels.onnx_segment import check_onnx_segment
+from qpart.profiles.artifacts import load_artifact
 
 # A device fast enough, on a fast enough link, that head segments are worth downloading.
 FAST = {"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11, "power_compute_w": 2.0,
@@ -44,6 +48,16 @@ def test_an_onnx_plan_links_a_checked_content_addressed_onnx_segment(client):
     assert info.metadata["pattern_id"] == onnx_plan["plan_id"].rsplit("/", 1)[1]
     if onnx_plan["cut"] == torch_plan["cut"]:
         assert seg["size_bytes"] <= 1.05 * torch_plan["segment"]["size_bytes"]
+
+
+def test_a_plan_declares_its_heads_flops_and_its_segment_fits_the_work_budget_they_give(client, cnn_only):
+    """Issue 52, finding 2: the device budgets an ONNX head's work from the card's FLOPs (ADR 0020)."""
+    plan = _plan(client, "onnx")
+    assert plan["head_flops"] == load_artifact(cnn_only / "fmnist-cnn").cuts[plan["cut"]].head_flops > 0
+    data = client.get(plan["segment"]["url"]).content
+    settings = DeviceSettings()
+    info = check_segment(PlanResponse.model_validate(plan), data, settings=settings)
+    assert plan["head_flops"] <= info.flops <= settings.head_flops_margin * plan["head_flops"]
 
 
 def test_an_onnx_plan_priced_with_a_held_onnx_segment_counts_no_download(client):

@@ -13,14 +13,17 @@ if TYPE_CHECKING:
     from qpart.client.cli import device_app
     from qpart.client.device import InferenceRun
     from qpart.client.errors import (
+        AnswerTooLargeError,
         DeviceError,
         DeviceInputError,
+        ForeignOriginError,
         HeadDeadlineError,
         SegmentError,
         SegmentRefusedError,
         ServerAnswerError,
         ServerRejectedError,
         ServerUnavailableError,
+        TransferDeadlineError,
     )
     from qpart.client.inputs import read_idx_images, read_idx_labels, read_image_files, read_labels
     from qpart.client.onnx_runtime import OnnxDeviceRuntime
@@ -29,10 +32,12 @@ if TYPE_CHECKING:
     from qpart.client.settings import DeviceSettings
 
 __all__ = [
+    "AnswerTooLargeError",
     "DeviceError",
     "DeviceInputError",
     "DeviceRuntime",
     "DeviceSettings",
+    "ForeignOriginError",
     "HeadDeadlineError",
     "InferenceRun",
     "OnnxDeviceRuntime",
@@ -41,6 +46,7 @@ __all__ = [
     "ServerAnswerError",
     "ServerRejectedError",
     "ServerUnavailableError",
+    "TransferDeadlineError",
     "device_app",
     "profile_device",
     "read_idx_images",

@@ -43,6 +43,19 @@ def test_every_role_package_has_a_sorted_all_whose_names_resolve(role):
 
 
 @pytest.mark.parametrize("role", ROLES)
+def test_every_error_a_role_raises_is_on_its_face(role):
+    """A caller catches what the package raises by its face's names (one error tree per package)."""
+    face = importlib.import_module(f"qpart.{role}")
+    errors = importlib.import_module(f"qpart.{role}.errors")
+    raised = {name for name, value in vars(errors).items()
+              if isinstance(value, type) and issubclass(value, BaseException)
+              and value.__module__ == errors.__name__ and not name.startswith("_")}
+    assert raised, f"qpart.{role}.errors defines no error"
+    missing = sorted(raised - set(face.__all__))
+    assert not missing, f"qpart.{role} does not export {missing}"
+
+
+@pytest.mark.parametrize("role", ROLES)
 def test_a_face_refuses_a_name_it_does_not_export(role):
     face = importlib.import_module(f"qpart.{role}")
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):

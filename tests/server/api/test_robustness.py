@@ -18,7 +18,7 @@ from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
 from qpart.server.api.connections import PROBE_RESERVE
 from tests.conftest import REPO, LiveServer
-from tests.server.test_faults import IO_TIMEOUT_S, RawResponse, parse_response, request_head
+from tests.server.api.test_faults import IO_TIMEOUT_S, RawResponse, parse_response, request_head
 
 pytestmark = pytest.mark.integration
 HEADER_TIMEOUT_S = 1.0

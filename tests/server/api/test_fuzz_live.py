@@ -1,6 +1,6 @@
 """Seeded, bounded fuzzing of the JSON and binary routes of /v1 and /v2 over real HTTP against a
 live server: no answer is a 5xx or an overload, and after each route's run every route still
-serves and readiness says so (the wedge check of :mod:`tests.server.test_robustness`)."""
+serves and readiness says so (the wedge check of :mod:`tests.server.api.test_robustness`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from qpart.kernels.coding import zstd_compress
 from tests.conftest import LiveServer
-from tests.server.test_robustness import PLAN, V2, assert_every_route_serves, cut0_tail, v2_body
+from tests.server.api.test_robustness import PLAN, V2, assert_every_route_serves, cut0_tail, v2_body
 
 pytestmark = pytest.mark.integration
 CASES = 400  # per route: bounded, and the same cases every run (derandomized)

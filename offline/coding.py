@@ -27,9 +27,10 @@ from qpart.kernels.coding import CODING_BITS, Coding, encode
 from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
 from qpart.models.data import Split, load_split
 from qpart.models.registry import ModelSpec, get_model
-from qpart.offline.data import read_samples, recorded_source
+from qpart.offline.data import recorded_source
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.runner import ModelRunner
+from qpart.offline.samples import read_samples
 from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, load_artifact, save_artifact
 
 CODING_SAMPLES = 500

@@ -1,29 +1,22 @@
-"""The calibration and test data: named sources opened with the model's card, checked against each
-other and the model, and decoded into the fit, check and test tensors the job holds.
+"""The calibration and test data sources: named sources opened with the model's card, checked
+against each other and the model, with the sample order the job reads them in
+(``offline.samples`` reads and holds the samples).
 
 A SOURCE is ``fashion-mnist`` (``fashion-mnist:<split>`` names a split; plain, it is the
 ``calibration`` split for calibration and ``test`` for testing), a folder (an ImageFolder,
 preprocessed by the card's spec) or an ``.npz`` / ``.safetensors`` file of preprocessed tensors.
-Fit and check are the first ``fit_samples`` and the next ``check_samples`` of the calibration
-source in *sample order*: ``source`` (the source's own order, Fashion-MNIST's default) or
-``digest`` (sorted by the sha256 of each preprocessed float32 sample, the default for other
-sources), which does not depend on how files are named or classes ordered, so an ImageFolder and
-the IDX file holding the same images give the same fit and check samples.
+The sample order is ``source`` for Fashion-MNIST and ``digest`` for other sources unless the
+settings name one (:mod:`offline.samples`).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import numpy as np
-
-from qpart.models.data import Dataset, Split
+from qpart.models.data import Split
 from qpart.models.errors import LabelsError, SourceMismatchError
 from qpart.models.preprocess import PreprocessSpec
 from qpart.models.registry import ModelSpec
@@ -35,16 +28,13 @@ from qpart.models.sources import (
     check_sources,
     split_source,
 )
-from qpart.models.sources.base import SplitRecord, tensor_digests
-from qpart.offline.errors import CalibrationConfigError, CalibrationOutputError
+from qpart.models.sources.base import SplitRecord
+from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.settings import CalibrationSettings, SampleOrder
 from qpart.profiles.artifacts import CalibrationArtifact
 
 FASHION = "fashion-mnist"
 ARRAY_SUFFIXES = (".npz", ".safetensors")
-_DECODE_BATCH = 500
-Tick = Callable[[int], None]
-"""Progress: told how many more samples were done."""
 
 
 @dataclass(frozen=True)
@@ -160,120 +150,6 @@ def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
     if labels is not None and len(labels) != logits:
         raise LabelsError(f"the card of '{spec.name}' names {len(labels)} labels but the model gives "
                           f"{logits} logits; register it with one label per logit")
-
-
-def read_samples(source: DataSource, count: int | None, order: SampleOrder,
-                 split: Split, spill: Path | None = None, tick: Tick | None = None) -> Dataset:
-    """The first ``count`` samples (all: None) of ``source`` in ``order``, decoded a batch at a
-    time into one float32 ``[count, C, H, W]`` array (the only copy held): in memory, or in
-    ``spill`` (a file, :class:`SpilledArray`) when given. ``tick`` is told each batch's size (in
-    ``digest`` order the whole source is decoded once more first: :func:`decode_work`)."""
-    tick = tick or (lambda n: None)
-    total = len(source) if count is None else min(count, len(source))
-    positions = sample_positions(source, total, order, tick)
-    ascending = np.sort(positions)
-    shape = (total, *source.sample_shape)
-    images = np.empty(shape, dtype=np.float32) if spill is None else SpilledArray.create(spill, shape)
-    labels = np.empty(total, dtype=np.int64)
-    # Decoded in the source's order: the j-th decoded sample is the one at ascending[j], whose row
-    # is where that position stands in ``positions``.
-    slot = np.argsort(positions, kind="stable")
-    done = 0
-    for batch in source.select(ascending).batches(_DECODE_BATCH):
-        rows = slot[done:done + len(batch.labels)]
-        images[rows], labels[rows] = batch.images, batch.labels
-        done += len(batch.labels)
-        tick(len(batch.labels))
-    digest = hashlib.sha256(positions.astype("<i8").tobytes()).hexdigest()
-    return Dataset(images=images, labels=labels, split=split, indices_sha256=digest)
-
-
-def sample_positions(source: DataSource, count: int, order: SampleOrder,
-                     tick: Tick | None = None) -> np.ndarray:
-    """int64 ``[count]``: the positions in ``source`` of its first ``count`` samples in ``order``
-    (``digest``: the whole source is decoded once, each batch told to ``tick``)."""
-    if order == "source":
-        return np.arange(count, dtype=np.int64)
-    digests = []
-    for batch in source.batches(_DECODE_BATCH):
-        digests += tensor_digests(batch.images)
-        if tick is not None:
-            tick(len(batch.labels))
-    return np.argsort(np.asarray(digests), kind="stable")[:count].astype(np.int64)
-
-
-def decode_work(source: DataSource, count: int | None, order: SampleOrder) -> int:
-    """Samples :func:`read_samples` decodes for ``count`` samples of ``source`` (its ticks' sum)."""
-    total = len(source) if count is None else min(count, len(source))
-    return total + (len(source) if order == "digest" else 0)
-
-
-class SpilledArray(np.memmap):
-    """A float32 array in a ``.npy`` file mapped into memory: its pages are the page cache's, which
-    the kernel writes back and evicts under memory pressure, so samples larger than memory stay
-    usable and the job's own memory stays bounded. The whole array pickles (to a worker process) as
-    its file's name and is mapped again there, not copied; a part of it (a slice) pickles as a copy."""
-
-    whole: tuple[int, tuple[int, ...]] | None = None
-    """(address, shape) of the whole file's array: what a view must match to pickle as the file."""
-
-    @classmethod
-    def create(cls, path: Path, shape: tuple[int, ...]) -> SpilledArray:
-        """A new, zero-filled file of ``shape``, mapped, its blocks allocated at once (a sparse file
-        that the disk cannot hold would end the job with SIGBUS on a write, not an error).
-
-        Raises:
-            CalibrationOutputError: the disk of ``path`` cannot hold it.
-        """
-        array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
-        size = path.stat().st_size
-        try:
-            with path.open("r+b") as f:
-                _allocate(f.fileno(), size)
-        except OSError as exc:
-            del array
-            path.unlink(missing_ok=True)
-            raise CalibrationOutputError(
-                f"cannot hold the samples in {path.parent}: {exc.strerror or exc} ({size:,} bytes for "
-                f"{path.name}); set TMPDIR to a folder on a larger disk, or raise QPART_CALIB_SPILL_ABOVE_MB "
-                "to keep them in memory") from exc
-        return cls._mapped(array)
-
-    @classmethod
-    def _mapped(cls, array: np.memmap) -> SpilledArray:
-        out = array.view(cls)
-        out.whole = (int(out.ctypes.data), tuple(out.shape))
-        return out
-
-    def __reduce__(self) -> Any:
-        if self.filename is not None and self.whole == (int(self.ctypes.data), tuple(self.shape)):
-            return _reopen, (str(self.filename),)
-        return np.array(self).__reduce__()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:  # ndarray's own (protocol 5) would copy it
-        return self.__reduce__()
-
-    @staticmethod
-    def in_memory(images: np.ndarray) -> np.ndarray:
-        """``images`` as an array in memory (for a process that cannot see this machine's files)."""
-        return np.array(images) if isinstance(images, SpilledArray) else images
-
-
-def _allocate(fd: int, size: int) -> None:
-    """Reserve the file's blocks where the system can (glibc emulates it on file systems that cannot;
-    macOS has no posix_fallocate, and musl may refuse: then the file stays sparse)."""
-    if not hasattr(os, "posix_fallocate"):
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            raise
-
-
-def _reopen(path: str) -> SpilledArray:
-    # copy-on-write: a worker's accidental write stays its own, never another worker's samples
-    return SpilledArray._mapped(np.lib.format.open_memmap(path, mode="c"))
 
 
 def recorded_source(artifact: CalibrationArtifact, spec: ModelSpec, role: Literal["calibration", "test"],

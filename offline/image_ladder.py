@@ -33,10 +33,11 @@ from qpart.models.image_codecs import WEBP, decode_webp, encode_webp, webp_encod
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 from qpart.models.registry import ModelSpec, get_model
 from qpart.models.sources import DataSource, FashionMnistSource, ImageFolderSource
-from qpart.offline.data import Sources, recorded_source, sample_positions
+from qpart.offline.data import Sources, recorded_source
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.ltt import BOUNDS, REFERENCE, Bound, Test, chance, fixed_sequence
 from qpart.offline.report import markdown
+from qpart.offline.samples import sample_positions
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop, paired_drop
 from qpart.profiles.artifacts import ImageLadder, ImageRung, load_artifact, save_artifact, write_atomic

@@ -11,10 +11,8 @@ import hashlib
 import json
 import math
 import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,9 +34,10 @@ from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
 from qpart.offline.records import data_record, splits
 from qpart.offline.runner import ModelRunner
+from qpart.offline.samples import Data, held_samples
 from qpart.offline.settings import CalibrationSettings, Estimator
 from qpart.offline.sizing import lossless_levels, size_job
-from qpart.offline.state import Data, State, key, load_data, prepare_work, sample_bytes, split_bits
+from qpart.offline.state import State, key, split_bits
 from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop
 from qpart.profiles.artifacts import AccuracyPoint, CalibrationArtifact, WeightTensor
 
@@ -237,20 +236,10 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         Checkpoints.refuse_other_inputs(out_dir, inputs)
     cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
     workers = resolve_workers(settings, len(cuts))
-    with sample_folder(settings, sources, 1 + workers if workers > 1 and executor is None else 1) as spill:
-        # Decoding the samples and the float model's answers on them: the first half-minute, once
-        # silent. (Refusals of the data's layout come before it; an image that fails to decode is
-        # refused here, before anything is written to out_dir.)
-        work = prepare_work(settings, sources)
-        prepare = sink.start("prepare: decode samples, float answers", work)
-        done = [0]
-
-        def tick(n: int) -> None:
-            done[0] += n
-            prepare(done[0])
-
-        data = load_data(runner, settings, sources, spill, tick)
-        prepare(work)
+    processes = 1 + workers if workers > 1 and executor is None else 1
+    # one copy of the samples per process: the job's and each local validation worker's; an image
+    # that fails to decode is refused here, before anything is written to out_dir
+    with held_samples(runner, settings, sources, processes, sink.start) as data:
         ck = Checkpoints.open(out_dir, inputs, fresh=fresh)
         st = State(runner, data, settings)
         stages: dict[str, float] = {}
@@ -328,22 +317,6 @@ def _write(spec: ModelSpec, artifact: CalibrationArtifact, agreement: dict[str, 
         (out_dir / "weights.safetensors.tmp").unlink(missing_ok=True)
         raise output_error(f"write the results into {out_dir}", exc, ck.folder) from exc
     ck.remove()
-
-
-@contextmanager
-def sample_folder(settings: CalibrationSettings, sources: Sources, processes: int) -> Iterator[Path | None]:
-    """A temporary folder for the samples when ``processes`` copies of them (the job's and each
-    validation worker's, which gets its own copy of samples held in memory) are over
-    ``spill_above_mb`` (None: they are held in memory); removed when the job ends, however it ends
-    (a job killed by SIGKILL leaves its ``qpart-samples-*`` folder in the temporary folder)."""
-    if processes * sample_bytes(settings, sources) <= settings.spill_above_mb * 1_000_000:
-        yield None
-        return
-    folder = Path(tempfile.mkdtemp(prefix="qpart-samples-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def job_inputs(spec: ModelSpec, settings: CalibrationSettings, sources: Sources) -> dict[str, Any]:

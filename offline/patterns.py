@@ -29,10 +29,11 @@ from qpart.offline.allocation import Item, pattern_noise, qpart_paper_bits
 from qpart.offline.errors import WorkerError
 from qpart.offline.memory import allocator_environment, keep_freed_memory
 from qpart.offline.runner import ModelRunner
+from qpart.offline.samples import Data
 from qpart.offline.selection import Selection, select
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.sizing import lossless_levels
-from qpart.offline.state import Data, State, evaluate, key, split_bits
+from qpart.offline.state import State, evaluate, key, split_bits
 from qpart.offline.validation import PairedDrop, predicted_drop
 from qpart.profiles.artifacts import FLOAT_BITS, AccuracyPoint, Pattern
 

@@ -32,7 +32,8 @@ from qpart.models.registry import ModelSpec
 from qpart.offline.errors import ExecutorError, WorkerError
 from qpart.offline.memory import allocator_environment
 from qpart.offline.patterns import CutRecord, Executor, Plan, Save, cut_patterns, worker_state
-from qpart.offline.state import State, in_memory
+from qpart.offline.samples import in_memory
+from qpart.offline.state import State
 
 _WAIT_S = 1.0
 _CONNECT_S = 2.0  # one check of the GCS's port waits at most this

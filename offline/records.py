@@ -6,8 +6,8 @@ from __future__ import annotations
 from qpart.models.data import describe_splits
 from qpart.models.sources import DataSource, FashionMnistSource
 from qpart.offline.data import Sources
+from qpart.offline.samples import Data
 from qpart.offline.settings import CalibrationSettings
-from qpart.offline.state import Data
 from qpart.profiles.artifacts import CalibrationData, DataRecord
 
 

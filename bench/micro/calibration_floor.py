@@ -28,9 +28,9 @@ from bench import REPO, write_json
 from qpart.models.data import Split
 from qpart.models.registry import get_model
 from qpart.models.sources import FashionMnistSource
-from qpart.offline.data import read_samples
 from qpart.offline.memory import keep_freed_memory
 from qpart.offline.runner import ModelRunner
+from qpart.offline.samples import read_samples
 from qpart.profiles.artifacts import FLOAT_BITS
 
 

@@ -1,11 +1,8 @@
-"""The job's data: sources named by the settings, checked against each other and the model, and
-decoded into fit, check and test samples in the sample order (issue 24, second layer)."""
+"""The job's data sources: named by the settings, checked against each other and the model, and read
+in the sample order (issue 24, second layer)."""
 
 from __future__ import annotations
 
-import errno
-import os
-import pickle
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -17,11 +14,10 @@ from qpart.models.data import Split, load_split
 from qpart.models.errors import LabelsError, SampleOverlapError, SourceMismatchError
 from qpart.models.registry import get_model
 from qpart.models.sources import ArraySource, FashionMnistSource, ImageFolderSource, export_image_folder
-from qpart.offline.data import SpilledArray, check_model_fits, open_sources, read_samples
-from qpart.offline.errors import CalibrationConfigError, CalibrationOutputError
-from qpart.offline.runner import ModelRunner
+from qpart.offline.data import check_model_fits, open_sources
+from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.samples import read_samples
 from qpart.offline.settings import CalibrationSettings
-from qpart.offline.state import load_data, prepare_work
 
 CNN = get_model("fmnist-cnn")
 
@@ -172,55 +168,3 @@ def test_a_camera_style_model_reads_fashion_mnist_through_its_card():
     check_model_fits(mobilenet, sources, 10)
     with pytest.raises(SourceMismatchError, match=r"are \[3, 64, 64\] but 'fmnist-cnn' takes \[1, 28, 28\]"):
         check_model_fits(CNN, sources, 10)
-
-
-def test_a_spilled_array_pickles_as_its_file_and_a_slice_as_a_copy(tmp_path):
-    images = SpilledArray.create(tmp_path / "x.npy", (50, 1, 4, 4))
-    images[:] = np.arange(800, dtype=np.float32).reshape(50, 1, 4, 4)
-    whole = pickle.dumps(images)
-    assert len(whole) < 200  # the file's name, not 3,200 bytes of samples
-    again = pickle.loads(whole)
-    assert isinstance(again, SpilledArray) and np.array_equal(again, images)
-    part = pickle.loads(pickle.dumps(images[10:20], protocol=5))
-    assert not isinstance(part, SpilledArray) and np.array_equal(part, images[10:20])
-    assert SpilledArray.in_memory(images).__class__ is np.ndarray
-
-
-@pytest.mark.parametrize("order", ["source", "digest"])
-def test_the_prepare_stage_counts_every_sample_it_decodes_or_runs(order):
-    """Its progress bar moves a batch at a time and ends exactly at its total (review of issue 26:
-    a one-step bar showed no ETA for the stage's 17-50 s)."""
-    spec = get_model("fmnist-cnn")
-    settings = CalibrationSettings(fit_samples=300, check_samples=200, test_samples=400, sample_order=order,
-                                   batch_size=100)
-    sources = open_sources(spec, settings)
-    ticks: list[int] = []
-    runner = ModelRunner(spec.load(), spec.input_shape, batch_size=100)
-    if order == "digest":  # a digest pass over both whole sources first: cut them to keep this quick
-        sources = replace(sources, calibration=sources.calibration.select(np.arange(700)),
-                          test=sources.test.select(np.arange(600)))
-    data = load_data(runner, settings, sources, tick=ticks.append)
-    assert sum(ticks) == prepare_work(settings, sources) and max(ticks) <= 500 and len(ticks) > 6
-    assert (len(data.fit), len(data.check), len(data.test)) == (300, 200, 400)
-
-
-def test_a_disk_too_small_for_the_samples_is_one_error_not_a_bus_error(tmp_path, monkeypatch):
-    """The file's blocks are allocated before any sample is written (review of issue 24: a sparse
-    file on a full tmpfs ended the job with SIGBUS and left the file behind)."""
-    def full(fd: int, offset: int, length: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(os, "posix_fallocate", full)
-    with pytest.raises(CalibrationOutputError, match=r"cannot hold the samples in .*No space left on device"
-                                                     r".*set TMPDIR"):
-        SpilledArray.create(tmp_path / "x.npy", (1000, 1, 28, 28))
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_worker_maps_the_samples_copy_on_write(tmp_path):
-    images = SpilledArray.create(tmp_path / "x.npy", (4, 2))
-    images[:] = 1.0
-    images.flush()
-    theirs = pickle.loads(pickle.dumps(images))
-    theirs[0, 0] = 7.0  # stays in the worker
-    assert images[0, 0] == 1.0 and np.load(tmp_path / "x.npy")[0, 0] == 1.0

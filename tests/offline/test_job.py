@@ -7,13 +7,11 @@ import pytest
 
 from qpart.kernels.coding import Coding
 from qpart.models.registry import get_model
-from qpart.offline.data import open_sources
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.image_ladder import measure_artifact_images
-from qpart.offline.job import calibrate, sample_folder
+from qpart.offline.job import calibrate
 from qpart.offline.report import markdown
 from qpart.offline.settings import CalibrationSettings
-from qpart.offline.state import sample_bytes
 from qpart.profiles.artifacts import FLOAT_BITS, load_artifact
 
 pytestmark = pytest.mark.slow
@@ -109,20 +107,6 @@ def test_worker_processes_change_no_pattern(small_run, tmp_path):
 def artifact_settings(artifact, **changes):
     kept = {k: v for k, v in artifact.settings.items() if k in CalibrationSettings.model_fields}
     return CalibrationSettings(**{**kept, **changes})
-
-
-def test_samples_go_to_files_when_every_process_copy_would_pass_the_limit():
-    """The limit counts one copy per process: the job's and each validation worker's (review of
-    issue 24: eight workers under a 2 GB limit held 18 GB)."""
-    spec = get_model("fmnist-cnn")
-    s = CalibrationSettings(spill_above_mb=100, fit_samples=4000, check_samples=6000)  # resolved
-    sources = open_sources(spec, s)
-    assert 50e6 < sample_bytes(s, sources) < 100e6  # 20,000 samples of 1x28x28 float32: 62.7 MB
-    with sample_folder(s, sources, 1) as alone:
-        assert alone is None
-    with sample_folder(s, sources, 3) as shared:
-        assert shared is not None and shared.is_dir() and shared.name.startswith("qpart-samples-")
-    assert not shared.exists()
 
 
 def test_the_artifact_carries_its_input_image_ladder(small_run):

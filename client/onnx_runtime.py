@@ -74,8 +74,8 @@ def check_segment(plan: PlanResponse, data: bytes, limits: OnnxSegmentLimits | N
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc} ({whence})") from exc
     except KernelError as exc:
         raise SegmentRefusedError(f"segment {seg.id[:12]} refused: {exc}") from exc
-    # The plan id is "model@version/pattern id" (server.responses); the exporter writes the
-    # pattern id into the metadata (server.segments.build_onnx_segment).
+    # The plan id is "model@version/pattern id" (server.api.responses); the exporter writes the
+    # pattern id into the metadata (server.store.segments.build_onnx_segment).
     want = {"model": plan.model, "version": plan.version, "cut": str(plan.cut),
             "pattern_id": plan.plan_id.rsplit("/", 1)[-1]}
     got = {k: info.metadata.get(k, "") for k in want}

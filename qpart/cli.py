@@ -167,12 +167,15 @@ def models_register(
     preprocess_file: Annotated[Path | None, typer.Option(help=(
         "JSON file (a model card) whose 'preprocess' object and 'labels' list declare the model's "
         "input and class names; or give the flags below."))] = None,
-    color: Annotated[str | None, typer.Option(help="Preprocessing color mode: L or RGB.")] = None,
+    color: Annotated[str | None, typer.Option(
+        help="Preprocessing color mode: L or RGB; --color, --mean and --std go together.")] = None,
     resize: Annotated[str | None, typer.Option(help="Resize: N (shorter side) or H,W (exactly).")] = None,
     center_crop: Annotated[str | None, typer.Option(help="Center crop H,W after the resize.")] = None,
     scale: Annotated[float | None, typer.Option(help="Factor on 0-255 pixels (default 1/255).")] = None,
-    mean: Annotated[str | None, typer.Option(help="Per-channel mean, comma-separated.")] = None,
-    std: Annotated[str | None, typer.Option(help="Per-channel std, comma-separated.")] = None,
+    mean: Annotated[str | None, typer.Option(
+        help="Per-channel mean, comma-separated (0 for none).")] = None,
+    std: Annotated[str | None, typer.Option(
+        help="Per-channel std, comma-separated (1 for none).")] = None,
     labels: Annotated[str | None, typer.Option(help="Class names in logit order, comma-separated.")] = None,
 ) -> None:
     """Register your own model with its preprocessing and labels: it must load from safetensors,

@@ -6,7 +6,7 @@ per-request softmax or pydantic serialization; each request takes its slice
 (:class:`server.tails.batching.Batcher` slices any ``Rows``) and :func:`tail_json` writes the
 :class:`server.schemas.TailResponse` document byte for byte as ``model_dump_json`` would (a test
 compares them), except that a class's ``name`` is left out, not null, when the card names no
-labels. ``bench/README.md`` has the measured saving (``python -m bench.answers``).
+labels. ``bench/README.md`` has the measured saving (``python -m bench.micro.answers``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ samples run at another per-sample cost and leave both alone.
 A lone request is also one that found the server idle: a batch of one that began less than
 LONE_AFTER_IDLE_S after the previous tail batch (of any model) ended, or that ran beside another
 batch, leaves both prices alone (ADR 0018; the batcher reports each batch's idle time). Right
-after other work the server is still warm: in ``bench.tail_context`` at 94d57ed, where the client
+after other work the server is still warm: in ``bench.e2e.analyses.tail_context`` at 94d57ed, where the client
 paused between requests, fmnist-mobilenet's cut-0 compute (tail and decoding) took 2.4 ms back to
 back and 2.5 ms after 5 ms pauses, 3.0 and 3.4 ms in the run that paused 20 ms, 3.2 and 4.1 ms in
 the one that paused 100 ms. A burst of

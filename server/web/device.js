@@ -267,7 +267,7 @@ for (const [index, label] of SAMPLES) {
 }
 $("sample").value = $("sample").options[1].value;
 $("form").addEventListener("submit", runForm);
-// Drop the downloaded segments and their sessions: the next run downloads again (bench.browser_device).
+// Drop the downloaded segments and their sessions: the next run downloads again (bench.micro.browser_device).
 window.qpartForgetSegments = () => { for (const session of sessions.values()) session.release(); sessions.clear(); };
 // Timers are coarsened to 100 us unless the page is cross-origin isolated (the server sends COOP/COEP).
 const timers = globalThis.crossOriginIsolated ? "5 us timers" : "100 us timers";

@@ -98,7 +98,7 @@ def test_the_wheel_ships_the_browser_device_page(installed):
 def test_the_device_onnx_extra_resolves_to_no_torch(installed, tmp_path):
     """Issue 25, acceptance 1: what pip would install for ``qpart-serving[device-onnx]`` into a fresh
     virtualenv, resolved against the package index (``--dry-run --ignore-installed``), holds
-    onnxruntime and no torch (bench.onnx_accuracy --onnx-venv runs the device from such an install)."""
+    onnxruntime and no torch (bench.micro.onnx_accuracy --onnx-venv runs the device from such an install)."""
     python = installed / "bin" / "python"
     wheel = next((installed.parent / "dist").glob("qpart_serving-*.whl"))
     report = tmp_path / "report.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -222,6 +223,27 @@ def infer(
     _say(run, accuracy, names)
 
 
+def _server_version(settings: DeviceSettings, model: str) -> str:
+    """The newest version of ``model`` the server lists, asked through the device's Transport (its
+    answer cap, deadline, retries, token and origin rules); a bad answer exits with one line."""
+    from qpart.client.errors import DeviceError
+    from qpart.client.transport import Transport
+
+    transport = Transport(settings)
+    try:
+        answer = transport.request("GET", f"/v2/models/{urllib.parse.quote(model, safe='')}").json()
+        version = answer["versions"][-1]
+        if not isinstance(version, str | int) or isinstance(version, bool):
+            raise TypeError(f"version {version!r} is not a string")
+    except (DeviceError, KeyError, IndexError, TypeError, ValueError) as exc:
+        typer.echo(f"error: cannot ask {settings.server} for the version of {model}; pass --version "
+                   f"({terminal_text(str(exc))})", err=True)
+        raise typer.Exit(2) from exc
+    finally:
+        transport.client.close()
+    return str(version)
+
+
 @device_app.command()
 def profile(
     model: Annotated[str, typer.Option(help="Model whose heads to time.")],
@@ -240,18 +262,11 @@ def profile(
     server: ServerOpt = None,
 ) -> None:
     """Time every cut's head on this device and write a profile the server's planner accepts."""
-    import httpx
-
     from qpart.client.profiler import profile_device
     from qpart.profiles.devices import get_device, save_device_profile
 
     if version is None:
-        server = _settings(server=server).server
-        try:
-            version = httpx.get(f"{server}/v2/models/{model}", timeout=10).json()["versions"][-1]
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise typer.BadParameter(f"cannot ask {server} for the version of {model}; "
-                                     f"pass --version ({exc})") from exc
+        version = _server_version(_settings(server=server), model)
     name = name if name is not None else out.stem
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
         raise typer.BadParameter(f"profile name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "

@@ -62,8 +62,8 @@ def probe_medians(small_rests: Sequence[float], large_rests: Sequence[float],
 
 # The fastest an upload body is priced at, as a multiple of the goodput: a body whose extra bytes
 # took no measurable time (at 100 Mbit/s the 3,164 B float packet's transfer median was 1.657 ms
-# against the 354 B one's 1.660, bench/results/upload-sizes-100.json, in git history) is nearly free, but a rate
-# must be finite.
+# against the 354 B one's 1.660, bench/results/upload-sizes-100.json, in git history) is nearly
+# free, but a rate must be finite.
 MAX_RATE_FACTOR = 1000.0
 MAX_UPLOAD_RATE_BPS = 1e12  # what a plan request accepts (server.schemas.PlanRequest.upload_rate_bps)
 

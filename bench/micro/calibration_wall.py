@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-root", type=Path, default=Path("/tmp/calibration_wall"),
                    help="artifacts and logs go to OUT_ROOT/{new,baseline}")
     p.add_argument("--json", type=Path, default=REPO / "bench/runs/calibration_wall.json",
-                   help="where the comparison goes (bench/runs/ is ignored; commit a copy under bench/results/)")
+                   help="where the comparison goes (bench/runs/ is ignored; commit a copy to bench/results/)")
     a = p.parse_args(argv)
     a.out_root.mkdir(parents=True, exist_ok=True)
     out = a.out_root

@@ -20,6 +20,7 @@ whose data holds images (Fashion-MNIST, an ImageFolder; not arrays of tensors);
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +34,8 @@ from qpart.models.image_codecs import WEBP, decode_webp, encode_webp, webp_encod
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 from qpart.models.registry import ModelSpec, get_model
 from qpart.models.sources import DataSource, FashionMnistSource, ImageFolderSource
+from qpart.models.sources.decoding import IMAGE_FORMATS
+from qpart.models.sources.files import read_regular
 from qpart.offline.data import Sources, recorded_source
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.ltt import BOUNDS, REFERENCE, Bound, Test, chance, fixed_sequence
@@ -71,7 +74,10 @@ def source_images(source: DataSource, positions: np.ndarray) -> Iterator[list[Im
         for start in range(0, len(positions), BATCH):
             batch = []
             for i in positions[start : start + BATCH].tolist():
-                with Image.open(source.root / source.files[i]) as img:
+                # Read whole by read_regular (a regular file of bounded size, inside the root once
+                # opened), not opened by Pillow: a FIFO, device or outside link swapped in is refused.
+                data = read_regular(source.root / source.files[i], root=source.root)
+                with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
                     img.load()
                     batch.append(img.copy())
             yield batch

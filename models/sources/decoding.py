@@ -30,7 +30,7 @@ MAX_WORKERS = 64
 Pixels = npt.NDArray[np.uint8]
 
 
-def decode_pixels(path: str, spec: PreprocessSpec) -> Pixels:
+def decode_pixels(path: str, spec: PreprocessSpec, root: str | None = None) -> Pixels:
     """One image file as uint8 ``[C, H, W]`` pixels after the spec's color, resize and crop.
 
     Raises:
@@ -41,7 +41,7 @@ def decode_pixels(path: str, spec: PreprocessSpec) -> Pixels:
     """
     try:
         # Read whole by read_regular, not opened by Pillow: a FIFO or device must not block it.
-        with Image.open(io.BytesIO(read_regular(path)), formats=IMAGE_FORMATS) as img:
+        with Image.open(io.BytesIO(read_regular(path, root=root)), formats=IMAGE_FORMATS) as img:
             width, height = img.size
             if width * height > MAX_IMAGE_PIXELS:
                 raise ImageDecodeError(
@@ -60,7 +60,7 @@ def decode_pixels(path: str, spec: PreprocessSpec) -> Pixels:
             f"{path} is not a readable JPEG, PNG or WebP image ({reason}); replace or remove it") from exc
 
 
-def decode_chunk(paths: Sequence[str], spec: PreprocessSpec) -> Pixels:
+def decode_chunk(paths: Sequence[str], spec: PreprocessSpec, root: str | None = None) -> Pixels:
     """Consecutive files as uint8 ``[n, C, H, W]`` (``spec.output_shape`` must be fixed)."""
     shape = spec.output_shape
     if shape is None:
@@ -68,7 +68,7 @@ def decode_chunk(paths: Sequence[str], spec: PreprocessSpec) -> Pixels:
             "the preprocessing has no fixed output shape; add a center_crop or an [H, W] resize")
     out = np.empty((len(paths), *shape), dtype=np.uint8)
     for i, path in enumerate(paths):
-        pixels = decode_pixels(path, spec)
+        pixels = decode_pixels(path, spec, root)
         if pixels.shape != shape:  # cannot happen with a fixed output shape; guards a Pillow surprise
             raise ImageDecodeError(f"{path} decoded to {pixels.shape}, expected {shape}")
         out[i] = pixels
@@ -76,12 +76,13 @@ def decode_chunk(paths: Sequence[str], spec: PreprocessSpec) -> Pixels:
 
 
 def iter_pixel_chunks(chunks: Sequence[Sequence[str]], spec: PreprocessSpec, *, workers: int,
-                      prefetch: int) -> Generator[Pixels, None, None]:
+                      prefetch: int, root: str | None = None) -> Generator[Pixels, None, None]:
     """Each chunk of files decoded by :func:`decode_chunk`, in order.
 
     Args:
         chunks: file paths, chunk by chunk.
         spec: the preprocessing.
+        root: when given, a file whose real path (once opened) is outside it is refused.
         workers: 0 decodes in this process; more starts that many spawned worker processes.
         prefetch: chunks decoding or decoded but not yet consumed, at most (bounds memory).
 
@@ -93,7 +94,7 @@ def iter_pixel_chunks(chunks: Sequence[Sequence[str]], spec: PreprocessSpec, *, 
         raise DatasetError(f"decoding workers {workers} is outside 0..{MAX_WORKERS}")
     if workers == 0:
         for chunk in chunks:
-            yield decode_chunk(chunk, spec)
+            yield decode_chunk(chunk, spec, root)
         return
     if prefetch < 1:
         raise DatasetError(f"prefetch {prefetch} must be at least 1")
@@ -103,7 +104,7 @@ def iter_pixel_chunks(chunks: Sequence[Sequence[str]], spec: PreprocessSpec, *, 
     todo = iter(chunks)
     try:
         for chunk in todo:
-            pending.append(pool.submit(decode_chunk, chunk, spec))
+            pending.append(pool.submit(decode_chunk, chunk, spec, root))
             if len(pending) >= prefetch:
                 break
         while pending:
@@ -114,7 +115,7 @@ def iter_pixel_chunks(chunks: Sequence[Sequence[str]], spec: PreprocessSpec, *, 
                     f"an image decoding worker died ({exc}); use fewer workers or free memory") from exc
             following = next(todo, None)
             if following is not None:
-                pending.append(pool.submit(decode_chunk, following, spec))
+                pending.append(pool.submit(decode_chunk, following, spec, root))
             yield pixels
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

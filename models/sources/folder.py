@@ -93,13 +93,14 @@ def find_images(root: Path, classes: Sequence[str]) -> tuple[tuple[str, ...], La
     return tuple(files), np.asarray(labels, dtype=np.int64)
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, root: Path | None = None) -> str:
     """sha256 hex of a file's bytes.
 
     Raises:
-        ImageDecodeError: not a readable regular file of at most ``MAX_FILE_BYTES`` (named).
+        ImageDecodeError: not a readable regular file of at most ``MAX_FILE_BYTES`` (named), or,
+            with ``root``, one outside it once opened.
     """
-    return hashlib.sha256(read_regular(path)).hexdigest()
+    return hashlib.sha256(read_regular(path, root=root)).hexdigest()
 
 
 class ImageFolderSource(DataSource):
@@ -162,7 +163,7 @@ class ImageFolderSource(DataSource):
     def sample_digests(self) -> tuple[str, ...]:
         """sha256 of each image file's bytes (computed once, on first use)."""
         if self._digests is None:
-            self._digests = tuple(file_sha256(self._root / f) for f in self._files)
+            self._digests = tuple(file_sha256(self._root / f, self._root) for f in self._files)
         return self._digests
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
@@ -172,7 +173,8 @@ class ImageFolderSource(DataSource):
         # Chunks never straddle batches, so each batch is filled by whole chunks.
         chunks = [paths[lo:min(lo + self._chunk_size, start + batch_size)] for start in starts
                   for lo in range(start, min(start + batch_size, len(paths)), self._chunk_size)]
-        stream = iter_pixel_chunks(chunks, self._spec, workers=self._workers, prefetch=self._prefetch)
+        stream = iter_pixel_chunks(chunks, self._spec, workers=self._workers, prefetch=self._prefetch,
+                                   root=str(self._root))
         try:
             for start in starts:
                 stop = min(start + batch_size, len(paths))

@@ -86,3 +86,22 @@ def test_a_source_of_tensors_has_no_images(tmp_path):
     save_file({"x": np.zeros((4, 1, 28, 28), np.float32), "y": np.arange(4, dtype=np.int64)}, path)
     with pytest.raises(CalibrationConfigError, match="holds tensors, not images"):
         next(source_images(ArraySource(path), np.arange(2)))
+
+
+def test_an_image_folder_is_read_through_the_same_guard_as_calibration(tmp_path):
+    """Issue 52, review finding 8: read whole (regular file, bounded, inside the root once opened)."""
+    from qpart.models.errors import ImageDecodeError
+    from qpart.models.sources import ImageFolderSource
+    from tests.models.sources.conftest import SPEC, write_image
+
+    root = tmp_path / "images"
+    write_image(root / "cat" / "a.png", 1)
+    write_image(root / "dog" / "b.png", 2)
+    source = ImageFolderSource(root, SPEC)
+    (images,) = list(source_images(source, np.arange(2)))
+    assert [im.size for im in images] == [(10, 12), (10, 12)]
+    outside = write_image(tmp_path / "elsewhere" / "secret.png", 3)
+    (root / "cat" / "a.png").unlink()
+    (root / "cat" / "a.png").symlink_to(outside)  # after the scan
+    with pytest.raises(ImageDecodeError, match="outside the ImageFolder"):
+        next(source_images(source, np.arange(2)))

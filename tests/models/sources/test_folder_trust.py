@@ -15,7 +15,7 @@ import pytest
 from qpart.models.errors import ImageDecodeError, ImageFolderError
 from qpart.models.sources import ImageFolderSource
 from qpart.models.sources.decoding import decode_pixels
-from qpart.models.sources.files import MAX_FILE_BYTES
+from qpart.models.sources.files import MAX_FILE_BYTES, read_regular
 from tests.models.sources.conftest import SPEC, write_image
 
 DEADLINE_S = 10.0
@@ -107,3 +107,25 @@ def test_a_sparse_file_of_a_gigabyte_is_refused_before_it_is_read(root):
     exc = finishes(digests_of(root))
     assert isinstance(exc, ImageDecodeError)
     assert str(huge) in str(exc) and f"more than the {MAX_FILE_BYTES}" in str(exc)
+
+
+def test_an_image_swapped_for_a_link_outside_the_root_after_the_scan_is_refused(root, tmp_path):
+    """Issue 52, review finding 8: the link check holds when the file is read, not only at the scan."""
+    outside = write_image(tmp_path / "elsewhere" / "secret.png", 3)
+    source = ImageFolderSource(root, SPEC)
+    inside = root / "cat" / "a.png"
+    inside.unlink()
+    inside.symlink_to(outside)  # after the scan checked the folder's links
+    for read in (source.sample_digests, lambda: next(source.batches(2))):
+        exc = finishes(read)
+        assert isinstance(exc, ImageDecodeError)
+        assert str(inside) in str(exc) and f"{outside}, outside the ImageFolder {root}" in str(exc)
+        assert "\n" not in str(exc)
+
+
+def test_read_regular_checks_the_root_only_when_given(root, tmp_path):
+    outside = write_image(tmp_path / "elsewhere" / "secret.png", 3)
+    assert read_regular(outside) == outside.read_bytes()
+    assert read_regular(root / "cat" / "a.png", root=root) == (root / "cat" / "a.png").read_bytes()
+    with pytest.raises(ImageDecodeError, match="outside the ImageFolder"):
+        read_regular(outside, root=root)

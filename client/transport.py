@@ -1,8 +1,9 @@
 """HTTP to the server: retries with exponential backoff and jitter, Retry-After, and rate estimates.
 
 Credentials go to the server's own origin only, and a URL on another origin is refused unless it
-is a segment on a trusted segment host, fetched without them (ADR 0020). Every answer is read in
-small raw pieces, capped after decoding and held to an overall deadline.
+is a segment on a trusted segment host, fetched without them (ADR 0020). Every answer is read raw
+in small pieces and decoded here (gzip, deflate or none; any other coding is refused), at most
+64 KiB per step, capped after decoding and held to an overall deadline.
 
 Every transfer also feeds a moving average of the channel rate (bits per second), which the
 runtime sends with its next plan request unless the user fixed the rate.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,7 @@ import httpx
 from qpart.client.errors import (
     AnswerTooLargeError,
     ForeignOriginError,
+    ServerAnswerError,
     ServerRejectedError,
     ServerUnavailableError,
     TransferDeadlineError,
@@ -32,35 +35,98 @@ from qpart.client.settings import DeviceSettings, origin_of
 RETRY_STATUS = {429, 502, 503, 504}
 MIN_RATE_SAMPLE_BYTES = 16 * 1024
 RAW_PIECE_BYTES = 4096
-"""Raw bytes decoded at a time: what one piece can grow to is bounded (gzip: about 4 MB), so the
-cap is checked before a compression bomb fills memory."""
+"""Raw bytes read from the connection at a time."""
+DECODED_PIECE_BYTES = 64 * 1024
+"""The most one decoding step may produce: the cap is checked before a compression bomb fills memory."""
+ACCEPT_ENCODING = "gzip, deflate"
+"""The only codings this device decodes (bounded, by :class:`_Decoder`); any other is refused."""
 
 
-class _Pieces(httpx.SyncByteStream):
-    """A response's raw stream cut into pieces of at most :data:`RAW_PIECE_BYTES` before decoding."""
+class _Decoder:
+    """Bounded decoding of one ``Content-Encoding`` (none, gzip or deflate): no step yields more
+    than :data:`DECODED_PIECE_BYTES`. Brotli, zstd, stacked and unknown codings are refused."""
 
-    def __init__(self, inner: httpx.SyncByteStream) -> None:
-        self.inner = inner
+    def __init__(self, coding: str, what: str) -> None:
+        self.coding = coding.strip().lower()
+        self.what = what
+        self._z: Any = None
+        self._head = b""
+        if self.coding in ("gzip", "x-gzip"):
+            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif self.coding not in ("", "identity", "deflate"):
+            shown = coding.encode("ascii", "backslashreplace").decode()[:80]
+            raise ServerAnswerError(f"{what}: the answer's Content-Encoding {shown!r} is not gzip, "
+                                    "deflate or none; refused")
 
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self.inner:
-            for start in range(0, len(chunk), RAW_PIECE_BYTES):
-                yield chunk[start:start + RAW_PIECE_BYTES]
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        if self.coding in ("", "identity"):
+            yield data
+            return
+        if self._z is None:  # deflate: zlib-wrapped or raw, told by its first two bytes
+            self._head += data
+            if len(self._head) < 2:
+                return
+            data, first = self._head, self._head
+            wrapped = first[0] & 0x0F == 8 and ((first[0] << 8) | first[1]) % 31 == 0
+            self._z = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        yield from self._steps(data)
 
-    def close(self) -> None:
-        self.inner.close()
+    def _steps(self, data: bytes) -> Iterator[bytes]:
+        try:
+            while True:
+                out = self._z.decompress(data, DECODED_PIECE_BYTES)
+                if out:
+                    yield out
+                data = self._z.unconsumed_tail
+                if not data and len(out) < DECODED_PIECE_BYTES:
+                    return
+        except zlib.error as exc:
+            raise ServerAnswerError(f"{self.what}: the answer's {self.coding} body cannot be "
+                                    f"decoded ({exc}); refused") from None
+
+    def finish(self) -> Iterator[bytes]:
+        if self._z is None and self._head:  # a one-byte deflate body
+            self._z = zlib.decompressobj(-zlib.MAX_WBITS)
+            yield from self._steps(self._head)
+        if self._z is not None:
+            yield from self._steps(b"")
 
 
 def iter_decoded(response: httpx.Response, deadline: float, what: str) -> Iterator[bytes]:
     """The decoded body of a streamed ``response``, a small piece at a time, until ``deadline``
-    (a :func:`time.monotonic` instant); past it, :class:`TransferDeadlineError`."""
-    if isinstance(response.stream, httpx.SyncByteStream):
-        response.stream = _Pieces(response.stream)
-    for chunk in response.iter_bytes():
-        if time.monotonic() > deadline:
-            raise TransferDeadlineError(f"{what} outlived its deadline (transfer_deadline_s); "
-                                        "the server sends too slowly")
+    (a :func:`time.monotonic` instant); past it, :class:`TransferDeadlineError`. The body is read
+    raw and decoded here, bounded (:class:`_Decoder`): a coding other than gzip, deflate or none
+    is refused with :class:`ServerAnswerError`."""
+    if response.is_stream_consumed:  # held whole already (an in-memory answer): only cut in pieces
+        body = response.content
+        for start in range(0, len(body), DECODED_PIECE_BYTES):
+            yield body[start:start + DECODED_PIECE_BYTES]
+        return
+    codings = [c for c in response.headers.get_list("content-encoding", split_commas=True) if c.strip()]
+    if len(codings) > 1:
+        shown = ", ".join(codings).encode("ascii", "backslashreplace").decode()[:80]
+        raise ServerAnswerError(f"{what}: the answer's Content-Encoding {shown!r} stacks codings; refused")
+    decoder = _Decoder(codings[0] if codings else "", what)
+
+    def pieces() -> Iterator[bytes]:
+        try:
+            for chunk in response.iter_raw():  # as it arrives (a chunk_size would wait to fill it)
+                for start in range(0, len(chunk), RAW_PIECE_BYTES):
+                    _check(deadline, what)  # also where a piece decodes to nothing (a drip of padding)
+                    yield from decoder.feed(chunk[start:start + RAW_PIECE_BYTES])
+        except httpx.DecodingError as exc:
+            raise ServerAnswerError(f"{what}: the answer cannot be decoded ({exc}); refused") from None
+        yield from decoder.finish()
+
+    for chunk in pieces():
+        _check(deadline, what)
         yield chunk
+
+
+def _check(deadline: float, what: str) -> None:
+    if time.monotonic() > deadline:
+        raise TransferDeadlineError(f"{what} outlived its deadline (transfer_deadline_s); "
+                                    "the server sends too slowly")
 
 
 def read_capped(response: httpx.Response, max_bytes: int, deadline: float, what: str) -> bytes:
@@ -164,8 +230,14 @@ class Transport:
 
         Raises:
             ForeignOriginError: another origin, unless ``segment`` and it is a trusted segment host.
+            ServerAnswerError: not a valid URL.
         """
-        request = self.client.build_request(method, url, headers=headers, **kwargs)
+        try:
+            request = self.client.build_request(method, url, headers=headers, **kwargs)
+        except httpx.InvalidURL as exc:
+            shown = str(url).encode("ascii", "backslashreplace").decode()[:200]
+            raise ServerAnswerError(f"the URL {shown!r} is not a valid URL ({exc}); refused") from None
+        request.headers["Accept-Encoding"] = ACCEPT_ENCODING  # only codings decoded bounded here
         target = request.url
         try:
             origin = origin_of(str(target))

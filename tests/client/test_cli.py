@@ -73,14 +73,14 @@ def test_infer_reads_the_environment_and_a_flag_overrides_it(monkeypatch, tmp_pa
 def test_profile_asks_the_server_of_the_environment_unless_a_flag_names_one(monkeypatch, tmp_path):
     asked: list[str] = []
 
-    def get(url, **_):
-        asked.append(url)
+    def send(self, request, **_):  # the device's Transport sends through httpx.Client
+        asked.append(str(request.url))
         raise httpx.ConnectError("nobody there")
 
     monkeypatch.setitem(sys.modules, "qpart.client.profiler", ModuleType("qpart.client.profiler"))
     sys.modules["qpart.client.profiler"].profile_device = None  # type: ignore[attr-defined]
-    monkeypatch.setattr(httpx, "get", get)
-    env = {"QPART_DEVICE_SERVER": "http://env.test:1"}
+    monkeypatch.setattr(httpx.Client, "send", send)
+    env = {"QPART_DEVICE_SERVER": "http://env.test:1", "QPART_DEVICE_RETRIES": "0"}
     args = ["profile", "--model", "fmnist-cnn", "--out", str(tmp_path / "p.json")]
     invoke(args, env)
     invoke([*args, "--server", "http://flag.test:2"], env)

@@ -26,7 +26,7 @@ from typing import Any
 from qpart.kernels import packed_size
 from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, pattern_noise, qpart_paper_bits
-from qpart.offline.errors import WorkerError
+from qpart.offline.errors import CheckpointMismatchError, WorkerError
 from qpart.offline.memory import allocator_environment, keep_freed_memory
 from qpart.offline.runner import ModelRunner
 from qpart.offline.samples import Data
@@ -77,6 +77,21 @@ def sizes(runner: ModelRunner, cut: int, bits: dict[str, int]) -> tuple[int, int
     return weight_bytes, fp32, act_bytes
 
 
+def pattern_id(cut: int, bits: dict[str, int]) -> str:
+    """A pattern's id: its cut and a digest of its cut and bits."""
+    return f"c{cut}-" + hashlib.sha256(key(cut, bits).encode()).hexdigest()[:16]
+
+
+def _id_fits(cut: int, pattern: Pattern) -> bool:
+    """``pattern``'s id is the one its cut and bits make (the activation's bits are in the key, or
+    absent from it when it stays float32, as at the last cut)."""
+    weights = dict(pattern.weight_bits)
+    ids = {pattern_id(cut, {**weights, "@activation": pattern.activation_bits})}
+    if pattern.activation_bits >= FLOAT_BITS:
+        ids.add(pattern_id(cut, weights))
+    return pattern.cut == cut and pattern.pattern_id in ids
+
+
 def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: list[AccuracyPoint],
              chosen: Selection | None = None) -> Pattern:
     """The artifact's record of ``bits``; ``chosen``: how the ladder chose them (None: lossless, or
@@ -86,10 +101,9 @@ def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: li
     test = (evaluate(st, cut, bits, st.data.test, st.data.test_correct, st.test_cache)
             if st.settings.measure_test else None)
     wb, fp32, ab = sizes(st.runner, cut, bits)
-    digest = hashlib.sha256(key(cut, bits).encode()).hexdigest()[:16]
     check = chosen.check if chosen else None
     return Pattern(
-        pattern_id=f"c{cut}-{digest}", cut=cut, level=level, weight_bits=weights,
+        pattern_id=pattern_id(cut, bits), cut=cut, level=level, weight_bits=weights,
         activation_bits=act, group_size=st.runner.groups[cut], predicted_noise=noise,
         predicted_drop=predicted_drop(points, noise),
         calib_drop=check.drop if check else None,
@@ -119,6 +133,28 @@ def record_patterns(record: CutRecord) -> tuple[list[Pattern], list[Pattern]]:
     levels = record["levels"]
     patterns = [Pattern.model_validate(x) for x in (record["lossless"], *(x["pattern"] for x in levels))]
     return patterns, [Pattern.model_validate(x["baseline"]) for x in levels if x["baseline"] is not None]
+
+
+def check_record(cut: int, record: CutRecord) -> None:
+    """Refuse (:class:`CheckpointMismatchError`, one line) a resumed record of ``cut`` holding a
+    pattern whose id is not the one its bits make: its bits were edited and its seal recomputed
+    (ADR 0021), and an artifact would serve them under the old id."""
+    try:
+        levels = record.get("levels", [])
+        found = [record["lossless"]] if "lossless" in record else []
+        found += [x[k] for x in levels for k in ("pattern", "baseline") if x[k] is not None]
+        patterns = [Pattern.model_validate(x) for x in found]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointMismatchError(
+            f"the checkpoint of cut {cut} (cut-{cut}.json) is not a record this job wrote "
+            f"({type(exc).__name__}); run again with --fresh to discard the checkpoints and start "
+            "afresh") from exc
+    for p in patterns:
+        if not _id_fits(cut, p):
+            raise CheckpointMismatchError(
+                f"the checkpoint of cut {cut} (cut-{cut}.json) holds pattern {p.pattern_id!r} whose "
+                "bits do not make its id (edited, and its seal recomputed), so it cannot be trusted; "
+                "run again with --fresh to discard the checkpoints and start afresh")
 
 
 def cut_patterns(st: State, cut: int, plan: Plan, record: CutRecord | None, save: Save) -> CutRecord:
@@ -213,6 +249,8 @@ def all_patterns(spec: ModelSpec, st: State, cuts: list[int], plan: Plan, worker
     or by ``executor`` (``offline.ray_executor``) when given. A worker's error ends the job with
     it; a worker that dies is a :class:`WorkerError`."""
     found = {c: r for c, r in records.items() if c in cuts}
+    for cut, record in found.items():
+        check_record(cut, record)
     steps = len(st.settings.levels) + 1
 
     def keep(cut: int, rec: CutRecord) -> None:  # reports may arrive late: never save an older one

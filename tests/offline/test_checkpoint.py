@@ -18,7 +18,7 @@ import pytest
 import qpart.offline.job as job_module
 import qpart.profiles.artifacts as artifacts_module
 from qpart.models.registry import get_model
-from qpart.offline.checkpoint import CHECKPOINT_DIR, Checkpoints
+from qpart.offline.checkpoint import CHECKPOINT_DIR, Checkpoints, checkpoint_sha256, inputs_sha256
 from qpart.offline.errors import CalibrationOutputError, CheckpointMismatchError
 from qpart.offline.job import calibrate
 from tests.offline.resume_driver import settings
@@ -181,6 +181,26 @@ def test_a_finished_cut_edited_before_resuming_is_refused_and_not_served(tmp_pat
         calibrate(get_model("fmnist-cnn"), settings(1), out)
     message = str(refused.value)
     assert str(file) in message and "--fresh" in message and "\n" not in message
+    assert not (out / "artifact.json").exists()
+
+
+def test_a_finished_cut_edited_and_resealed_is_refused_by_its_pattern_ids(tmp_path):
+    """Issue 52, review finding 9: the seal recomputed after the bits were edited (anyone who can
+    write the folder can): the pattern ids, recomputed from the bits, refuse it in one line."""
+    out = tmp_path / "out"
+    assert run_driver(out, 1, "validate + test patterns@4").returncode == -9
+    file = out / CHECKPOINT_DIR / "cut-0.json"
+    inputs = json.loads((out / CHECKPOINT_DIR / "inputs.json").read_text())["doc"]
+    sealed = json.loads(file.read_text())
+    for level in sealed["doc"]["levels"]:
+        level["pattern"].update(activation_bits=1, calib_drop_ub=0.0)
+    sealed["sha256"] = checkpoint_sha256("cut-0", inputs_sha256(inputs), sealed["doc"])
+    file.write_text(json.dumps(sealed))
+    Checkpoints.refuse_other_inputs(out, inputs)  # the seal holds
+    with pytest.raises(CheckpointMismatchError) as refused:
+        calibrate(get_model("fmnist-cnn"), settings(1), out)
+    message = str(refused.value)
+    assert "cut-0.json" in message and "--fresh" in message and "\n" not in message
     assert not (out / "artifact.json").exists()
 
 

@@ -59,8 +59,7 @@ MAX_IMAGE_SIDE = 1 << 16
 
 
 class LossyImage(_Strict):
-    """The same image as a lossy WebP at one of the qualities the model's ``/v2`` metadata lists
-    (``image_qualities``), made by the calibrated encoder (ADR 0015)."""
+    """The same image as a WebP at a quality from the model's ``image_qualities`` (ADR 0015)."""
 
     quality: JsonInt = Field(ge=1, le=100, description="The WebP quality it was encoded at.")
     bytes: JsonInt = Field(ge=1, le=1 << 30, description="The WebP's size in bytes.")
@@ -192,10 +191,8 @@ class PlanResponse(_Strict):
     activation_bits: int
     group_size: int
     activation_shape: list[int]
-    head_flops: int = Field(ge=0, description=(
-        "The head's floating-point operations per sample, as the model card (the calibration "
-        "artifact's cut) declares them, 2 per multiply-add; an ONNX device gives the segment a work "
-        "budget of this times a margin, capped by its own setting (ADR 0020)."))
+    head_flops: int = Field(ge=0, description=(  # ADR 0020: an ONNX device's work budget for the head
+        "The head's operations per sample (2 per multiply-add) as the artifact's cut declares them."))
     predicted: CostBreakdown
     all_server: CostBreakdown = Field(
         description="The cheapest plan at cut 0 (the server runs the whole model): the input sent "
@@ -248,8 +245,7 @@ class PatternInfo(_Strict):
 
 
 class RuntimeCuts(_Strict):
-    """Which cuts one device runtime can run, as calibration found by building and checking each
-    cut's head in that runtime's form."""
+    """Which cuts one device runtime can run, as calibration found by checking each cut's head."""
 
     cuts: list[int] = Field(description="The cuts it runs (cut 0, no head, always).")
     refused: dict[str, str] = Field(description="Cut (as a string) -> why this runtime cannot run it.")

@@ -4,11 +4,14 @@
 ``<id>.part`` and are renamed only when complete and verified, so a crash never leaves a file
 that looks usable. An interrupted download resumes with ``Range``; a cached file is revalidated
 with ``If-None-Match`` and re-hashed before use, and a corrupt one is deleted and fetched again.
-Pruning removes the least recently used files beyond the size limit; ``.part`` files count in it.
-A download that fails for any reason but a lost connection (which it resumes from) deletes its
-``.part`` file, and one left by a crash (untouched for :data:`PART_STALE_S`) is deleted when the
-cache opens. A download is held to an overall deadline (``transfer_deadline_s`` plus its announced
-size at ``transfer_min_rate_bps``), and its decoded bytes are counted against its bound.
+Pruning removes the least recently used files beyond the size limit; ``.part`` files count in it
+and go first, so a partial download never evicts a good segment. A download that fails for any
+reason but a lost connection (which it resumes from) deletes its ``.part`` file; one starting
+deletes every other segment's, so at most one is kept to resume; and one left by a crash
+(untouched for :data:`PART_STALE_S`) is deleted when the cache opens. A download is held to one
+overall deadline (``transfer_deadline_s`` plus its announced size at ``transfer_min_rate_bps``)
+for all its attempts and the waits between them, and its decoded bytes are counted against its
+bound.
 
 A segment is held to the size its plan announced and to the device's cap, if it has one: one
 announced over the cap is refused before a byte is downloaded, and a download whose
@@ -178,6 +181,9 @@ class SegmentCache:
     def _download(self, segment_id: str, url: str, progress: Progress | None, check: Check | None,
                   bound: _Bound) -> int:
         part = self.root / f"{segment_id}.part"
+        for other in self.root.glob("*.part"):
+            if other != part:  # only this download's part is kept to resume: no pile beyond the budget
+                other.unlink(missing_ok=True)
         try:
             total_read = self._download_part(part, url, progress, bound)
         except TransferDeadlineError:
@@ -207,27 +213,37 @@ class SegmentCache:
         return total_read
 
     def _download_part(self, part: Path, url: str, progress: Progress | None, bound: _Bound) -> int:
-        """Stream the segment into ``part`` (resuming it), with retries; the bytes read."""
+        """Stream the segment into ``part`` (resuming it), with retries, all of them and the waits
+        between them within one deadline (per attempt, retries would multiply it); the bytes read."""
         settings = self.transport.settings
+        offset = part.stat().st_size if part.is_file() else 0
+        most = bound.most or 0
+        deadline = self.transport.deadline(most - offset if offset <= most else most)
         total_read = 0
         last_error = ""
         for attempt in range(settings.retries + 1):
+            retry_after: str | None = None
             try:
-                total_read += self._stream_once(part, url, progress, bound)
+                total_read += self._stream_once(part, url, progress, bound, deadline)
                 return total_read
             except TransferDeadlineError:
                 raise  # retrying a dripping server would only multiply the wait
             except _Retry as exc:
-                last_error = str(exc)
-                if attempt < settings.retries:
-                    time.sleep(self.transport.backoff(attempt, exc.retry_after))
+                last_error, retry_after = str(exc), exc.retry_after
             except (httpx.TransportError, ServerUnavailableError) as exc:
                 last_error = str(exc)
-                if attempt < settings.retries:
-                    time.sleep(self.transport.backoff(attempt))
+            if attempt < settings.retries:
+                wait = self.transport.backoff(attempt, retry_after)
+                if time.monotonic() + wait >= deadline:  # never wait past it, for a retry cut short
+                    raise TransferDeadlineError(
+                        f"download of segment {bound.segment_id[:12]} outlived its deadline "
+                        f"(QPART_DEVICE_TRANSFER_DEADLINE_S) after {attempt + 1} attempts; "
+                        f"last: {_line(last_error)}")
+                time.sleep(wait)
         raise ServerUnavailableError(f"download of segment {bound.segment_id[:12]} failed: {last_error}")
 
-    def _stream_once(self, part: Path, url: str, progress: Progress | None, bound: _Bound) -> int:
+    def _stream_once(self, part: Path, url: str, progress: Progress | None, bound: _Bound,
+                     deadline: float) -> int:
         most = bound.most
         offset = part.stat().st_size if part.is_file() else 0
         if most is not None and offset > most:
@@ -235,9 +251,8 @@ class SegmentCache:
             offset = 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         started = time.perf_counter()
-        deadline = self.transport.deadline(max(0, (most or 0) - offset))
         read = 0
-        with self.transport.stream(url, headers) as response:
+        with self.transport.stream(url, headers, deadline) as response:
             if response.status_code == 416:
                 part.unlink(missing_ok=True)
                 raise ServerUnavailableError("stale partial download; restarting from zero")
@@ -288,11 +303,17 @@ class SegmentCache:
         return sorted(found, key=lambda e: e.last_used)
 
     def prune(self, keep: str | None = None, max_bytes: int | None = None) -> list[str]:
-        """Delete least recently used segments until the total fits; returns deleted ids."""
+        """Delete partial downloads (but ``keep``'s), then least recently used segments, until the
+        total fits; returns deleted segment ids (a part never costs a good segment its place)."""
         limit = self.max_bytes if max_bytes is None else max_bytes
         self._remove_stale_parts(PART_STALE_S)
         entries = self.entries()
         total = sum(e.size_bytes for e in entries) + self.part_bytes()
+        for part in sorted(self.root.glob("*.part")):
+            if total > limit and part.stem != keep:
+                with contextlib.suppress(FileNotFoundError):  # finished or removed meanwhile
+                    total -= part.stat().st_size
+                    part.unlink()
         removed = []
         for e in entries:
             if total <= limit:
@@ -303,6 +324,11 @@ class SegmentCache:
             total -= e.size_bytes
             removed.append(e.segment_id)
         return removed
+
+
+def _line(text: str) -> str:
+    """``text`` on one line (an error's own text may have line breaks)."""
+    return " ".join(text.split())
 
 
 def _head_of(response: httpx.Response, deadline: float) -> str:

@@ -68,8 +68,9 @@ class DeviceSettings(BaseSettings):
         256 << 20, gt=0, description="Most bytes of one segment for the PyTorch device (the ONNX "
         "device uses OnnxSegmentLimits.max_bytes); a plan announcing more is refused before download.")
     transfer_deadline_s: float = Field(
-        60.0, gt=0, description="Overall deadline of one transfer (request and whole answer), beyond "
-        "the per-read timeout; a segment download gets its size at transfer_min_rate_bps on top.")
+        60.0, gt=0, description="Overall deadline of one transfer: all attempts of a request or "
+        "download, the waits between them, and every read of the answer's head and body, beyond the "
+        "per-read timeout; a segment download gets its size at transfer_min_rate_bps on top.")
     transfer_min_rate_bps: float = Field(
         256e3, gt=0, description="Slowest rate (bit/s) a segment download is given time for: its "
         "deadline is transfer_deadline_s + size × 8 / this.")
@@ -93,6 +94,18 @@ class DeviceSettings(BaseSettings):
         True, description="When classifying one image file, offer the server the image itself as a "
         "PNG (ADR 0014): the planner may then choose to have it uploaded and preprocessed on the "
         "server, when that costs less than running a head here; false: never.")
+
+    @field_validator("server")
+    @classmethod
+    def _server_url(cls, server: str) -> str:
+        """An absolute http(s) URL (a base path is kept), so a bare ``host:port`` is refused here,
+        not later as a plan naming another origin."""
+        try:
+            origin_of(server)
+        except ValueError:
+            raise ValueError(f"{server!r} is not an http(s) URL; give the server's base URL, "
+                             "e.g. http://127.0.0.1:8000") from None
+        return server
 
     @field_validator("trusted_segment_hosts")
     @classmethod

@@ -3,7 +3,8 @@
 Credentials go to the server's own origin only, and a URL on another origin is refused unless it
 is a segment on a trusted segment host, fetched without them (ADR 0020). Every answer is read raw
 in small pieces and decoded here (gzip, deflate or none; any other coding is refused), at most
-64 KiB per step, capped after decoding and held to an overall deadline.
+64 KiB per step, and capped after decoding. One deadline holds a request, its retries and the waits
+between them, down to every socket read of the status line and headers (:mod:`.deadline`).
 
 Every transfer also feeds a moving average of the channel rate (bits per second), which the
 runtime sends with its next plan request unless the user fixed the rate.
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from qpart.client.deadline import deadline_client, transfer_deadline
 from qpart.client.errors import (
     AnswerTooLargeError,
     ForeignOriginError,
@@ -125,7 +127,7 @@ def iter_decoded(response: httpx.Response, deadline: float, what: str) -> Iterat
 
 def _check(deadline: float, what: str) -> None:
     if time.monotonic() > deadline:
-        raise TransferDeadlineError(f"{what} outlived its deadline (transfer_deadline_s); "
+        raise TransferDeadlineError(f"{what} outlived its deadline (QPART_DEVICE_TRANSFER_DEADLINE_S); "
                                     "the server sends too slowly")
 
 
@@ -136,7 +138,7 @@ def read_capped(response: httpx.Response, max_bytes: int, deadline: float, what:
         body += chunk
         if len(body) > max_bytes:
             raise AnswerTooLargeError(f"{what}: the answer is over {max_bytes} bytes once decoded "
-                                      "(answer_max_bytes); refused")
+                                      "(QPART_DEVICE_ANSWER_MAX_BYTES); refused")
     return bytes(body)
 
 
@@ -192,7 +194,7 @@ class Transport:
             self.origin: str | None = origin_of(settings.server)
         except ValueError:
             self.origin = None
-        self.client = client or httpx.Client(base_url=settings.server, timeout=settings.timeout_s)
+        self.client = client or deadline_client(base_url=settings.server, timeout=settings.timeout_s)
         self.rate = RateEstimator(settings.rate_smoothing, settings.cache_dir / "rate.json")
         self._sleep = sleep
         self._rng = random.Random()
@@ -247,10 +249,12 @@ class Transport:
             request.headers.update(self._credentials)
         elif not (segment and origin in self.settings.trusted_segment_hosts):
             what = "a segment" if segment else "the tail upload" if method == "POST" else "a request"
+            hint = (" (list a segment host in QPART_DEVICE_TRUSTED_SEGMENT_HOSTS to fetch segments from "
+                    "it without credentials)" if segment else
+                    "; a device sends its data and credentials to its server's origin only")
             raise ForeignOriginError(
                 f"the server's plan sends {what} to {target.scheme}://{target.netloc.decode()}, not to "
-                f"the server's origin {self.origin}; refused (list a segment host in "
-                "QPART_DEVICE_TRUSTED_SEGMENT_HOSTS to fetch segments from it without credentials)")
+                f"the server's origin {self.origin}; refused{hint}")
         return request
 
     def check_url(self, url: str, *, segment: bool = False) -> None:
@@ -260,12 +264,14 @@ class Transport:
 
     def request(self, method: str, url: str, *, segment: bool = False, **kwargs: Any) -> httpx.Response:
         """Send with retries; raises typed errors for 4xx and for exhausted retries. The answer's
-        body is read whole, capped at ``answer_max_bytes`` once decoded and held to the deadline."""
+        body is read whole, capped at ``answer_max_bytes`` once decoded; all attempts and the waits
+        between them end by one deadline (:meth:`deadline`), past which :class:`TransferDeadlineError`."""
         last = "no attempt made"
+        deadline = self.deadline()
         for attempt in range(self.settings.retries + 1):
             request = self._build(method, url, segment=segment, **kwargs)
             try:
-                response = self._send_capped(request)
+                response = self._send_capped(request, deadline)
             except TransferDeadlineError:
                 raise  # retrying a dripping server would only multiply the wait
             except httpx.TransportError as exc:
@@ -279,30 +285,45 @@ class Transport:
                 last = f"{response.status_code}: {_message(response)}"
                 retry_after = response.headers.get("retry-after")
             if attempt < self.settings.retries:
-                self._sleep(self._backoff(attempt, retry_after))
+                wait = self._backoff(attempt, retry_after)
+                if time.monotonic() + wait >= deadline:  # never wait past it for a retry cut short
+                    raise TransferDeadlineError(
+                        f"{method} {request.url.path} outlived its deadline "
+                        f"(QPART_DEVICE_TRANSFER_DEADLINE_S) after {attempt + 1} attempts "
+                        f"(last: {' '.join(last.split())[:300]})")
+                self._sleep(wait)
         raise ServerUnavailableError(
             f"{method} {url} failed after {self.settings.retries + 1} attempts (last: {last}); "
             f"check that the server at {self.settings.server} is up")
 
-    def _send_capped(self, request: httpx.Request) -> httpx.Response:
-        """``request``'s answer with its decoded body read (capped, before the deadline)."""
-        deadline = self.deadline()
-        response = self.client.send(request, stream=True)
-        try:
-            body = read_capped(response, self.settings.answer_max_bytes, deadline,
-                               f"{request.method} {request.url.path}")
-        finally:
-            response.close()
+    def _send_capped(self, request: httpx.Request, deadline: float) -> httpx.Response:
+        """``request``'s answer with its decoded body read (capped, before ``deadline``)."""
+        what = f"{request.method} {request.url.path}"
+        with transfer_deadline(deadline):
+            try:
+                response = self.client.send(request, stream=True)
+            except TransferDeadlineError:
+                raise TransferDeadlineError(
+                    f"{what} outlived its deadline (QPART_DEVICE_TRANSFER_DEADLINE_S) before the answer's "
+                    "headers; the server sends too slowly") from None
+            try:
+                body = read_capped(response, self.settings.answer_max_bytes, deadline, what)
+            finally:
+                response.close()
         headers = [(k, v) for k, v in response.headers.multi_items()
                    if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
         return httpx.Response(response.status_code, headers=headers, content=body, request=request)
 
     @contextmanager
-    def stream(self, url: str, headers: dict[str, str]) -> Iterator[httpx.Response]:
-        """One streaming GET of a segment (the caller handles resume, retries and the deadline):
-        with credentials on the server's origin, without on a trusted segment host."""
-        response = self.client.send(self._build("GET", url, segment=True, headers=headers), stream=True)
-        try:
-            yield response
-        finally:
-            response.close()
+    def stream(self, url: str, headers: dict[str, str], deadline: float | None = None
+               ) -> Iterator[httpx.Response]:
+        """One streaming GET of a segment (the caller handles resume and retries): with credentials
+        on the server's origin, without on a trusted segment host; every socket operation of it, in
+        the block too, ends by ``deadline``."""
+        request = self._build("GET", url, segment=True, headers=headers)
+        with transfer_deadline(deadline):
+            response = self.client.send(request, stream=True)
+            try:
+                yield response
+            finally:
+                response.close()

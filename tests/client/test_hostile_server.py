@@ -202,6 +202,7 @@ def test_a_foreign_infer_url_is_refused_before_anything_is_sent_there(server, fo
     with pytest.raises(ForeignOriginError) as exc:
         device.infer(np.zeros((1, 1, 28, 28), np.float32), "fmnist-cnn", 0.01)
     assert foreign.url.removeprefix("http://") in _one_line(exc)
+    assert "TRUSTED_SEGMENT_HOSTS" not in _one_line(exc)  # no such setting for uploads
     assert foreign.seen == []  # neither the token nor the activation went there
     assert server.seen[0][1].get("Authorization") == f"Bearer {TOKEN}"  # the server's own origin has it
 
@@ -244,7 +245,7 @@ def test_an_endless_answer_ends_at_the_cap(server, tmp_path):
     with pytest.raises(AnswerTooLargeError) as exc:
         device.plan("fmnist-cnn", 0.01)
     assert time.monotonic() - started < BOUND_S / 2
-    assert "answer_max_bytes" in _one_line(exc)
+    assert "QPART_DEVICE_ANSWER_MAX_BYTES" in _one_line(exc)
 
 
 def test_a_dripping_answer_is_cut_off_at_the_deadline(server, tmp_path):
@@ -254,7 +255,7 @@ def test_a_dripping_answer_is_cut_off_at_the_deadline(server, tmp_path):
     with pytest.raises(TransferDeadlineError) as exc:
         device.plan("fmnist-cnn", 0.01)
     assert time.monotonic() - started < 2.5
-    assert "transfer_deadline_s" in _one_line(exc)
+    assert "QPART_DEVICE_TRANSFER_DEADLINE_S" in _one_line(exc)
 
 
 def test_a_dripping_segment_is_cut_off_at_the_deadline_and_leaves_nothing(server, tmp_path):

@@ -188,3 +188,21 @@ def stream(first: bytes, piece: bytes = b" " * PIECE_BYTES, every_s: float = 0.0
             sent += len(chunk)
 
     return route
+
+
+def head_drip(every_s: float) -> Route:
+    """A route that sends a status line, then one byte of a header every ``every_s`` seconds until
+    the origin's stop: an answer whose head never ends, each pause shorter than a read timeout."""
+
+    def route(ex: Exchange) -> None:
+        h = ex.handler
+        h.close_connection = True
+        h.wfile.write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+        h.wfile.flush()
+        stop = time.monotonic() + ex.origin.stop_s
+        while time.monotonic() < stop:
+            time.sleep(every_s)
+            h.wfile.write(b"a")
+            h.wfile.flush()
+
+    return route

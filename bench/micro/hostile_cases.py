@@ -9,6 +9,7 @@ the runtime that returns those routes, and a :class:`Case` row in :data:`CASES`.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Callable
@@ -19,8 +20,15 @@ from typing import Any
 import httpx
 
 from bench import REPO
-from bench.harness.hostile_origin import Origin, Route, answer, stream
-from bench.micro.hostile_payloads import ESCAPES, activation_shape, gzip_bomb, idx_file, work_bomb
+from bench.harness.hostile_origin import Origin, Route, answer, head_drip, stream
+from bench.micro.hostile_payloads import (
+    ESCAPES,
+    activation_shape,
+    brotli_bomb,
+    gzip_bomb,
+    idx_file,
+    work_bomb,
+)
 
 MODEL = "fmnist-cnn"
 CUT = 5
@@ -29,6 +37,8 @@ RUNTIMES = ("torch", "onnx")
 DRIP = {"transfer_deadline_s": 5.0, "timeout_s": 3.0}
 """The settings the drip cases shrink, to end in seconds; a byte every :data:`DRIP_EVERY_S`."""
 DRIP_EVERY_S = 2.0
+BUSY_RETRY_AFTER_S = 9
+"""What ``busy_forever`` asks to wait each time: under ``max_backoff_s``, over the shrunk deadline."""
 
 @dataclass
 class Stage:
@@ -41,6 +51,7 @@ class Stage:
     segments: dict[str, bytes]
     idx: Path
     gzip_bomb: bytes
+    brotli_bomb: bytes
     segment_metadata: dict[str, dict[str, str]] = field(default_factory=dict)
     """What each runtime's plan wants an ONNX segment's metadata to say (model, version, cut, pattern)."""
 
@@ -134,6 +145,29 @@ def _drip_answer(s: Stage, rt: str) -> Routes:
             plan["infer_url"]: stream(b'{"results": [', b" ", DRIP_EVERY_S)}, {}
 
 
+def _brotli_plan(s: Stage, rt: str) -> Routes:
+    return {"/v1/plan": answer(s.brotli_bomb, headers={"Content-Encoding": "br"})}, {}
+
+
+def _stacked_plan(s: Stage, rt: str) -> Routes:
+    twice = gzip.compress(s.gzip_bomb, compresslevel=9)
+    return {"/v1/plan": answer(twice, headers={"Content-Encoding": "gzip, gzip"})}, {}
+
+
+def _head_drip_plan(s: Stage, rt: str) -> Routes:
+    return {"/v1/plan": head_drip(DRIP_EVERY_S)}, {}
+
+
+def _head_drip_segment(s: Stage, rt: str) -> Routes:
+    plan = s.plans[rt]
+    return {"/v1/plan": s.plan_route(plan), plan["segment"]["url"]: head_drip(DRIP_EVERY_S)}, {}
+
+
+def _busy_forever(s: Stage, rt: str) -> Routes:
+    busy = answer(b'{"error": "busy"}', status=503, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+    return {"/v1/plan": busy}, {}
+
+
 def _escaped_labels(s: Stage, rt: str) -> Routes:
     labels = [f"{ESCAPES}{i}" for i in range(10)]
     card = {**s.metadata, "parameters": {**s.metadata["parameters"], "labels": json.dumps(labels)}}
@@ -177,6 +211,15 @@ CASES: dict[str, Case] = {c.name: c for c in [
     Case("drip_segment", "the segment a byte every 2 s", _drip_segment, settings=DRIP),
     Case("drip_answer", "the tail's answer a byte every 2 s (the good segment stays cached)",
          _drip_answer, nothing_kept=False, settings=DRIP),
+    Case("brotli_bomb_plan", "a plan answer in brotli that decodes to 512 MiB", _brotli_plan),
+    Case("stacked_codings_plan", "the gzip bomb gzipped again, Content-Encoding 'gzip, gzip'",
+         _stacked_plan),
+    Case("head_drip_plan", "a status line, then the plan's headers a byte every 2 s", _head_drip_plan,
+         settings=DRIP),
+    Case("head_drip_segment", "the segment's headers a byte every 2 s", _head_drip_segment,
+         settings=DRIP),
+    Case("busy_forever", "503 with Retry-After 9 s on every plan request (5 retries)", _busy_forever,
+         settings=DRIP),
     Case("escaped_labels", "card labels with OSC, CSI, CR, LF, C1, bidi", _escaped_labels, fails=False,
          nothing_kept=False),
     Case("escaped_error", "a 400 whose error string holds the same escapes", _escaped_error),
@@ -209,4 +252,4 @@ def stage(server: str, origin: Origin, foreign: Origin, folder: Path,
             bombs[rt] = {"model": MODEL, "version": info["version"], "cut": str(CUT),
                          "pattern_id": p["pattern_id"]}
     return Stage(origin, foreign, metadata, plans, segments, idx_file(folder / "one.idx"),
-                 gzip_bomb(json.dumps(plans["torch"]).encode()), bombs)
+                 gzip_bomb(json.dumps(plans["torch"]).encode()), brotli_bomb(), bombs)

@@ -17,6 +17,16 @@ BOMB_MIB = 1536
 """The gzip bomb's decoded size beyond the plan, in MiB (the issue's 1.5 MB answer)."""
 
 
+def brotli_bomb(mib: int = 512) -> bytes:
+    """``mib`` MiB of zeros in brotli (a few hundred bytes): a coding the device must refuse
+    unread, since no brotli decoder it could use is bounded per step."""
+    try:  # brotli comes with tritonclient's geventhttpclient; the device never decodes it
+        import brotli  # type: ignore[import-untyped]
+    except ImportError:  # the label alone must get it refused, whatever the bytes
+        return b"\x1b" + b"\0" * 255
+    return bytes(brotli.compress(b"\0" * (mib << 20), quality=5))
+
+
 def gzip_bomb(prefix: bytes, mib: int = BOMB_MIB) -> bytes:
     """``prefix`` then ``mib`` MiB of spaces, gzip-coded in about ``mib`` KiB: each MiB is
     compressed once after a full flush (so every one codes the same) and the block repeated."""

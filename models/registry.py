@@ -167,9 +167,9 @@ def _entry_spec(entry: Mapping[str, object], folder: Path) -> ModelSpec:
     name, factory, shape = entry["name"], entry["factory"], entry["input_shape"]
     card = entry.get("card", {})
     if not isinstance(name, str) or not isinstance(factory, str) or not isinstance(card, Mapping):
-        raise TypeError(f"entry {entry.get('name')!r}: name and factory must be strings, card an object")
+        raise TypeError("name and factory must be strings, card an object")
     if not isinstance(shape, list):
-        raise TypeError(f"entry '{name}': input_shape must be a list of sizes")
+        raise TypeError("input_shape must be a list of sizes")
     weights = Path(str(entry["weights"]))
     return ModelSpec(name, factory, tuple(int(d) for d in shape),
                      weights if weights.is_absolute() else folder / weights, dict(card))
@@ -184,9 +184,20 @@ def read_registry(path: Path) -> dict[str, ModelSpec]:
     """
     try:
         raw = json.loads(path.read_text())
-        specs = [_entry_spec(e, path.parent) for e in raw["models"]]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise RegistryError(f"model registry {path} is malformed: {exc}") from exc
+    except ValueError as exc:
+        raise RegistryError(f"model registry {path} is not JSON: {exc}") from exc
+    models = raw.get("models") if isinstance(raw, dict) else None
+    if not isinstance(models, list):
+        raise RegistryError(f'model registry {path} is malformed: it must be an object with a "models" list')
+    specs = []
+    for number, entry in enumerate(models, 1):
+        try:
+            specs.append(_entry_spec(entry, path.parent))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            label = entry.get("name") if isinstance(entry, Mapping) else None
+            which = f"entry {number}" + (f" ({label!r})" if isinstance(label, str) else "")
+            detail = f"it has no {exc} field" if isinstance(exc, KeyError) else str(exc)
+            raise RegistryError(f"model registry {path}, {which}, is malformed: {detail}") from exc
     entries: dict[str, ModelSpec] = {}
     for spec in specs:
         if is_builtin(spec.name):

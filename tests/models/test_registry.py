@@ -167,3 +167,33 @@ def test_a_malformed_card_preprocess_is_one_error_line():
         _ = broken.preprocess
     with pytest.raises(LabelsError, match="labels must be a list"):
         _ = broken.labels
+
+
+@pytest.mark.parametrize(("models", "said"), [
+    ([{"name": "ok", "factory": "a.b:c", "input_shape": [1], "weights": "w"},
+      {"name": "cam", "input_shape": [1, 28, 28], "weights": "w.safetensors"}],
+     "entry 2 ('cam'), is malformed: it has no 'factory' field"),
+    ([{"name": "cam", "factory": "a.b:c", "input_shape": "1x28x28", "weights": "w"}],
+     "entry 1 ('cam'), is malformed: input_shape must be a list of sizes"),
+    (["cam"], "entry 1, is malformed"),
+])
+def test_a_malformed_entry_is_named(tmp_path, models, said):
+    from qpart.models.errors import RegistryError
+    from qpart.models.registry import read_registry
+
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps({"models": models}))
+    with pytest.raises(RegistryError) as exc:
+        read_registry(path)
+    assert said in str(exc.value) and str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"models": {}}'])
+def test_a_registry_that_is_not_an_object_with_a_models_list_says_so(tmp_path, text):
+    from qpart.models.errors import RegistryError
+    from qpart.models.registry import read_registry
+
+    path = tmp_path / "registry.json"
+    path.write_text(text)
+    with pytest.raises(RegistryError, match=r"is not JSON|must be an object with a \"models\" list"):
+        read_registry(path)

@@ -226,8 +226,10 @@ class SegmentCache:
             try:
                 total_read += self._stream_once(part, url, progress, bound, deadline)
                 return total_read
-            except TransferDeadlineError:
-                raise  # retrying a dripping server would only multiply the wait
+            except TransferDeadlineError:  # never retried: that would only multiply the wait
+                raise TransferDeadlineError(
+                    f"download of segment {bound.segment_id[:12]} outlived its deadline "
+                    "(QPART_DEVICE_TRANSFER_DEADLINE_S); the server sends too slowly") from None
             except _Retry as exc:
                 last_error, retry_after = str(exc), exc.retry_after
             except (httpx.TransportError, ServerUnavailableError) as exc:

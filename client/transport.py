@@ -302,14 +302,14 @@ class Transport:
         with transfer_deadline(deadline):
             try:
                 response = self.client.send(request, stream=True)
-            except TransferDeadlineError:
-                raise TransferDeadlineError(
-                    f"{what} outlived its deadline (QPART_DEVICE_TRANSFER_DEADLINE_S) before the answer's "
-                    "headers; the server sends too slowly") from None
-            try:
-                body = read_capped(response, self.settings.answer_max_bytes, deadline, what)
-            finally:
-                response.close()
+                try:
+                    body = read_capped(response, self.settings.answer_max_bytes, deadline, what)
+                finally:
+                    response.close()
+            except TransferDeadlineError:  # from a socket read (head or body) or between pieces
+                raise TransferDeadlineError(f"{what} outlived its deadline "
+                                            "(QPART_DEVICE_TRANSFER_DEADLINE_S); the server sends "
+                                            "too slowly") from None
         headers = [(k, v) for k, v in response.headers.multi_items()
                    if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
         return httpx.Response(response.status_code, headers=headers, content=body, request=request)

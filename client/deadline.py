@@ -23,6 +23,8 @@ import httpx
 
 from qpart.client.errors import TransferDeadlineError
 
+WRITE_SLICE_BYTES = 64 * 1024
+"""The most one socket write sends before the time left is looked at again."""
 _DEADLINE: ContextVar[float | None] = ContextVar("qpart_transfer_deadline", default=None)
 
 
@@ -73,12 +75,16 @@ class _DeadlineStream(httpcore.NetworkStream):
             raise
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        try:
-            self._inner.write(buffer, _clamp(timeout))
-        except httpcore.WriteTimeout:
-            if _expired():
-                raise _past() from None
-            raise
+        """``buffer`` a slice at a time, each held to the time left (a server draining an upload
+        slowly would otherwise keep one long write going past the deadline)."""
+        view = memoryview(buffer)
+        for start in range(0, max(len(view), 1), WRITE_SLICE_BYTES):
+            try:
+                self._inner.write(bytes(view[start:start + WRITE_SLICE_BYTES]), _clamp(timeout))
+            except httpcore.WriteTimeout:
+                if _expired():
+                    raise _past() from None
+                raise
 
     def close(self) -> None:
         self._inner.close()

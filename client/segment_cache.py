@@ -158,13 +158,17 @@ class SegmentCache:
             if data is not None and (not revalidate or self._still_valid(segment_id, url)):
                 os.utime(path)
                 return Fetched(data, 0, True)
+        deadline = self.transport.deadline(bound.most or 0)  # one for both tries below
+        resumed = (self.root / f"{segment_id}.part").is_file()
         try:
-            downloaded = self._download(segment_id, url, progress, check, bound)
+            downloaded = self._download(segment_id, url, progress, check, bound, deadline)
         except SegmentRefusedError:
             raise
         except SegmentError:
+            if not resumed:
+                raise  # a whole download that is wrong: the server's bytes, not a stale part
             # A resumed file that fails its hash (the old part was stale): once more from zero.
-            downloaded = self._download(segment_id, url, progress, check, bound)
+            downloaded = self._download(segment_id, url, progress, check, bound, deadline)
         data = self._verified(path, segment_id)
         if data is None:
             raise SegmentError(f"segment {segment_id[:12]} failed verification after download")
@@ -179,13 +183,13 @@ class SegmentCache:
         return response.status_code == 304
 
     def _download(self, segment_id: str, url: str, progress: Progress | None, check: Check | None,
-                  bound: _Bound) -> int:
+                  bound: _Bound, deadline: float) -> int:
         part = self.root / f"{segment_id}.part"
         for other in self.root.glob("*.part"):
             if other != part:  # only this download's part is kept to resume: no pile beyond the budget
                 other.unlink(missing_ok=True)
         try:
-            total_read = self._download_part(part, url, progress, bound)
+            total_read = self._download_part(part, url, progress, bound, deadline)
         except TransferDeadlineError:
             part.unlink(missing_ok=True)
             raise
@@ -201,8 +205,8 @@ class SegmentCache:
                                f"{bound.announced} bytes; the partial file was deleted, retry")
         if hashlib.sha256(part.read_bytes()).hexdigest() != segment_id:
             part.unlink(missing_ok=True)
-            raise SegmentError(f"downloaded segment {segment_id[:12]} does not match its sha256; "
-                               "the partial file was deleted, retry")
+            raise SegmentError(f"downloaded segment {segment_id[:12]} does not match its sha256: the "
+                               "server sent other bytes than its plan names; refused, nothing kept")
         if check is not None:
             try:
                 check(part.read_bytes())
@@ -212,13 +216,11 @@ class SegmentCache:
         os.replace(part, self._file(segment_id))
         return total_read
 
-    def _download_part(self, part: Path, url: str, progress: Progress | None, bound: _Bound) -> int:
+    def _download_part(self, part: Path, url: str, progress: Progress | None, bound: _Bound,
+                       deadline: float) -> int:
         """Stream the segment into ``part`` (resuming it), with retries, all of them and the waits
-        between them within one deadline (per attempt, retries would multiply it); the bytes read."""
+        between them within ``deadline`` (per attempt, retries would multiply it); the bytes read."""
         settings = self.transport.settings
-        offset = part.stat().st_size if part.is_file() else 0
-        most = bound.most or 0
-        deadline = self.transport.deadline(most - offset if offset <= most else most)
         total_read = 0
         last_error = ""
         for attempt in range(settings.retries + 1):

@@ -181,6 +181,10 @@ def _message(response: httpx.Response) -> str:
         return response.text[:300] or response.reason_phrase
 
 
+def _attempts(n: int) -> str:
+    return "1 attempt" if n == 1 else f"{n} attempts"
+
+
 class Transport:
     """A retrying httpx client bound to one server."""
 
@@ -288,8 +292,9 @@ class Transport:
                 wait = self._backoff(attempt, retry_after)
                 if time.monotonic() + wait >= deadline:  # never wait past it for a retry cut short
                     raise TransferDeadlineError(
-                        f"{method} {request.url.path} outlived its deadline "
-                        f"(QPART_DEVICE_TRANSFER_DEADLINE_S) after {attempt + 1} attempts "
+                        f"{method} {request.url.path}: the server asks for a wait of {wait:.1f} s "
+                        "before trying again (Retry-After or backoff), past the transfer's deadline "
+                        f"(QPART_DEVICE_TRANSFER_DEADLINE_S); gave up after {_attempts(attempt + 1)} "
                         f"(last: {' '.join(last.split())[:300]})")
                 self._sleep(wait)
         raise ServerUnavailableError(

@@ -17,7 +17,8 @@ device's idle figures. Every other case changes one answer
 Bounds (:func:`violations`; ``tests/bench/test_hostile_device.py`` asserts them on a few cases):
 
 - peak RSS at most :data:`RSS_BOUND_BYTES` above the benign run's, same runtime;
-- wall time at most the benign run's plus one transfer's bound (ADR 0020: ``transfer_deadline_s``
+- wall time at most the benign run's plus one transfer's bound (each case attacks one transfer;
+  the bound is per transfer, ADR 0020: ``transfer_deadline_s``
   plus ``timeout_s`` plus the segment's announced size at ``transfer_min_rate_bps``), plus the ONNX
   head's run deadline where the device has one, plus :data:`SLACK_S`;
 - no request on the other origin carries ``Authorization`` or a body;

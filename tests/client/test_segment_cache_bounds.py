@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from qpart.client.errors import ServerUnavailableError, TransferDeadlineError
+from qpart.client.errors import SegmentError, ServerUnavailableError, TransferDeadlineError
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
@@ -113,3 +113,34 @@ def test_cut_off_downloads_leave_one_part_and_never_evict_good_segments(server, 
     assert cache.prune() == []  # the part goes, not the good segments
     assert {e.segment_id for e in cache.entries()} == {good_id, other_id}
     assert _on_disk(tmp_path)[0] <= BUDGET
+
+
+def test_wrong_bytes_are_downloaded_once_and_refused_for_what_they_are(server, tmp_path, transports):
+    """A whole download whose sha256 is wrong is the server's doing: no second download (with a
+    deadline of its own), and no advice to retry."""
+    _, seg_id = _segment(3)
+    server.routes["/seg"] = lambda h: _send(h, 200, bytes([4]) * SIZE)
+    cache = _cache(server, tmp_path, transports)
+    with pytest.raises(SegmentError) as exc:
+        cache.get(seg_id, "/seg", size_bytes=SIZE)
+    assert server.paths() == ["/seg"]
+    assert "other bytes than its plan names" in _one_line(exc) and "retry" not in _one_line(exc)
+    assert _on_disk(tmp_path) == (0, [])
+
+
+def test_a_stale_part_is_fetched_again_once_from_zero_within_the_same_deadline(server, tmp_path,
+                                                                             transports):
+    data, seg_id = _segment(5)
+    (tmp_path / f"{seg_id}.part").write_bytes(b"\xff" * (SIZE // 2))  # stale: not this segment's start
+
+    def route(h: BaseHTTPRequestHandler) -> None:  # honours Range: the resumed file is half stale
+        if h.headers.get("Range"):
+            start = int(h.headers["Range"].removeprefix("bytes=").rstrip("-"))
+            _send(h, 206, data[start:], {"Content-Range": f"bytes {start}-{SIZE - 1}/{SIZE}"})
+        else:
+            _send(h, 200, data)
+
+    server.routes["/seg"] = route
+    cache = _cache(server, tmp_path, transports)
+    assert cache.get(seg_id, "/seg", size_bytes=SIZE).data == data
+    assert server.paths() == ["/seg", "/seg"]

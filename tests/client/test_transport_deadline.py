@@ -4,6 +4,7 @@ with a Retry-After, are cut off at ``transfer_deadline_s``, for plans and for se
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -95,8 +96,41 @@ def test_retries_and_their_waits_share_one_deadline(server, tmp_path):
     with pytest.raises(TransferDeadlineError) as exc:
         device.plan("fmnist-cnn", 0.01)
     assert time.monotonic() - started < 1.5  # 6 attempts and 5 waits of 0.5 s each would be 2.5 s
-    assert "after" in _one_line(exc) and "503" in _one_line(exc)
+    assert "asks for a wait of" in _one_line(exc) and "503" in _one_line(exc)
     assert 2 <= len(server.paths()) <= 3
+
+
+def test_an_upload_the_server_drains_slowly_is_cut_off_at_the_deadline(tmp_path):
+    """A server that reads 1 MiB every 0.1 s: every socket send makes progress well within the
+    timeout, so only a deadline looked at between slices can end a 60 MB upload (6 s)."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    got = [0]
+
+    def drain() -> None:
+        conn, _ = listener.accept()
+        stop = time.monotonic() + BOUND_S * 2
+        with conn:
+            while time.monotonic() < stop:
+                data = conn.recv(1 << 20)
+                if not data:
+                    return
+                got[0] += len(data)
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    device = _device(Hostile(url=f"http://127.0.0.1:{port}"), tmp_path, transfer_deadline_s=1.0,
+                     timeout_s=30.0)
+    started = time.monotonic()
+    with pytest.raises(TransferDeadlineError) as exc:
+        device.transport.request("POST", "/v1/infer", content=b"\0" * (60 << 20))
+    assert time.monotonic() - started < 2.0
+    assert "POST /v1/infer outlived its deadline" in _one_line(exc)
+    assert got[0] < 60 << 20
+    listener.close()
 
 
 def test_outside_a_transfer_only_the_per_read_timeouts_hold(server):

@@ -90,7 +90,9 @@ class PlanResponse(HeadSpec, PacketFormat):
     """The server's plan: the head to build, how to send its activation, and where."""
 
     plan_id: str
-    level: float = Field(description="The accuracy level of the chosen pattern.")
+    level: float = Field(description="The accuracy level of the chosen pattern, in ``metric``.")
+    metric: str = Field("top1-drop", description="What the level bounds (top1-drop, top1-agreement or "
+                        "top5-drop; servers before it: top1-drop).")
     weight_bits: dict[str, int] = Field(description="Bits of each quantized head tensor.")
     activation_shape: list[int] = Field(description="One sample's activation at the cut.")
     head_flops: int | None = Field(None, ge=0, description="The head's FLOPs per sample as the model "

@@ -33,9 +33,11 @@ if TYPE_CHECKING:
         RegistryError,
         SampleOverlapError,
         SourceMismatchError,
+        UnknownMetricError,
         UnknownModelError,
     )
     from qpart.models.image_codecs import WEBP, decode_webp, encode_webp, parse_rung_id, rung_id, webp_encoder
+    from qpart.models.metrics import DEFAULT_METRIC, METRICS, Metric, get_metric, hits_of
     from qpart.models.onnx_export import head_to_onnx
     from qpart.models.partition import Cut, cut_flops, cuts_of, legal_cuts, prepare, split
     from qpart.models.preprocess import (
@@ -74,7 +76,9 @@ __all__ = [
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIR",
     "DEFAULT_IMAGE_FOLDER",
+    "DEFAULT_METRIC",
     "FASHION_MNIST_SPEC",
+    "METRICS",
     "REGISTRY_ENV",
     "WEBP",
     "ZOO_DIR",
@@ -90,6 +94,7 @@ __all__ = [
     "ImageFolderError",
     "ImageFolderSource",
     "LabelsError",
+    "Metric",
     "ModelLoadError",
     "ModelSpec",
     "ModelsError",
@@ -101,6 +106,7 @@ __all__ = [
     "SourceMismatchError",
     "Split",
     "SplitRecord",
+    "UnknownMetricError",
     "UnknownModelError",
     "check_labels",
     "check_sources",
@@ -110,8 +116,10 @@ __all__ = [
     "describe_splits",
     "distinct_refusals",
     "encode_webp",
+    "get_metric",
     "get_model",
     "head_to_onnx",
+    "hits_of",
     "interleaved_medians",
     "is_builtin",
     "legal_cuts",

@@ -65,6 +65,10 @@ class LabelsError(ModelsError):
     or the data's classes."""
 
 
+class UnknownMetricError(ModelsError):
+    """A metric name no module of :mod:`qpart.models.metrics` registers."""
+
+
 class UnknownModelError(ModelsError, KeyError):
     """A model name that is not in the registry."""
 

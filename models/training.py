@@ -23,6 +23,7 @@ from torch import nn
 
 from qpart.models.data import Split, describe_splits, load_split, split_indices
 from qpart.models.errors import DatasetError, PreprocessError
+from qpart.models.metrics import get_metric, hits_of
 from qpart.models.registry import ModelSpec, get_model
 from qpart.models.sources import DataSource, ImageFolderSource, export_image_folder
 
@@ -122,6 +123,10 @@ def _augment(batch: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return padded[:, :, dy : dy + batch.shape[2], dx : dx + batch.shape[3]]
 
 
+TOP1 = get_metric("top1-drop")
+"""Training reports top-1 accuracy against the labels."""
+
+
 def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray, batch: int = 1000) -> float:
     """Top-1 accuracy of ``model`` on the given images."""
     return evaluate_batches(model, ((images[s:s + batch], labels[s:s + batch])
@@ -134,8 +139,7 @@ def evaluate_batches(model: nn.Module, batches: Iterator[tuple[np.ndarray, np.nd
     correct = total = 0
     with torch.no_grad():
         for images, labels in batches:
-            pred = model(torch.from_numpy(images)).argmax(1).numpy()
-            correct += int((pred == labels).sum())
+            correct += int(hits_of(TOP1, model(torch.from_numpy(images)), labels).sum())
             total += len(labels)
     return correct / total
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 from qpart.models.data import Split
 from qpart.models.errors import LabelsError, SourceMismatchError
+from qpart.models.metrics import get_metric
 from qpart.models.preprocess import PreprocessSpec
 from qpart.models.registry import ModelSpec
 from qpart.models.sources import (
@@ -112,7 +113,8 @@ def align_labels(spec: ModelSpec, sources: Sources, mode: Literal["check", "map"
         LabelsError: the same names in another order, and ``mode`` is ``check``.
     """
     labels, classes = spec.labels, sources.calibration.class_names
-    if labels is None or tuple(labels) == tuple(classes) or sorted(labels) != sorted(classes):
+    if (labels is None or not sources.calibration.labelled or tuple(labels) == tuple(classes)
+            or sorted(labels) != sorted(classes)):
         return sources
     if mode == "check":
         raise LabelsError(
@@ -126,7 +128,23 @@ def align_labels(spec: ModelSpec, sources: Sources, mode: Literal["check", "map"
 def _ordered(source: DataSource, labels: Sequence[str]) -> DataSource:
     """``source`` in the card's class order where it holds the same classes (else as it is: the
     calibration and test sources were checked to agree, ``check_sources``)."""
-    return source.in_class_order(labels) if sorted(source.class_names) == sorted(labels) else source
+    return (source.in_class_order(labels) if source.labelled and sorted(source.class_names) == sorted(labels)
+            else source)
+
+
+def check_metric_fits(sources: Sources, metric: str) -> None:
+    """Refuse a metric that needs labels on a source without them, before any work.
+
+    Raises:
+        LabelsError: one line naming the source and the metric that needs no labels.
+    """
+    if not get_metric(metric).needs_labels:
+        return
+    for role, source in (("calibration", sources.calibration), ("test", sources.test)):
+        if not source.labelled:
+            raise LabelsError(f"the {role} data {source.describe().location} has no labels (no class "
+                              f"folders, or no y), which the {metric} metric needs; give --metric "
+                              "top1-agreement (its promise needs no labels) or labelled data")
 
 
 def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
@@ -143,7 +161,7 @@ def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
             f"the data's samples are {list(shape)} but '{spec.name}' takes {list(spec.input_shape)}; "
             f"declare its preprocessing when registering it, or give data of that shape")
     classes = len(sources.calibration.class_names)
-    if classes != logits:
+    if sources.calibration.labelled and classes != logits:
         raise LabelsError(f"the data has {classes} classes but '{spec.name}' gives {logits} logits; give "
                           f"data with one class per logit")
     labels = spec.labels

@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from qpart.models.image_codecs import WEBP, decode_webp, encode_webp, webp_encoder
+from qpart.models.metrics import DEFAULT_METRIC, Metric, get_metric
 from qpart.models.preprocess import PreprocessSpec, preprocess_image
 from qpart.models.registry import ModelSpec, get_model
 from qpart.models.sources import DataSource, FashionMnistSource, ImageFolderSource
@@ -38,7 +39,7 @@ from qpart.models.sources.decoding import IMAGE_FORMATS
 from qpart.models.sources.files import read_regular
 from qpart.offline.data import Sources, recorded_source
 from qpart.offline.errors import CalibrationConfigError
-from qpart.offline.ltt import BOUNDS, REFERENCE, Bound, Test, chance, fixed_sequence
+from qpart.offline.ltt import BOUNDS, ONE_SAMPLE, REFERENCE, Bound, Test, chance, fixed_sequence
 from qpart.offline.report import markdown
 from qpart.offline.samples import sample_positions
 from qpart.offline.settings import CalibrationSettings
@@ -86,35 +87,38 @@ def source_images(source: DataSource, positions: np.ndarray) -> Iterator[list[Im
                                      "ladder needs the images themselves (Fashion-MNIST or an ImageFolder)")
 
 
-def _correct(model: torch.nn.Module, images: list[Image.Image], spec: PreprocessSpec,
-             labels: np.ndarray) -> np.ndarray:
+def _logits(model: torch.nn.Module, images: list[Image.Image], spec: PreprocessSpec) -> torch.Tensor:
     x = np.stack([preprocess_image(im, spec) for im in images])
     with torch.inference_mode():
-        return np.asarray(model(torch.from_numpy(x)).argmax(1).numpy() == labels)
+        logits: torch.Tensor = model(torch.from_numpy(x))
+    return logits
 
 
 def drops(model: torch.nn.Module, spec: PreprocessSpec, batches: Iterator[list[Image.Image]],
-          labels: np.ndarray, qualities: Sequence[int], tick: Tick | None = None
-          ) -> tuple[list[PairedDrop], list[float]]:
-    """Per quality, the paired drop against the unencoded images and the mean encoded bytes."""
+          labels: np.ndarray, qualities: Sequence[int], tick: Tick | None = None,
+          metric: Metric | None = None) -> tuple[list[PairedDrop], list[float]]:
+    """Per quality, the paired counts under ``metric`` (top-1 drop when None) against the
+    unencoded images, and the mean encoded bytes."""
+    judge = metric if metric is not None else get_metric(DEFAULT_METRIC)
     reference: list[np.ndarray] = []
     coded: dict[int, list[np.ndarray]] = {q: [] for q in qualities}
     sizes: dict[int, int] = dict.fromkeys(qualities, 0)
     done = 0
     for batch in batches:
-        want = labels[done : done + len(batch)]
-        reference.append(_correct(model, batch, spec, want))
+        plain = _logits(model, batch, spec)
+        anchor = judge.anchor(plain, labels[done : done + len(batch)])
+        reference.append(judge.hits(plain, anchor))
         for q in qualities:
             bodies = [encode_webp(im, q) for im in batch]
             sizes[q] += sum(len(b) for b in bodies)
-            coded[q].append(_correct(model, [decode_webp(b) for b in bodies], spec, want))
+            coded[q].append(judge.hits(_logits(model, [decode_webp(b) for b in bodies], spec), anchor))
         done += len(batch)
         if tick is not None:
             tick(len(batch))
     if done != len(labels):
         raise CalibrationConfigError(f"{done} images for {len(labels)} labels")
     ref = np.concatenate(reference)
-    return ([paired_drop(ref, np.concatenate(coded[q])) for q in qualities],
+    return ([paired_drop(ref, np.concatenate(coded[q]), judge.paired) for q in qualities],
             [sizes[q] / max(done, 1) for q in qualities])
 
 
@@ -133,35 +137,41 @@ def promised_levels(measured: Sequence[PairedDrop], levels: Sequence[float], con
     return out
 
 
-def statement(delta: float, bound: Bound, check_samples: int, qualities: Sequence[int]) -> str:
-    """The ladder's promise in one sentence."""
+def statement(delta: float, bound: Bound, check_samples: int, qualities: Sequence[int],
+              metric: Metric | None = None) -> str:
+    """The ladder's promise in one sentence (in ``metric``'s words; top-1 drop when None)."""
     shown = ", ".join(str(q) for q in qualities)
-    return (f"For each quality promised at a level, with probability {chance(bound)} over the draw of the "
-            f"check samples, the expected top-1 drop of the model on images this encoder made at that "
+    judged = metric if metric is not None else get_metric(DEFAULT_METRIC)
+    how = BOUNDS[bound] if judged.paired else ONE_SAMPLE
+    sure = chance(bound if judged.paired else "exact")
+    return (f"For each quality promised at a level, with probability {sure} over the draw of the "
+            f"check samples, the {judged.summary} of the model on images this encoder made at that "
             f"quality, decoded and preprocessed as the card declares, against the same images "
             f"unencoded, on data from the calibration distribution, is at most the level: δ = {delta:g}; "
-            f"bound: {BOUNDS[bound]}; {check_samples:,} check samples; ladder: WebP qualities {shown}, "
+            f"bound: {how}; {check_samples:,} check samples; ladder: WebP qualities {shown}, "
             f"fixed before any sample was read, tested per level from the highest quality down until "
             f"the first failure; fixed-sequence testing ({REFERENCE}).")
 
 
 def measure_ladder(model: torch.nn.Module, spec: PreprocessSpec, check: LadderSamples, test: LadderSamples,
                    levels: Sequence[float], confidence: float, bound: Bound,
-                   qualities: Sequence[int] = QUALITIES, tick: Tick | None = None) -> ImageLadder:
+                   qualities: Sequence[int] = QUALITIES, tick: Tick | None = None,
+                   metric: Metric | None = None) -> ImageLadder:
     """The ladder tested on ``check``, its promised rungs measured on ``test`` (module doc)."""
     if list(qualities) != sorted(set(qualities), reverse=True):
         raise CalibrationConfigError(f"the ladder's qualities {list(qualities)} must be distinct and "
                                      "from the highest down (the most conservative is tested first)")
     model = model.eval()
-    on_check, mean_bytes = drops(model, spec, _batches(check), check.labels, qualities, tick)
+    on_check, mean_bytes = drops(model, spec, _batches(check), check.labels, qualities, tick, metric)
     promised = promised_levels(on_check, levels, confidence, bound)
     kept = [q for q, lv in zip(qualities, promised, strict=True) if lv]
-    on_test = dict(zip(kept, drops(model, spec, _batches(test), test.labels, kept, tick)[0], strict=True))
+    on_test = dict(zip(kept, drops(model, spec, _batches(test), test.labels, kept, tick, metric)[0],
+                       strict=True))
     rungs = [ImageRung(codec=WEBP, quality=q, levels=lv, calib_drop=d.drop,
                        calib_drop_ub=d.upper_bound(confidence, bound), mean_bytes=size,
                        test_drop=on_test[q].drop if q in on_test else None)
              for q, lv, d, size in zip(qualities, promised, on_check, mean_bytes, strict=True)]
-    return ImageLadder(statement=statement(1 - confidence, bound, len(check.labels), qualities),
+    return ImageLadder(statement=statement(1 - confidence, bound, len(check.labels), qualities, metric),
                        encoder=webp_encoder(), check_samples=len(check.labels),
                        test_samples=len(test.labels), rungs=rungs)
 
@@ -233,7 +243,8 @@ def measure_artifact_images(directory: Path, qualities: Sequence[int] | None = N
         raise CalibrationConfigError(f"{directory}: the artifact does not record its levels")
     ladder = measure_ladder(spec.load(), spec.preprocess, role_samples(calibration, check_pos),
                             role_samples(test, test_pos), [float(v) for v in levels], 1 - promise.delta,
-                            "exact" if promise.bound == "exact" else "newcombe", qualities, tick)
+                            "exact" if promise.bound == "exact" else "newcombe", qualities, tick,
+                            get_metric(promise.metric))
     updated = artifact.model_copy(update={"image_ladder": ladder})
     save_artifact(updated, directory)
     write_atomic(directory / "report.md", markdown(updated))  # the report shows the ladder too
@@ -268,6 +279,6 @@ def job_ladder(spec: ModelSpec, sources: Sources, settings: CalibrationSettings,
 
     ladder = measure_ladder(spec.load(), spec.preprocess, role_samples(sources.calibration, check_pos),
                             role_samples(sources.test, test_pos), settings.levels, settings.confidence,
-                            settings.bound, settings.image_qualities, advance)
+                            settings.bound, settings.image_qualities, advance, get_metric(settings.metric))
     save("images", ladder.model_dump(mode="json"))
     return ladder

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from qpart.kernels.coding import Coding
+from qpart.models.metrics import get_metric
 from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, allocate, pattern_noise
 from qpart.offline.checkpoint import Checkpoints, check_writable, output_error
 from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, with_coding_ratios
-from qpart.offline.data import Sources, align_labels, check_model_fits, open_sources
+from qpart.offline.data import Sources, align_labels, check_metric_fits, check_model_fits, open_sources
 from qpart.offline.errors import CheckpointMismatchError
 from qpart.offline.image_ladder import job_ladder
 from qpart.offline.ltt import make_promise
@@ -74,7 +75,8 @@ def _measure_point(st: State, cut: int, budget: float) -> dict[str, Any]:
     weights, act = split_bits(bits)
     logits = st.runner.run_pattern(st.data.fit.images, cut, weights, act)
     noise = float((logits - st.data.fit_logits).pow(2).sum(1).mean())
-    counts = paired_drop(st.data.fit_correct, logits.argmax(1).numpy() == st.data.fit.labels)
+    ref, metric = st.data.fit_ref, get_metric(st.settings.metric)
+    counts = paired_drop(ref.hits, metric.hits(logits, ref.anchor), metric.paired)
     point = AccuracyPoint(noise=noise, predicted_noise=pattern_noise(st.items[cut], bits), drop=counts.drop)
     return {"cut": cut, "budget": budget, "point": point.model_dump(mode="json"), "key": key(cut, bits),
             "counts": [counts.n, counts.lost, counts.gained]}
@@ -100,7 +102,8 @@ def _mapping(st: State, progress: ProgressSink, ck: Checkpoints) -> list[Accurac
         if len(entries) > len(saved):
             ck.save("mapping", {"points": entries})
         # the ladder's search may ask for the same pattern's counts again
-        st.fit_cache.setdefault(entry["key"], PairedDrop(*entry["counts"]))
+        n, lost, gained = entry["counts"]
+        st.fit_cache.setdefault(entry["key"], PairedDrop(n, lost, gained, s.paired))
         return AccuracyPoint.model_validate(entry["point"])
 
     rng = np.random.default_rng(s.seed)
@@ -198,6 +201,7 @@ def _checked(spec: ModelSpec, settings: CalibrationSettings, sources: Sources,
     class names, before a sample is decoded. What the job runs, checkpoints and records."""
     sources = align_labels(spec, sources, settings.labels)
     check_model_fits(spec, sources, logits)
+    check_metric_fits(sources, settings.metric)
     return size_job(settings, len(sources.calibration), sources.calibration.describe().location), sources
 
 
@@ -270,7 +274,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         artifact = CalibrationArtifact(
             model=spec.name, version=_version(spec), factory=spec.factory,
             input_shape=list(spec.input_shape), weights_sha256=_sha256(spec.weights),
-            fp32_test_accuracy=float(data.test_correct.mean()),
+            fp32_test_accuracy=data.test_accuracy,
             splits=splits(sources, settings), data=data_record(sources, data, settings),
             settings={**json.loads(settings.model_dump_json(exclude=settings.execution_only)),
                       "workers": workers},

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from qpart.models.metrics import DEFAULT_METRIC, get_metric
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop
 from qpart.profiles.artifacts import Promise
@@ -17,6 +18,7 @@ Bound = Literal["exact", "newcombe"]
 REFERENCE = "Learn then Test, Angelopoulos et al. 2021, arXiv 2110.01052"
 BOUNDS = {"exact": "exact paired bound (Clopper–Pearson upper on lost, lower on gained, Bonferroni)",
           "newcombe": "Newcombe's paired bound (nominal coverage only, not exact)"}
+ONE_SAMPLE = "exact one-sample bound (Clopper–Pearson upper on the share lost; nothing can be gained)"
 
 
 @dataclass(frozen=True)
@@ -32,16 +34,17 @@ class Test:
     bound: Bound = "exact"
     scale_to: int | None = None
 
-    def upper(self, n: int, lost: int, gained: int) -> float:
-        """The bound on ``lost`` and ``gained`` out of ``n`` (scaled when ``scale_to`` is set)."""
+    def upper(self, n: int, lost: int, gained: int, paired: bool = True) -> float:
+        """The bound on ``lost`` and ``gained`` out of ``n`` (scaled when ``scale_to`` is set);
+        ``paired``: the metric's (:attr:`qpart.models.metrics.Metric.paired`; false: losses alone)."""
         if self.scale_to is not None and self.scale_to != n:
             r = self.scale_to / n
             n, lost, gained = self.scale_to, round(lost * r), round(gained * r)
-        return PairedDrop(n, lost, gained).upper_bound(self.confidence, self.bound)
+        return PairedDrop(n, lost, gained, paired).upper_bound(self.confidence, self.bound)
 
     def passes(self, d: PairedDrop) -> bool:
-        """The verdict on every sample."""
-        return self.upper(d.n, d.lost, d.gained) <= self.level
+        """The verdict on every sample, by the bound ``d``'s metric calls for."""
+        return self.upper(d.n, d.lost, d.gained, d.paired) <= self.level
 
 
 def grid_index(budget: float, steps: int) -> int:
@@ -98,11 +101,15 @@ def chance(bound: Bound) -> str:
     return "at least 1−δ" if bound == "exact" else "about 1−δ (the bound's coverage is nominal, not exact)"
 
 
-def promise(delta: float, bound: Bound, check_samples: int, ladder: str) -> str:
-    """The sentence a calibration promises (artifact, report, README)."""
-    return (f"For each pattern, with probability {chance(bound)} over the draw of the check samples, its "
-            f"expected top-1 drop on data from the calibration distribution is at most its level: "
-            f"δ = {delta:g}; bound: {BOUNDS[bound]}; {check_samples:,} check samples; ladder: {ladder}; "
+def promise(delta: float, bound: Bound, check_samples: int, ladder: str,
+            metric: str = DEFAULT_METRIC) -> str:
+    """The sentence a calibration promises (artifact, report, README), in ``metric``'s words."""
+    judged = get_metric(metric)
+    how = BOUNDS[bound] if judged.paired else ONE_SAMPLE
+    sure = chance(bound if judged.paired else "exact")
+    return (f"For each pattern, with probability {sure} over the draw of the check samples, its "
+            f"{judged.summary} on data from the calibration distribution is at most its level: "
+            f"δ = {delta:g}; bound: {how}; {check_samples:,} check samples; ladder: {ladder}; "
             f"fixed-sequence testing ({REFERENCE}).")
 
 
@@ -119,5 +126,5 @@ def ladder_text(steps: int, offsets: Sequence[int]) -> str:
 def make_promise(s: CalibrationSettings) -> Promise:
     """The artifact's promise for a calibration run with these settings."""
     ladder = ladder_text(s.ladder_steps, s.ladder)
-    return Promise(statement=promise(s.delta, s.bound, s.check_count, ladder), delta=s.delta,
-                   bound=s.bound, check_samples=s.check_count, ladder=ladder)
+    return Promise(statement=promise(s.delta, s.bound, s.check_count, ladder, s.metric), metric=s.metric,
+                   delta=s.delta, bound=s.bound, check_samples=s.check_count, ladder=ladder)

@@ -98,7 +98,7 @@ def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: li
     the baseline, not tested)."""
     weights, act = split_bits(bits)
     noise = pattern_noise(st.items[cut], bits)
-    test = (evaluate(st, cut, bits, st.data.test, st.data.test_correct, st.test_cache)
+    test = (evaluate(st, cut, bits, st.data.test, st.data.test_ref, st.test_cache)
             if st.settings.measure_test else None)
     wb, fp32, ab = sizes(st.runner, cut, bits)
     check = chosen.check if chosen else None

@@ -292,9 +292,12 @@ def markdown(artifact: CalibrationArtifact) -> str:
     """The text of ``report.md``."""
     summary = _summary(artifact)
     levels = ", ".join(level(a) for a in _levels(artifact))
+    accuracy = "unknown (the test samples have no labels)" if artifact.fp32_test_accuracy is None \
+        else pct(artifact.fp32_test_accuracy)
     lines = [
         f"# Calibration report: {artifact.model} (version {artifact.version})", "",
-        f"fp32 test accuracy {pct(artifact.fp32_test_accuracy)}. Accuracy levels (max top-1 drop): {levels}.",
+        f"fp32 test accuracy {accuracy}. Accuracy levels (max "
+        f"{artifact.metric}): {levels}.",
         f"Calibration samples used: {plain(artifact.splits.get('calibration_use'))}; "
         f"test = {_test_source(artifact)}, read once per final pattern.",
         "", "## The promise", "", _promise(artifact), "", *_lossless_levels(artifact),

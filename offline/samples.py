@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from qpart.models.data import Dataset, Split
+from qpart.models.metrics import get_metric, hits_of
 from qpart.models.sources import DataSource
-from qpart.models.sources.base import tensor_digests
+from qpart.models.sources.base import UNLABELLED, tensor_digests
 from qpart.offline.data import Sources
 from qpart.offline.errors import CalibrationConfigError, CalibrationOutputError
 from qpart.offline.runner import ModelRunner
@@ -40,17 +41,30 @@ Tick = Callable[[int], None]
 """Progress: told how many more samples were done."""
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The float model on one sample set, under the job's metric (:mod:`qpart.models.metrics`):
+    each sample's anchor (its label, or the float model's own answer) and whether the float model
+    hits it. A pattern is judged against it."""
+
+    anchor: np.ndarray
+    hits: np.ndarray
+
+
 @dataclass
 class Data:
-    """Fit, check and test samples, with the float model's fit logits and check/test correctness."""
+    """Fit, check and test samples, with the float model's fit logits, its reference on each set,
+    and its top-1 accuracy on the test samples' labels."""
 
     fit: Dataset
     check: Dataset
     test: Dataset
     fit_logits: torch.Tensor
-    fit_correct: np.ndarray
-    check_correct: np.ndarray
-    test_correct: np.ndarray
+    fit_ref: Reference
+    check_ref: Reference
+    test_ref: Reference
+    test_accuracy: float | None
+    """None: the test samples have no labels."""
 
 
 def sample_bytes(s: CalibrationSettings, sources: Sources) -> int:
@@ -134,14 +148,25 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
     test = read_samples(sources.test, s.test_samples, sources.order, Split.TEST,
                         None if spill is None else spill / "test.npy", tick)
     full = len(runner.cuts) - 1
+    metric = get_metric(s.metric)
 
-    def correct(ds: Dataset) -> np.ndarray:
-        logits = runner.run_pattern(ds.images, full, {}, FLOAT_BITS, tick)
-        return np.asarray(logits.argmax(1).numpy() == ds.labels)
+    def reference(logits: torch.Tensor, ds: Dataset) -> Reference:
+        anchor = metric.anchor(logits, labels_of(ds))
+        return Reference(anchor, metric.hits(logits, anchor))
 
     fit_logits = runner.run_pattern(fit.images, full, {}, FLOAT_BITS, tick)
-    fit_correct = np.asarray(fit_logits.argmax(1).numpy() == fit.labels)
-    return Data(fit, check, test, fit_logits, fit_correct, correct(check), correct(test))
+    check_logits = runner.run_pattern(check.images, full, {}, FLOAT_BITS, tick)
+    test_logits = runner.run_pattern(test.images, full, {}, FLOAT_BITS, tick)
+    test_labels = labels_of(test)
+    accuracy = None if test_labels is None else float(hits_of(get_metric("top1-drop"), test_logits,
+                                                              test_labels).mean())
+    return Data(fit, check, test, fit_logits, reference(fit_logits, fit), reference(check_logits, check),
+                reference(test_logits, test), accuracy)
+
+
+def labels_of(ds: Dataset) -> np.ndarray | None:
+    """``ds``'s labels, None when it has none (every one :data:`~qpart.models.sources.base.UNLABELLED`)."""
+    return None if ds.labels.size and bool((ds.labels == UNLABELLED).all()) else ds.labels
 
 
 def _slice(ds: Dataset, start: int, stop: int) -> Dataset:

@@ -40,7 +40,7 @@ def anchor(st: State, cut: int, level: float, budget: float, floor: int | None =
     def passes(k: int) -> bool:
         bits = _bits(st, cut, k)
         return is_lossless(bits) or test.passes(
-            evaluate(st, cut, bits, st.data.fit, st.data.fit_correct, st.fit_cache))
+            evaluate(st, cut, bits, st.data.fit, st.data.fit_ref, st.fit_cache))
 
     start = max(grid_index(budget, s.ladder_steps), floor if floor is not None else -(1 << 30))
     found = learn(passes, start, s.ladder_steps, s.search_octaves)
@@ -70,7 +70,7 @@ def select(st: State, cut: int, level: float, budget: float, floor: int | None =
     test = Test(level, s.confidence, s.bound)
 
     def check(i: int) -> PairedDrop:
-        return evaluate(st, cut, candidates[i], st.data.check, st.data.check_correct, st.check_cache)
+        return evaluate(st, cut, candidates[i], st.data.check, st.data.check_ref, st.check_cache)
 
     passed = fixed_sequence(len(candidates), lambda i: test.passes(check(i)))
     if passed == 0:

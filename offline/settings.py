@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, JsonValue, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qpart.models.metrics import DEFAULT_METRIC, METRICS
 from qpart.offline.errors import CalibrationConfigError
 
 DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
@@ -70,6 +71,10 @@ class CalibrationSettings(BaseSettings):
         "Most bits the allocation gives a weight tensor or an activation."))
     activation_group: int = Field(256, ge=1, json_schema_extra=ADVANCED, description=(
         "Largest activation group size."))
+    metric: str = Field(DEFAULT_METRIC, description=(
+        "What a level bounds: top1-drop (the top-1 accuracy drop against the labels), top1-agreement "
+        "(the share of inputs whose top-1 differs from the float model's: needs no labels, and bounds "
+        "the accuracy drop too) or top5-drop (the top-5 accuracy drop against the labels)."))
     confidence: float = Field(0.95, gt=0.5, lt=1, description=(
         "1 − δ: each pattern keeps its level with at least this probability over the check samples."))
     bound: Literal["exact", "newcombe"] = Field("exact", json_schema_extra=ADVANCED, description=(
@@ -121,6 +126,13 @@ class CalibrationSettings(BaseSettings):
         "Order fit/check/test samples are taken in: source, or digest (by each preprocessed sample's "
         "sha256); default source for fashion-mnist, digest otherwise."))
 
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in METRICS:
+            raise ValueError(f"{metric!r} is not a metric; known: {', '.join(METRICS)}")
+        return metric
+
     @field_validator("levels")
     @classmethod
     def _levels_in_range(cls, levels: tuple[float, ...]) -> tuple[float, ...]:
@@ -156,6 +168,11 @@ class CalibrationSettings(BaseSettings):
             CalibrationConfigError: not resolved yet (a caller's mistake: resolve the settings first).
         """
         return _resolved(self.fit_samples, "fit_samples")
+
+    @property
+    def paired(self) -> bool:
+        """Whether the metric's bound is paired (gains offset losses) or one-sample."""
+        return METRICS[self.metric].paired
 
     @property
     def check_count(self) -> int:

@@ -85,20 +85,22 @@ def size_job(s: CalibrationSettings, available: int, where: str) -> CalibrationS
     return resolved
 
 
-def smallest_level(check: int, confidence: float, bound: Bound) -> float:
+def smallest_level(check: int, confidence: float, bound: Bound, paired: bool = True) -> float:
     """The tightest level ``check`` check samples can certify: the bound on a pattern that lost
-    and gained none of them (:meth:`offline.validation.PairedDrop.upper_bound`)."""
-    return PairedDrop(check, 0, 0).upper_bound(confidence, bound)
+    and gained none of them (:meth:`offline.validation.PairedDrop.upper_bound`; ``paired``: the
+    metric's)."""
+    return PairedDrop(check, 0, 0, paired).upper_bound(confidence, bound)
 
 
-def checks_needed(level: float, confidence: float, bound: Bound, lost_share: float = 0.0) -> int:
+def checks_needed(level: float, confidence: float, bound: Bound, lost_share: float = 0.0,
+                  paired: bool = True) -> int:
     """The fewest check samples on which a pattern that loses ``lost_share × level`` of them (and
     gains none) passes ``level`` (:class:`offline.ltt.Test`); 0 lost: the fewest that can certify
-    ``level`` at all."""
+    ``level`` at all (``paired``: the metric's)."""
     test = Test(level, confidence, bound)
 
     def passes(n: int) -> bool:
-        return test.passes(PairedDrop(n, math.ceil(n * level * lost_share), 0))
+        return test.passes(PairedDrop(n, math.ceil(n * level * lost_share), 0, paired))
 
     hi = MIN_SAMPLES
     while not passes(hi):
@@ -115,7 +117,8 @@ def checks_needed(level: float, confidence: float, bound: Bound, lost_share: flo
 def uncertified_levels(s: CalibrationSettings) -> tuple[float, ...]:
     """The levels of ``s`` its check samples cannot certify, tightest first (resolved settings)."""
     return tuple(a for a in s.levels
-                 if not Test(a, s.confidence, s.bound).passes(PairedDrop(s.check_count, 0, 0)))
+                 if not Test(a, s.confidence, s.bound).passes(
+                     PairedDrop(s.check_count, 0, 0, s.paired)))
 
 
 def lossless_levels(s: CalibrationSettings) -> tuple[float, ...]:
@@ -133,11 +136,13 @@ def check_levels(s: CalibrationSettings) -> None:
     levels = uncertified_levels(s)
     if not levels or s.uncertified == "lossless":
         return
-    need = ", ".join(f"{percent(a)} needs {checks_needed(a, s.confidence, s.bound):,}" for a in levels)
+    need = ", ".join(f"{percent(a)} needs {checks_needed(a, s.confidence, s.bound, paired=s.paired):,}"
+                     for a in levels)
     raise CalibrationConfigError(
         f"{'level' if len(levels) == 1 else 'levels'} {', '.join(percent(a) for a in levels)} cannot be "
         f"certified with {s.check_count:,} check samples (with none lost the bound is "
-        f"{smallest_level(s.check_count, s.confidence, s.bound) * 100:.2f}%): {need} check samples; give "
+        f"{smallest_level(s.check_count, s.confidence, s.bound, s.paired) * 100:.2f}%): {need} check "
+        f"samples under the {s.metric} metric; give "
         "more data or --check-samples, leave those levels out (--levels), or keep them lossless (float32, "
         "untested) with --uncertified lossless (docs/guide/how-much-data.md)")
 

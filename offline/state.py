@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qpart.models.data import Dataset
+from qpart.models.metrics import get_metric
 from qpart.offline.allocation import Item
 from qpart.offline.runner import ModelRunner
-from qpart.offline.samples import Data
+from qpart.offline.samples import Data, Reference
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop, paired_drop
 from qpart.profiles.artifacts import FLOAT_BITS
@@ -46,23 +47,24 @@ def is_lossless(bits: dict[str, int]) -> bool:
     return all(b >= FLOAT_BITS for b in bits.values())
 
 
-def correct_on(st: State, cut: int, bits: dict[str, int], images: np.ndarray,
-               labels: np.ndarray) -> np.ndarray:
-    """Which of ``images`` the split model gets right with the pattern applied."""
+def hits_on(st: State, cut: int, bits: dict[str, int], images: np.ndarray,
+            anchor: np.ndarray) -> np.ndarray:
+    """Which of ``images`` the split model hits with the pattern applied, under the job's metric."""
     weights, act = split_bits(bits)
     logits = st.runner.run_pattern(images, cut, weights, act)
-    return np.asarray(logits.argmax(1).numpy() == labels)
+    return get_metric(st.settings.metric).hits(logits, anchor)
 
 
-def evaluate(st: State, cut: int, bits: dict[str, int], ds: Dataset, ref: np.ndarray,
+def evaluate(st: State, cut: int, bits: dict[str, int], ds: Dataset, ref: Reference,
              cache: dict[str, PairedDrop]) -> PairedDrop:
-    """Paired counts of a pattern on every sample of ``ds`` (cached). A lossless pattern is the
-    float model split at the cut, which computes the float model's logits bit for bit
-    (``tests/offline/test_runner.py``): its counts against the float answers ``ref`` are 0 and 0,
-    without running it (10,000 test samples per cut)."""
+    """Paired counts of a pattern on every sample of ``ds`` (cached), against the float model's
+    ``ref`` on it. A lossless pattern is the float model split at the cut, which computes the float
+    model's logits bit for bit (``tests/offline/test_runner.py``): its counts are 0 and 0, without
+    running it (10,000 test samples per cut)."""
+    paired = get_metric(st.settings.metric).paired
     if is_lossless(bits):
-        return PairedDrop(int(ref.size), 0, 0)
+        return PairedDrop(int(ref.hits.size), 0, 0, paired)
     k = key(cut, bits)
     if k not in cache:
-        cache[k] = paired_drop(ref, correct_on(st, cut, bits, ds.images, ds.labels))
+        cache[k] = paired_drop(ref.hits, hits_on(st, cut, bits, ds.images, ref.anchor), paired)
     return cache[k]

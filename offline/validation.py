@@ -37,6 +37,9 @@ class PairedDrop:
     n: int
     lost: int
     gained: int
+    paired: bool = True
+    """Gains offset losses (a paired bound); false, for a label-free metric whose gains are 0 by
+    construction: a one-sample Clopper–Pearson bound on the share lost, at the full confidence."""
 
     @property
     def drop(self) -> float:
@@ -44,7 +47,10 @@ class PairedDrop:
         return (self.lost - self.gained) / self.n
 
     def upper_bound(self, confidence: float, method: str = "exact") -> float:
-        """One-sided upper confidence bound of the net drop (see the module doc for methods)."""
+        """One-sided upper confidence bound of the net drop (see the module doc for methods); a
+        one-sample count (not :attr:`paired`) is bounded exactly whatever the method."""
+        if not self.paired:
+            return _one_sample_upper(self.n, self.lost, confidence)
         if method == "newcombe":
             return self._newcombe(confidence)
         return _exact_upper(self.n, self.lost, self.gained, confidence)
@@ -68,6 +74,13 @@ def _exact_upper(n: int, lost: int, gained: int, confidence: float) -> float:
     return ub_lost - lb_gained
 
 
+@lru_cache(maxsize=1 << 16)
+def _one_sample_upper(n: int, lost: int, confidence: float) -> float:
+    """Clopper–Pearson upper bound of a share, one-sided at ``confidence`` (no Bonferroni split:
+    only losses are counted)."""
+    return 1.0 if lost >= n else float(beta.ppf(confidence, lost + 1, n - lost))
+
+
 def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
     p = k / n
     c = z * z / n
@@ -76,12 +89,14 @@ def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
     return center - half, center + half
 
 
-def paired_drop(reference_correct: np.ndarray, correct: np.ndarray) -> PairedDrop:
-    """Count lost and gained samples between two boolean correctness vectors."""
+def paired_drop(reference_correct: np.ndarray, correct: np.ndarray, paired: bool = True) -> PairedDrop:
+    """Count lost and gained samples between two boolean hit vectors (the float model's and a
+    pattern's, under one metric: :mod:`qpart.models.metrics`); ``paired``: the metric's."""
     return PairedDrop(
         n=int(reference_correct.size),
         lost=int(np.sum(reference_correct & ~correct)),
         gained=int(np.sum(~reference_correct & correct)),
+        paired=paired,
     )
 
 

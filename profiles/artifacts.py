@@ -94,7 +94,9 @@ class Pattern(_Frozen):
 
     pattern_id: str
     cut: int = Field(ge=0)
-    level: float = Field(ge=0, le=1, description="Promised max top-1 drop (fraction); 0 = lossless.")
+    level: float = Field(ge=0, le=1, description=(
+        "Promised bound on the artifact's metric (promise.metric; top-1 drop when none), a fraction; "
+        "0 = lossless."))
     weight_bits: dict[str, Bits]
     activation_bits: Bits
     group_size: int = Field(ge=1)
@@ -148,6 +150,9 @@ class Promise(_Frozen):
     """What every pattern's level means, and what backs it (``offline.ltt``)."""
 
     statement: str = Field(description="The promise in one sentence, naming all of the below.")
+    metric: str = Field("top1-drop", description=(
+        "What every level bounds (qpart.models.metrics): top1-drop, top1-agreement or top5-drop; "
+        "calibrated before the metric was recorded: top1-drop, the only one there was."))
     delta: float = Field(gt=0, lt=0.5, description="δ: the chance a pattern's promise is wrong.")
     bound: str = Field(description="Upper-bound method of the test (offline.validation).")
     check_samples: int = Field(ge=1, description="Calibration samples the test reads, once.")
@@ -197,7 +202,8 @@ class CalibrationArtifact(_Frozen):
     factory: str
     input_shape: list[int]
     weights_sha256: str
-    fp32_test_accuracy: float
+    fp32_test_accuracy: float | None = Field(description=(
+        "The float model's top-1 accuracy on the test samples; None: they have no labels."))
     splits: dict[str, object]
     settings: dict[str, object]
     tensors: list[WeightTensor]
@@ -247,6 +253,11 @@ class CalibrationArtifact(_Frozen):
                 out[name] = [_schema2_pattern(p) if isinstance(p, dict) else p for p in data[name]]
         out["schema_version"] = ARTIFACT_SCHEMA_VERSION
         return out
+
+    @property
+    def metric(self) -> str:
+        """What every level bounds (``promise.metric``; top1-drop before the metric was recorded)."""
+        return self.promise.metric if self.promise is not None else "top1-drop"
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationArtifact:

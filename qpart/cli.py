@@ -118,7 +118,8 @@ def models_list(
             accuracy = f"{row['calibration_test_accuracy']:.4f} (calibration's test split)"
         kept = row["lossless_only_levels"]
         shown = ",".join(percent(a) for a in kept) if isinstance(kept, list) else ""
-        note = f"  lossless-only={shown}" if shown else ""
+        note = f"  levels in {row['metric']}" if row["metric"] else ""
+        note += f"  lossless-only={shown}" if shown else ""
         runtimes = row["runtimes"]
         if isinstance(runtimes, dict):
             note += "  runtimes: " + ", ".join(f"{name} {len(r['cuts'])}/{row['cuts']}"
@@ -142,16 +143,18 @@ def _model_sizes(spec: ModelSpec, artifact_cuts: object) -> dict[str, object]:
 
 def _artifact_facts(folder: Path) -> dict[str, object]:
     """What the artifact in ``folder`` says of its model (None each: no artifact there): the float
-    model's top-1 on the calibration's test split, the levels it keeps lossless, per device runtime
+    model's top-1 on the calibration's test split, what its levels bound (``metric``), the levels it
+    keeps lossless, per device runtime
     the cuts calibration found it runs and why not the others (``cuts[i].runtimes_refused``), and
     its number of cuts (``artifact_cuts``)."""
     from qpart.profiles.artifacts import ARTIFACT_FILE, load_artifact
 
     if not (folder / ARTIFACT_FILE).is_file():
-        return {"lossless_only_levels": None, "runtimes": None, "calibration_test_accuracy": None,
-                "artifact_cuts": None}
+        return {"metric": None, "lossless_only_levels": None, "runtimes": None,
+                "calibration_test_accuracy": None, "artifact_cuts": None}
     artifact = load_artifact(folder)
-    return {"lossless_only_levels": artifact.lossless_levels, "runtimes": artifact.runtime_table(),
+    return {"metric": artifact.metric, "lossless_only_levels": artifact.lossless_levels,
+            "runtimes": artifact.runtime_table(),
             "calibration_test_accuracy": artifact.fp32_test_accuracy, "artifact_cuts": len(artifact.cuts)}
 
 

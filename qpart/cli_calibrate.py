@@ -66,12 +66,13 @@ def calibrate(
     out: Annotated[Path, typer.Option(help="Output folder for artifact.json, validation.json, report.md.")],
     weights: Annotated[Path | None, typer.Option(help="Override the registered weights.")] = None,
     levels: Annotated[str | None, setting_option(
-        "levels", "Accuracy levels as max top-1 drop fractions, comma-separated")] = None,
+        "levels", "Accuracy levels, as fractions of the --metric, comma-separated")] = None,
     estimator: Annotated[Estimator | None, setting_option("estimator")] = None,
     fit_samples: Annotated[int | None, setting_option("fit_samples")] = None,
     check_samples: Annotated[int | None, setting_option("check_samples")] = None,
     noise_samples: Annotated[int | None, setting_option("noise_samples")] = None,
     mapping_points: Annotated[int | None, setting_option("mapping_points")] = None,
+    metric: Annotated[str | None, setting_option("metric")] = None,
     confidence: Annotated[float | None, setting_option(
         "confidence", "1 − δ, the probability over the check samples that each pattern keeps its level "
         "(0.95: δ = 0.05)")] = None,

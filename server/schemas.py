@@ -187,6 +187,8 @@ class PlanResponse(_Strict):
     cut_node: str
     cuts: int = Field(description="Number of legal cuts; the last one is all-device.")
     level: float
+    metric: str = Field("top1-drop", description="What level bounds: the artifact's promise.metric "
+                        "(top1-drop, top1-agreement or top5-drop); the demand was read in it.")
     weight_bits: dict[str, int]
     activation_bits: int
     group_size: int
@@ -198,9 +200,8 @@ class PlanResponse(_Strict):
         description="The cheapest plan at cut 0 (the server runs the whole model): the input sent "
         "as a packet or, where the request offered its input image and the model takes it, the "
         "image itself (ADR 0014).")
-    all_device: CostBreakdown | None = Field(description="The cheapest plan at the last cut (the device "
-                                             "runs the whole model); null where the device's runtime "
-                                             "cannot run the whole model (ADR 0019).")
+    all_device: CostBreakdown | None = Field(description="The cheapest plan at the last cut (the device runs "
+                                             "the whole model); null where its runtime cannot (ADR 0019).")
     segment: SegmentRef | None
     infer_url: str | None = Field(description="Where to POST the activation packet (None if all-device).")
     upload_batch: int = Field(
@@ -209,8 +210,7 @@ class PlanResponse(_Strict):
         "inputs splits them into requests of at most this many (1 for an input-image plan).")
     upload_encoding: UploadEncoding = Field(
         description="How to send the packet: as is, or compressed with 'Content-Encoding: deflate' "
-        "or 'zstd' "
-        "(only when the request allowed it and it was priced so).")
+        "or 'zstd' (only when the request allowed it and it was priced so).")
     upload_content_type: Literal["application/octet-stream", "image/png", "image/webp"] = Field(
         "application/octet-stream", description="What to POST to infer_url: the activation packet "
         "(application/octet-stream), or, for an input-image plan (only when the request offered "
@@ -258,6 +258,7 @@ class ModelInfo(_Strict):
     version: str
     cuts: int
     levels: list[float]
+    metric: str = Field("top1-drop", description="What each level bounds (the artifact's promise.metric).")
     lossless_levels: list[float] = Field(description=(
         "Levels the calibration's check samples could not certify, kept lossless (float32) by "
         "`--uncertified lossless`: a demand at such a level is served without quantization."))
@@ -268,9 +269,8 @@ class ModelInfo(_Strict):
         description="Per cut, what a lone request's tail takes on this server now: its batch-1 time "
                     "measured at start-up, corrected by what lone requests took lately.")
     server_decode_s: dict[str, list[float]] = Field(
-        default_factory=dict,
-        description="Per upload coding (identity, deflate, zstd), per cut: what decoding one sample's "
-                    "activation packet (coding undone, codes dequantized) takes on this server: the "
+        default_factory=dict, description="Per upload coding (identity, deflate, zstd), per cut: what "
+                    "decoding one sample's activation packet (coding undone, codes dequantized) takes: the "
                     "median of the last 9 lone packets of that cut and coding once there are 3 (and the "
                     "newest is at most 5 minutes old), else of the last 9 of any cut and coding that are "
                     "at most 5 minutes old (if 3 are), else 0; the last cut, which uploads nothing, is 0. "

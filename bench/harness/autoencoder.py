@@ -41,6 +41,7 @@ from torch import nn
 from bench import REPO, write_json
 from qpart.kernels.quantization import activation_group
 from qpart.kernels.wire import decode_activation_array, encode_quantized_activation
+from qpart.models import METRICS, hits_of
 from qpart.models.data import Split
 from qpart.models.partition import cuts_of, prepare, split
 from qpart.models.registry import get_model
@@ -196,8 +197,9 @@ def test_drop(name: str, cut: int, enc: nn.Module, dec: nn.Module, bits: int, gr
         for i in range(0, len(images), batch):
             x = torch.from_numpy(images[i : i + batch])
             y = labels[i : i + batch]
-            base += int((model(x).argmax(1).numpy() == y).sum())
-            hits += int((run_path(head, enc, dec, tail, x, bits, group).argmax(1).numpy() == y).sum())
+            base += int(hits_of(METRICS["top1-drop"], model(x), y).sum())
+            logits = run_path(head, enc, dec, tail, x, bits, group)
+            hits += int(hits_of(METRICS["top1-drop"], logits, y).sum())
     return len(images), base, hits
 
 

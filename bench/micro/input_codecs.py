@@ -31,6 +31,7 @@ from PIL import Image
 from bench import REPO, write_json
 from bench.harness.baseline_routes import decode_image
 from bench.harness.codecs import CODECS, encode
+from qpart.models import METRICS, hits_of
 from qpart.models.data import Split, load_split_pixels
 from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
@@ -51,7 +52,8 @@ def correct(model: torch.nn.Module, images: list[Image.Image], labels: npt.NDArr
     with torch.inference_mode():
         for i in range(0, len(images), BATCH):
             x = np.stack([preprocess_image(im, spec) for im in images[i : i + BATCH]])
-            hits += int((model(torch.from_numpy(x)).argmax(1).numpy() == labels[i : i + BATCH]).sum())
+            logits = model(torch.from_numpy(x))
+            hits += int(hits_of(METRICS["top1-drop"], logits, labels[i : i + BATCH]).sum())
     return hits
 
 

@@ -1,5 +1,6 @@
 """Already preprocessed tensors and their labels: ``x`` float32 ``[N, C, H, W]`` and ``y`` integer
-``[N]`` in an ``.npz`` file (``np.savez``) or a safetensors file.
+``[N]`` in an ``.npz`` file (``np.savez``) or a safetensors file. Without ``y`` the samples have no
+labels (:data:`~qpart.models.sources.base.UNLABELLED`), which only a label-free metric can judge.
 
 Nothing is unpickled: an ``.npz`` member is read through its ``.npy`` header (object dtypes are
 refused) and streamed a batch at a time from the zip; a safetensors file is memory-mapped. Class
@@ -23,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 
 from qpart.models.errors import ArrayFileError
 from qpart.models.sources.base import (
+    UNLABELLED,
     Batch,
     DataSource,
     Images,
@@ -54,7 +56,7 @@ _HOW_TO_SAVE = "save with np.savez(path, x=float32 [N, C, H, W], y=int [N])"
 class _RowReader(Protocol):
     path: Path
     shape: tuple[int, int, int, int]
-    labels: npt.NDArray[np.generic]
+    labels: npt.NDArray[np.generic] | None
     classes: tuple[str, ...] | None
 
     def read(self, start: int, stop: int) -> Images: ...
@@ -150,9 +152,11 @@ class _NpzReader:
             self.x = self._open.enter_context(contextlib.closing(_NpzMember(archive, path, "x")))
             self.shape = check_x_shape(path, self.x.shape)
             _check_x_dtype(path, self.x.dtype)
-            with contextlib.closing(_NpzMember(archive, path, "y")) as y:
-                _check_y(path, y.dtype, y.shape, self.shape[0])
-                self.labels: npt.NDArray[np.generic] = y.read_all()
+            self.labels: npt.NDArray[np.generic] | None = None
+            if "y.npy" in archive.namelist():
+                with contextlib.closing(_NpzMember(archive, path, "y")) as y:
+                    _check_y(path, y.dtype, y.shape, self.shape[0])
+                    self.labels = y.read_all()
             self.classes = _npz_classes(archive, path)
         except BaseException:
             self._open.close()
@@ -213,18 +217,19 @@ class _SafetensorsReader:
 
     def _check(self, path: Path) -> None:
         keys = set(self.handle.keys())  # type: ignore[no-untyped-call]
-        for name in ("x", "y"):
-            if name not in keys:
-                raise ArrayFileError(f"{path} has no tensor '{name}' (it holds {sorted(keys)}); save with "
-                                     f"safetensors.numpy.save_file({{'x': images, 'y': labels}}, path)")
+        if "x" not in keys:
+            raise ArrayFileError(f"{path} has no tensor 'x' (it holds {sorted(keys)}); save with "
+                                 f"safetensors.numpy.save_file({{'x': images, 'y': labels}}, path)")
         self.x = self.handle.get_slice("x")  # type: ignore[no-untyped-call]
         self.shape = check_x_shape(path, self.x.get_shape())
         if self.x.get_dtype() != "F32":
             raise ArrayFileError(f"{path}: x is {self.x.get_dtype()}, expected F32; convert it with "
                                  f"x.astype(np.float32)")
-        y = self.handle.get_slice("y")  # type: ignore[no-untyped-call]
-        _check_y(path, y.get_dtype(), y.get_shape(), self.shape[0])
-        self.labels: npt.NDArray[np.generic] = self.handle.get_tensor("y")  # type: ignore[no-untyped-call]
+        self.labels: npt.NDArray[np.generic] | None = None
+        if "y" in keys:
+            y = self.handle.get_slice("y")  # type: ignore[no-untyped-call]
+            _check_y(path, y.get_dtype(), y.get_shape(), self.shape[0])
+            self.labels = self.handle.get_tensor("y")  # type: ignore[no-untyped-call]
         self.classes = _metadata_classes(path, self.handle.metadata())  # type: ignore[no-untyped-call]
 
     def read(self, start: int, stop: int) -> Images:
@@ -286,7 +291,7 @@ class ArraySource(DataSource):
         class_names: names of the classes in label order; default: the file's, else ``"0"``, ``"1"``...
 
     Raises:
-        ArrayFileError: the file is unreadable, lacks ``x`` or ``y``, or has bad dtypes or shapes.
+        ArrayFileError: the file is unreadable, lacks ``x``, or has bad dtypes or shapes.
         DatasetError: a label outside the classes.
     """
 
@@ -298,6 +303,13 @@ class ArraySource(DataSource):
             raw, shape, file_classes = reader.labels, reader.shape, reader.classes
         finally:
             reader.close()
+        if raw is None:  # no y: unlabelled
+            if class_names is not None:
+                raise ArrayFileError(f"{path} has no labels (no 'y') to name classes for; add y or give "
+                                     "no class names")
+            self._setup(path, (), np.full(shape[0], UNLABELLED, dtype=np.int64), shape,
+                        np.arange(shape[0], dtype=np.int64), None, None)
+            return
         names = tuple(class_names) if class_names is not None else file_classes
         if names is None:
             top = int(raw.max())

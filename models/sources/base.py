@@ -29,6 +29,9 @@ SourceKind = Literal["image-folder", "arrays", "fashion-mnist"]
 ``arrays``: already preprocessed tensors in an ``.npz`` or safetensors file.
 ``fashion-mnist``: the built-in IDX splits of :mod:`models.data`."""
 
+UNLABELLED = -1
+"""The label of every sample of a source without labels (no class names): a flat folder of images,
+an array file without ``y``. Only a label-free metric (top1-agreement) can judge it."""
 MAX_BATCH = 1 << 16
 """The largest batch size a source streams (a guard against a typo allocating gigabytes)."""
 _DIGEST_DOMAIN = b"qpart-source-v1\n"
@@ -89,8 +92,13 @@ class DataSource(ABC):
 
     @property
     def class_names(self) -> tuple[str, ...]:
-        """Class names in label order."""
+        """Class names in label order (none: the source has no labels)."""
         return self._class_names
+
+    @property
+    def labelled(self) -> bool:
+        """Whether its samples have labels (an unlabelled source's are all :data:`UNLABELLED`)."""
+        return bool(self._class_names)
 
     @property
     @abstractmethod

@@ -129,11 +129,12 @@ class FashionMnistSource(DataSource):
 
 
 def export_image_folder(split: Split, out: Path, *, limit: int | None = None,
-                        label_names: Sequence[str] | None = None) -> int:
+                        label_names: Sequence[str] | None = None, flat: bool = False) -> int:
     """Write a Fashion-MNIST split as an ImageFolder of 28×28 grayscale PNGs.
 
     Files are ``out/<class folder>/<index in the IDX file, 5 digits>.png``; class folders as
-    :func:`class_folder_names` names them.
+    :func:`class_folder_names` names them. ``flat``: ``out/<index>.png``, the labels withheld (a
+    flat folder, read as unlabelled data).
 
     Args:
         split: which split.
@@ -148,8 +149,8 @@ def export_image_folder(split: Split, out: Path, *, limit: int | None = None,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DatasetError(f"{out} exists and is not an empty folder; choose a new folder for the export")
     pixels, labels, indices = load_split_pixels(split, limit)
-    folders = class_folder_names(FASHION_CLASSES, label_names)
-    for name in folders:
+    folders = [""] * FASHION_CLASSES if flat else class_folder_names(FASHION_CLASSES, label_names)
+    for name in dict.fromkeys(folders):
         (out / name).mkdir(parents=True, exist_ok=True)
     for image, label, index in zip(pixels, labels.tolist(), indices.tolist(), strict=True):
         Image.fromarray(image).save(out / folders[label] / f"{index:0{_FILE_DIGITS}d}.png", format="PNG")

@@ -1,4 +1,6 @@
-"""Images in torchvision's ImageFolder layout: ``root/<class>/.../<image>``, one folder per class.
+"""Images in torchvision's ImageFolder layout: ``root/<class>/.../<image>``, one folder per class;
+or, without labels, a flat folder of images (``root/<image>``, no subfolder): its samples have no
+class (:data:`~qpart.models.sources.base.UNLABELLED`), which only a label-free metric can judge.
 
 Classes and files are ordered as ``torchvision.datasets.ImageFolder`` orders them: class folders
 sorted by name (a label is a class's position), then within a class the sorted walk of its
@@ -21,6 +23,7 @@ import numpy as np
 from qpart.models.errors import ImageFolderError, PreprocessError
 from qpart.models.preprocess import PreprocessSpec, normalize_pixels
 from qpart.models.sources.base import (
+    UNLABELLED,
     Batch,
     DataSource,
     Indices,
@@ -55,8 +58,30 @@ def find_classes(root: Path) -> tuple[str, ...]:
     classes = [name for name, _ in found]
     if not classes:
         raise ImageFolderError(
-            f"{root} has no class folders; put each class's images in {root}/<class name>/")
+            f"{root} has neither class folders nor images; put each class's images in {root}/<class name>/, "
+            f"or, without labels, the images themselves in {root}/")
     return tuple(classes)
+
+
+def flat_images(root: Path) -> tuple[str, ...] | None:
+    """The image files directly in ``root``, sorted by name, when it has no subfolder (a flat,
+    unlabelled folder); None when it has one (an ImageFolder) or no image.
+
+    Raises:
+        ImageFolderError: ``root`` is not a readable folder, or an image is a link leading outside it.
+    """
+    try:
+        with os.scandir(root) as entries:
+            listed = [(entry.name, entry.is_dir(), entry.is_symlink()) for entry in entries]
+    except OSError as exc:
+        raise ImageFolderError(f"cannot list the image folder {root}: {exc.strerror or exc}") from exc
+    if any(is_dir for _, is_dir, _ in listed):
+        return None
+    images = sorted(name for name, _, _ in listed if name.lower().endswith(IMAGE_EXTENSIONS))
+    for name, _, link in listed:
+        if link and name in images:
+            check_inside(root, root / name, "the image")
+    return tuple(images) or None
 
 
 def _raise_walk_error(exc: OSError) -> None:
@@ -114,7 +139,7 @@ class ImageFolderSource(DataSource):
         prefetch: chunks in flight at most with workers (default ``2 * workers``).
 
     Raises:
-        ImageFolderError: no class folder, or a class folder without images.
+        ImageFolderError: no class folder and no image, or a class folder without images.
         PreprocessError: the spec's output shape depends on the image.
     """
 
@@ -122,8 +147,13 @@ class ImageFolderSource(DataSource):
 
     def __init__(self, root: Path, spec: PreprocessSpec, *, workers: int = 0, chunk_size: int = DEFAULT_CHUNK,
                  prefetch: int | None = None) -> None:
-        classes = find_classes(root)
-        files, labels = find_images(root, classes)
+        flat = flat_images(root)
+        if flat is not None:  # no labels: no classes, every label UNLABELLED
+            classes: tuple[str, ...] = ()
+            files, labels = flat, np.full(len(flat), UNLABELLED, dtype=np.int64)
+        else:
+            classes = find_classes(root)
+            files, labels = find_images(root, classes)
         self._init(root, spec, classes, files, labels, None, (workers, chunk_size, prefetch), None)
 
     def _init(self, root: Path, spec: PreprocessSpec, classes: Sequence[str], files: tuple[str, ...],

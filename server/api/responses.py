@@ -48,8 +48,9 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
     return PlanResponse(
         plan_id=f"{model.name}@{model.version}/{p.pattern_id}", model=model.name,
         version=model.version, cut=p.cut, cut_node=model.cuts[p.cut].node, cuts=len(model.cuts),
-        level=p.level, weight_bits=p.weight_bits, activation_bits=p.activation_bits,
-        group_size=p.group_size, activation_shape=list(model.cuts[p.cut].shape),
+        level=p.level, metric=model.artifact.metric, weight_bits=p.weight_bits,
+        activation_bits=p.activation_bits, group_size=p.group_size,
+        activation_shape=list(model.cuts[p.cut].shape),
         head_flops=model.artifact.cuts[p.cut].head_flops,
         predicted=chosen.costs, all_server=choice.all_server.costs,
         all_device=None if choice.all_device is None else choice.all_device.costs,
@@ -82,6 +83,7 @@ def model_info_response(view: ModelView, links: Links) -> ModelInfo:
     levels = sorted({p.level for p in model.artifact.patterns})
     runtimes = {name: RuntimeCuts.model_validate(row) for name, row in runtime_table(model).items()}
     return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
+                     metric=model.artifact.metric,
                      lossless_levels=list(model.artifact.lossless_levels), runtimes=runtimes,
                      server_tail_s=view.server_tail_s, server_decode_s=view.server_decode_s,
                      answer_bytes=view.answer_bytes, patterns=patterns)

@@ -73,7 +73,7 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
     can run and why not the others, :func:`server.store.segment_index.runtime_table`; not for a tail),
     each a JSON string, since a protocol parameter is a string, number or boolean; absent when the
     card or calibration has none."""
-    parameters: dict[str, Parameter] = {}
+    parameters: dict[str, Parameter] = {"metric": model.artifact.metric}  # what the levels bound
     if model.preprocess is not None:
         parameters["preprocess"] = model.preprocess.model_dump_json()
     if model.labels is not None:

@@ -63,6 +63,13 @@ SETTINGS = (
     Setting("steep (drop doubles an octave), 1%", 0.01, 0.013, 0.003, growth=4),
     Setting("plateau just over 1% for 4 octaves", 0.01, 0.01, 0.0, start=16, plateau=16),
 )
+AGREEMENT = (
+    Setting("flips, 1%", 0.01, 0.01, 0.0),
+    Setting("flips, 0.1%", 0.001, 0.001, 0.0),
+    Setting("flips, steep (double an octave), 1%", 0.01, 0.01, 0.0, growth=4),
+    Setting("flips on a plateau just over 1% for 4 octaves", 0.01, 0.01, 0.0, start=16, plateau=16),
+)
+"""The settings of the top1-agreement metric: a pattern only loses (changes a top-1), never gains."""
 
 
 def draw(setting: Setting, n: int, reps: int, nested: bool, rng: np.random.Generator) -> np.ndarray:
@@ -90,7 +97,7 @@ class SyntheticState:
     def __init__(self, settings: CalibrationSettings, offset: int, rungs_count: int) -> None:
         self.settings = settings
         self.items: dict[int, list[object]] = {0: []}
-        self.data = SimpleNamespace(fit="fit", check="check", fit_correct=None, check_correct=None)
+        self.data = SimpleNamespace(fit="fit", check="check", fit_ref=None, check_ref=None)
         self.fit_cache: dict[str, PairedDrop] = {}
         self.check_cache: dict[str, PairedDrop] = {}
         self.offset, self.last = offset, rungs_count - 1
@@ -109,7 +116,7 @@ class SyntheticState:
         k = bits["k"]
         self.reads.append((ds, k))
         row = self.counts[ds][min(max(k + self.offset, 0), self.last)]
-        return PairedDrop(N_FIT if ds == "fit" else N_CHECK, int(row[0]), int(row[1]))
+        return PairedDrop(N_FIT if ds == "fit" else N_CHECK, int(row[0]), int(row[1]), self.settings.paired)
 
 
 @contextmanager
@@ -179,9 +186,16 @@ class Rates:
         return math.sqrt(max(p * (1 - p), 1e-12) / self.reps)
 
 
+def past_the_first_failure(count: int, passes: Callable[[int], bool]) -> int:
+    """A mutant of :func:`offline.ltt.fixed_sequence`: every rung up to the last that passes,
+    failures before it ignored (each rung tested at the full δ: no longer a valid procedure)."""
+    return max((i + 1 for i in range(count) if passes(i)), default=0)
+
+
 def simulate(setting: Setting, reps: int, nested: bool, seed: int, confidence: float = 0.95,
-             bound: str = "exact") -> Rates:
-    """Run both procedures on ``reps`` draws of fit and check samples."""
+             bound: str = "exact", metric: str = "top1-drop", mutant: bool = False) -> Rates:
+    """Run both procedures on ``reps`` draws of fit and check samples, counts judged by
+    ``metric``'s bound; ``mutant``: the new one with :func:`past_the_first_failure`."""
     rng = np.random.default_rng(seed)
     fit, check = (draw(setting, n, reps, nested, rng) for n in (N_FIT, N_CHECK))
     drops, offset = setting.drops(), -SPAN.start
@@ -190,31 +204,41 @@ def simulate(setting: Setting, reps: int, nested: bool, seed: int, confidence: f
     def judge(counts: np.ndarray, n: int, t: Test) -> Callable[[int], bool]:
         def passes(k: int) -> bool:
             i = min(max(k + offset, 0), len(drops) - 1)
-            return t.passes(PairedDrop(n, int(counts[i, 0]), int(counts[i, 1])))
+            return t.passes(PairedDrop(n, int(counts[i, 0]), int(counts[i, 1]), settings.paired))
         return passes
 
     def true_drop(k: int | None) -> float:
         return 0.0 if k is None else float(drops[min(max(k + offset, 0), len(drops) - 1)])
 
     settings = CalibrationSettings(confidence=confidence, bound=bound, ladder_steps=STEPS,  # type: ignore[arg-type]
-                                   search_octaves=OCTAVES, fit_samples=N_FIT, check_samples=N_CHECK)
+                                   search_octaves=OCTAVES, fit_samples=N_FIT, check_samples=N_CHECK,
+                                   metric=metric)
     sim = SyntheticState(settings, offset, len(drops))
     new = old = 0
     total = 0.0
-    with synthetic(sim):
-        for r in range(reps):
-            sim.draw(fit[r], check[r])
-            chosen = true_drop(new_choice(sim, setting.level, setting.start))
-            new += chosen > setting.level
-            total += chosen
-            old += true_drop(old_choice(judge(check[r], N_CHECK, test), setting.start)) > setting.level
+    original = selection.fixed_sequence
+    if mutant:
+        selection.fixed_sequence = past_the_first_failure
+    try:
+        with synthetic(sim):
+            for r in range(reps):
+                sim.draw(fit[r], check[r])
+                chosen = true_drop(new_choice(sim, setting.level, setting.start))
+                new += chosen > setting.level
+                total += chosen
+                old += true_drop(old_choice(judge(check[r], N_CHECK, test), setting.start)) > setting.level
+    finally:
+        selection.fixed_sequence = original
     return Rates(new / reps, old / reps, reps, total / reps / setting.level)
 
 
-def table(reps: int = 4000, seed: int = 23) -> list[tuple[Setting, bool, Rates]]:
-    """Every setting, nested and independent rungs."""
-    return [(s, nested, simulate(s, reps, nested, seed + i))
-            for i, (s, nested) in enumerate((s, n) for s in SETTINGS for n in (True, False))]
+def table(reps: int = 4000, seed: int = 23, metric: str = "top1-drop",
+          mutant: bool = False) -> list[tuple[Setting, bool, Rates]]:
+    """Every setting of ``metric`` (:data:`SETTINGS`, or :data:`AGREEMENT` for top1-agreement),
+    nested and independent rungs."""
+    chosen = AGREEMENT if metric == "top1-agreement" else SETTINGS
+    return [(s, nested, simulate(s, reps, nested, seed + i, metric=metric, mutant=mutant))
+            for i, (s, nested) in enumerate((s, n) for s in chosen for n in (True, False))]
 
 
 def main() -> None:

@@ -11,7 +11,16 @@ import pytest
 from qpart.offline import selection
 from qpart.offline.ltt import fixed_sequence, grid_budget, grid_index, learn, make_promise, rungs
 from qpart.offline.settings import CalibrationSettings
-from tests.offline.ltt_sim import N_CHECK, N_FIT, SETTINGS, STEPS, SyntheticState, synthetic, table
+from tests.offline.ltt_sim import (
+    AGREEMENT,
+    N_CHECK,
+    N_FIT,
+    SETTINGS,
+    STEPS,
+    SyntheticState,
+    synthetic,
+    table,
+)
 
 DELTA = 0.05
 REPS = 4000
@@ -85,6 +94,31 @@ def test_the_simulation_catches_the_search_it_replaced(rows):
     # keep a pattern over its level more often than δ; the ladder's single pass does not.
     plateau = [r for s, nested, r in rows if s.plateau and not nested]
     assert plateau and all(r.old > DELTA > r.new for r in plateau)
+
+
+@pytest.fixture(scope="module")
+def agreement_rows():
+    return table(reps=REPS, metric="top1-agreement")
+
+
+@pytest.mark.slow
+def test_agreement_promises_are_wrong_at_most_delta_in_every_setting(agreement_rows):
+    """The top1-agreement metric's one-sample bound under the same Learn then Test (issue 49)."""
+    limit = DELTA + 3 * math.sqrt(DELTA * (1 - DELTA) / REPS)
+    assert len(agreement_rows) == 2 * len(AGREEMENT) >= 6
+    for s, nested, r in agreement_rows:
+        assert r.new <= limit, (s.name, nested, r)
+        assert r.new_mean_drop > 0.1, (s.name, nested, r)
+
+
+@pytest.mark.slow
+def test_the_agreement_simulation_catches_a_choice_past_the_first_failure(agreement_rows):
+    # On flips flat just over the level, testing every rung at the full δ and keeping the last that
+    # passes (failures before it ignored) is wrong more often than δ; the fixed sequence is not.
+    mutant = table(reps=REPS, metric="top1-agreement", mutant=True)
+    valid = {(s.name, nested): r.new for s, nested, r in agreement_rows}
+    caught = [(s.name, nested, r.new) for s, nested, r in mutant if s.plateau]
+    assert caught and all(new > DELTA >= valid[(name, nested)] for name, nested, new in caught), caught
 
 
 def _reads_before_the_test(check_lost: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:

@@ -121,3 +121,19 @@ def test_the_guide_holds_the_table_the_module_computes():
     table = guidance_table(TABLE_LEVELS, CalibrationSettings().confidence, CalibrationSettings().bound)
     assert table in GUIDE.read_text(encoding="utf-8"), (
         "docs/guide/how-much-data.md's table is stale: paste offline.sizing.guidance_table's output")
+
+
+def test_the_agreement_metric_certifies_with_fewer_samples_and_says_what_it_needs():
+    """Issue 49, acceptance 3: under top1-agreement (a one-sample bound), a level the check
+    samples cannot certify is refused before any work, naming the level and the samples it needs;
+    0 flips among n bound the rate at about 3/n (95%), against about 3.7/n for the paired bound."""
+    s = resolve_samples(CalibrationSettings(metric="top1-agreement"), 359, "cal")
+    assert s.paired is False and uncertified_levels(s) == (0.001, 0.0025, 0.005, 0.01)
+    with pytest.raises(CalibrationConfigError) as err:
+        check_levels(s)
+    text = str(err.value)
+    need = checks_needed(0.001, 0.95, "exact", paired=False)
+    assert need == 2995 and need < checks_needed(0.001, 0.95, "exact")  # 3,688 paired
+    assert text.startswith("levels 0.1%, 0.25%, 0.5%, 1% cannot be certified with 216 check samples")
+    assert f"0.1% needs {need:,}" in text and "under the top1-agreement metric" in text and "\n" not in text
+    assert smallest_level(6000, 0.95, "exact", paired=False) == pytest.approx(3 / 6000, rel=0.01)

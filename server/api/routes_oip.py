@@ -65,7 +65,8 @@ def _metadata(engine: Engine, name: str, version: str | None) -> ModelMetadata:
 
 
 def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parameter]:
-    """What the model card declares, as metadata parameters: ``preprocess`` (the spec's JSON
+    """What the levels bound (``metric``, the artifact's, e.g. ``"top1-drop"``) and what the model
+    card declares, as metadata parameters: ``preprocess`` (the spec's JSON
     object), ``labels`` (the JSON list of class names in logit order) and ``image_qualities`` (the
     lossy input-image plan's promised WebP qualities, each with its tightest level and the encoder
     the promise is for, ADR 0015; not
@@ -73,7 +74,7 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
     can run and why not the others, :func:`server.store.segment_index.runtime_table`; not for a tail),
     each a JSON string, since a protocol parameter is a string, number or boolean; absent when the
     card or calibration has none."""
-    parameters: dict[str, Parameter] = {"metric": model.artifact.metric}  # what the levels bound
+    parameters: dict[str, Parameter] = {"metric": json.dumps(model.artifact.metric)}
     if model.preprocess is not None:
         parameters["preprocess"] = model.preprocess.model_dump_json()
     if model.labels is not None:

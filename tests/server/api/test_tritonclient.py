@@ -93,6 +93,7 @@ def _card() -> dict[str, object]:
 @pytest.mark.parametrize("name", ["fmnist-cnn", "fmnist-cnn-tail"])
 def test_metadata_parameters_carry_the_cards_preprocessing_and_labels(client, name):
     parameters = client.get_model_metadata(name)["parameters"]
+    assert json.loads(parameters.pop("metric")) == "top1-drop"  # what the levels bound (issue 49)
     qualities = json.loads(parameters.pop("image_qualities")) if name == "fmnist-cnn" else None
     runtimes = json.loads(parameters.pop("runtimes")) if name == "fmnist-cnn" else None
     assert {k: json.loads(v) for k, v in parameters.items()} == _card()

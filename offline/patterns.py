@@ -33,7 +33,7 @@ from qpart.offline.samples import Data
 from qpart.offline.selection import Selection, select
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.sizing import lossless_levels
-from qpart.offline.state import State, evaluate, key, split_bits
+from qpart.offline.state import State, evaluate_test, key, split_bits
 from qpart.offline.validation import PairedDrop, predicted_drop
 from qpart.profiles.artifacts import FLOAT_BITS, AccuracyPoint, Pattern
 
@@ -98,8 +98,7 @@ def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: li
     the baseline, not tested)."""
     weights, act = split_bits(bits)
     noise = pattern_noise(st.items[cut], bits)
-    test = (evaluate(st, cut, bits, st.data.test, st.data.test_ref, st.test_cache)
-            if st.settings.measure_test else None)
+    test, flips = evaluate_test(st, cut, bits) if st.settings.measure_test else (None, None)
     wb, fp32, ab = sizes(st.runner, cut, bits)
     check = chosen.check if chosen else None
     return Pattern(
@@ -108,7 +107,8 @@ def _pattern(st: State, cut: int, level: float, bits: dict[str, int], points: li
         predicted_drop=predicted_drop(points, noise),
         calib_drop=check.drop if check else None,
         calib_drop_ub=check.upper_bound(st.settings.confidence, st.settings.bound) if check else None,
-        test_drop=test.drop if test else None, weight_bytes=wb, fp32_weight_bytes=fp32,
+        test_drop=test.drop if test else None, test_disagreement=flips.drop if flips else None,
+        weight_bytes=wb, fp32_weight_bytes=fp32,
         activation_bytes=ab, rungs=chosen.rungs if chosen else None,
         passed=chosen.passed if chosen else None,
     )

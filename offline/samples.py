@@ -65,6 +65,9 @@ class Data:
     test_ref: Reference
     test_accuracy: float | None
     """None: the test samples have no labels."""
+    test_agreement: Reference
+    """The float model on the test samples under top1-agreement, whatever the job's metric: each
+    pattern's share of changed top-1 answers is measured beside its metric (``test_disagreement``)."""
 
 
 def sample_bytes(s: CalibrationSettings, sources: Sources) -> int:
@@ -160,8 +163,11 @@ def load_data(runner: ModelRunner, s: CalibrationSettings, sources: Sources,
     test_labels = labels_of(test)
     accuracy = None if test_labels is None else float(hits_of(get_metric("top1-drop"), test_logits,
                                                               test_labels).mean())
+    agreement = get_metric("top1-agreement")
+    own_top1 = agreement.anchor(test_logits, None)
     return Data(fit, check, test, fit_logits, reference(fit_logits, fit), reference(check_logits, check),
-                reference(test_logits, test), accuracy)
+                reference(test_logits, test), accuracy,
+                Reference(own_top1, agreement.hits(test_logits, own_top1)))
 
 
 def labels_of(ds: Dataset) -> np.ndarray | None:

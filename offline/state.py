@@ -29,6 +29,7 @@ class State:
     fit_cache: dict[str, PairedDrop] = field(default_factory=dict)
     check_cache: dict[str, PairedDrop] = field(default_factory=dict)
     test_cache: dict[str, PairedDrop] = field(default_factory=dict)
+    test_agreement_cache: dict[str, PairedDrop] = field(default_factory=dict)
 
 
 def key(cut: int, bits: dict[str, int]) -> str:
@@ -53,6 +54,25 @@ def hits_on(st: State, cut: int, bits: dict[str, int], images: np.ndarray,
     weights, act = split_bits(bits)
     logits = st.runner.run_pattern(images, cut, weights, act)
     return get_metric(st.settings.metric).hits(logits, anchor)
+
+
+def evaluate_test(st: State, cut: int, bits: dict[str, int]) -> tuple[PairedDrop, PairedDrop]:
+    """A pattern's counts on the test samples under the job's metric and under top1-agreement,
+    both from one run of it (cached; a lossless pattern's are 0 without running it)."""
+    data, metric, agreement = st.data, get_metric(st.settings.metric), get_metric("top1-agreement")
+    n = int(data.test_ref.hits.size)
+    if is_lossless(bits):
+        return PairedDrop(n, 0, 0, metric.paired), PairedDrop(n, 0, 0, agreement.paired)
+    k = key(cut, bits)
+    if k not in st.test_cache or k not in st.test_agreement_cache:
+        weights, act = split_bits(bits)
+        logits = st.runner.run_pattern(data.test.images, cut, weights, act)
+        st.test_cache[k] = paired_drop(data.test_ref.hits, metric.hits(logits, data.test_ref.anchor),
+                                       metric.paired)
+        st.test_agreement_cache[k] = paired_drop(data.test_agreement.hits,
+                                                 agreement.hits(logits, data.test_agreement.anchor),
+                                                 agreement.paired)
+    return st.test_cache[k], st.test_agreement_cache[k]
 
 
 def evaluate(st: State, cut: int, bits: dict[str, int], ds: Dataset, ref: Reference,

@@ -19,8 +19,11 @@ from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_format import HeadRuntime
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 6
-"""6: the levels the check samples could not certify, kept lossless at the user's request
+ARTIFACT_SCHEMA_VERSION = 7
+"""7: what every level bounds (``promise.metric``, qpart.models.metrics: top1-drop before it was
+recorded) and each pattern's share of test samples whose top-1 differs from the float model's
+(``test_disagreement``, the reference a live audit compares with; None before).
+6: the levels the check samples could not certify, kept lossless at the user's request
 (``lossless_levels``; empty when calibrated before). 5: what was measured on the calibrating
 machine, not decided by the calibration (each cut's
 ``server_head_s``/``server_tail_s`` and ``timing_s``), is kept in ``timing.json`` beside
@@ -106,7 +109,10 @@ class Pattern(_Frozen):
     calib_drop_ub: float | None = Field(
         description="One-sided upper confidence bound of the drop on the check samples."
     )
-    test_drop: float | None = Field(description="Measured once on the test split.")
+    test_drop: float | None = Field(description="Measured once on the test split, in the artifact's metric.")
+    test_disagreement: float | None = Field(None, description=(
+        "Share of the test split whose top-1 differs from the float model's, from the same run as "
+        "test_drop (the reference a live audit compares with); None: not measured (before schema 7)."))
     weight_bytes: int = Field(ge=0, description="Head segment payload: codes + scales + float params.")
     fp32_weight_bytes: int = Field(ge=0)
     activation_bytes: int = Field(ge=0, description="Uploaded activation payload per sample.")
@@ -195,7 +201,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[6] = 6
+    schema_version: Literal[7] = 7
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -233,17 +239,18 @@ class CalibrationArtifact(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        """An older document as schema 6. From 1: each cut's ``<coding>_ratio`` fields into its
+        """An older document as schema 7. From 1: each cut's ``<coding>_ratio`` fields into its
         ``coding_ratio`` map (an empty one: not measured, left out). From 1 or 2: patterns lose
         ``tightenings`` (the search that counted them made no promise; ``promise`` stays None).
         From 1 to 3: ``data`` stays None (the Fashion-MNIST splits, recorded in ``splits``). From 4:
         nothing changes (its measurements are inline, where schema 5 still reads them). From 5:
         ``lossless_levels`` stays empty (the job refused no level; an uncertifiable one became
-        lossless silently)."""
-        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4, 5)):
+        lossless silently). From 6: its promise is in top1-drop, the only metric there was, and no
+        pattern has a ``test_disagreement``."""
+        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4, 5, 6)):
             return data
         out = dict(data)
-        if data["schema_version"] in (3, 4, 5):
+        if data["schema_version"] in (3, 4, 5, 6):
             out["schema_version"] = ARTIFACT_SCHEMA_VERSION
             return out
         if data["schema_version"] == 1 and isinstance(data.get("cuts"), list):

@@ -140,3 +140,15 @@ def test_calibrate_images_measures_the_same_ladder_into_an_existing_artifact(sma
     fewer = measure_artifact_images(copy, [95, 50], replace_ladder=True)  # replaced knowingly
     assert [r.quality for r in fewer.rungs] == [95, 50] and load_artifact(copy).image_ladder == fewer
     assert sum(line.startswith("| webp |") for line in (copy / "report.md").read_text().splitlines()) == 2
+
+
+def test_a_labelled_run_records_each_patterns_test_disagreement_beside_its_drop(small_run):
+    """Issue 49: the artifact carries the share of test samples whose top-1 changed (the live
+    audit's reference), which bounds the top-1 drop measured on the same run."""
+    artifact, _ = small_run
+    assert artifact.schema_version == 7 and artifact.metric == "top1-drop"
+    for p in artifact.patterns:
+        assert p.test_drop is not None and p.test_disagreement is not None
+        assert p.test_drop <= p.test_disagreement + 1e-12
+        if p.level == 0:
+            assert p.test_disagreement == 0.0

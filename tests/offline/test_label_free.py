@@ -73,3 +73,8 @@ def test_its_input_image_ladder_is_judged_by_agreement_too(agreement_run):
     ladder = artifact.image_ladder
     assert ladder is not None and "share of inputs whose top-1 differs" in ladder.statement
     assert [r.quality for r in ladder.rungs] == [90, 50]
+
+
+def test_its_disagreement_is_its_test_drop(agreement_run):
+    artifact, _ = agreement_run
+    assert all(p.test_disagreement == p.test_drop for p in artifact.patterns)

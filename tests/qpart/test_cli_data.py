@@ -229,7 +229,7 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
                  "--test-data", str(folders / "test"), *SMALL, "--json", cwd=folders, env=SMALL_ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads((out / "artifact.json").read_text())
-    assert doc["schema_version"] == 6 and doc["settings"]["data"] == str(folders / "cal")
+    assert doc["schema_version"] == 7 and doc["settings"]["data"] == str(folders / "cal")
     data = doc["data"]
     assert (data["calibration"]["kind"], data["calibration"]["count"], data["test"]["count"]) == (
         "image-folder", 200, 200)

@@ -115,10 +115,15 @@ def test_agreement_promises_are_wrong_at_most_delta_in_every_setting(agreement_r
 def test_the_agreement_simulation_catches_a_choice_past_the_first_failure(agreement_rows):
     # On flips flat just over the level, testing every rung at the full δ and keeping the last that
     # passes (failures before it ignored) is wrong more often than δ; the fixed sequence is not.
+    # With independent rungs: nested rungs' counts grow together, so a rung after a failure seldom
+    # passes and the mutant rarely differs (0.0085 there at 4,000 repetitions).
     mutant = table(reps=REPS, metric="top1-agreement", mutant=True)
     valid = {(s.name, nested): r.new for s, nested, r in agreement_rows}
-    caught = [(s.name, nested, r.new) for s, nested, r in mutant if s.plateau]
-    assert caught and all(new > DELTA >= valid[(name, nested)] for name, nested, new in caught), caught
+    limit = DELTA + 3 * math.sqrt(DELTA * (1 - DELTA) / REPS)
+    caught = [(s.name, nested, r.new) for s, nested, r in mutant if s.plateau and not nested]
+    assert caught, mutant
+    for name, nested, new in caught:
+        assert new > limit and valid[(name, nested)] <= DELTA, (name, new, valid[(name, nested)])
 
 
 def _reads_before_the_test(check_lost: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:

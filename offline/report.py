@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from qpart.models.metrics import DEFAULT_METRIC, get_metric
 from qpart.profiles.artifacts import (
     FLOAT_BITS,
     CalibrationArtifact,
@@ -298,6 +299,9 @@ def markdown(artifact: CalibrationArtifact) -> str:
         f"# Calibration report: {artifact.model} (version {artifact.version})", "",
         f"fp32 test accuracy {accuracy}. Accuracy levels (max "
         f"{artifact.metric}): {levels}.",
+        *([f"Every drop below is measured in {artifact.metric}: the "
+           f"{get_metric(artifact.metric).summary.removeprefix('expected ')}."]
+          if artifact.metric != DEFAULT_METRIC else []),
         f"Calibration samples used: {plain(artifact.splits.get('calibration_use'))}; "
         f"test = {_test_source(artifact)}, read once per final pattern.",
         "", "## The promise", "", _promise(artifact), "", *_lossless_levels(artifact),

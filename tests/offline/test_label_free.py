@@ -47,6 +47,7 @@ def test_an_unlabelled_calibration_promises_agreement_with_the_float_model(agree
     assert artifact.data.calibration.classes == [] and artifact.data.test.classes == []
     report = (out / "report.md").read_text()
     assert "unknown (the test samples have no labels)" in report and "max top1-agreement" in report
+    assert "Every drop below is measured in top1-agreement: the share of inputs" in report
     assert load_artifact(out) == artifact
 
 

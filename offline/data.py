@@ -18,7 +18,7 @@ from typing import Literal
 
 from qpart.models.data import Split
 from qpart.models.errors import LabelsError, SourceMismatchError
-from qpart.models.metrics import get_metric
+from qpart.models.metrics import DEFAULT_METRIC, get_metric
 from qpart.models.preprocess import PreprocessSpec
 from qpart.models.registry import ModelSpec
 from qpart.models.sources import (
@@ -147,9 +147,9 @@ def check_metric_fits(sources: Sources, metric: str) -> None:
                               "top1-agreement (its promise needs no labels) or labelled data")
 
 
-def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
-    """Refuse data whose samples the model does not take, or whose classes are not one per logit,
-    and a card whose labels are not one per logit.
+def check_model_fits(spec: ModelSpec, sources: Sources, logits: int, metric: str = DEFAULT_METRIC) -> None:
+    """Refuse data whose samples the model does not take, or, for a ``metric`` that reads labels,
+    whose classes are not one per logit, and a card whose labels are not one per logit.
 
     Raises:
         SourceMismatchError: the samples' shape is not the model's input shape.
@@ -161,7 +161,7 @@ def check_model_fits(spec: ModelSpec, sources: Sources, logits: int) -> None:
             f"the data's samples are {list(shape)} but '{spec.name}' takes {list(spec.input_shape)}; "
             f"declare its preprocessing when registering it, or give data of that shape")
     classes = len(sources.calibration.class_names)
-    if sources.calibration.labelled and classes != logits:
+    if sources.calibration.labelled and get_metric(metric).needs_labels and classes != logits:
         raise LabelsError(f"the data has {classes} classes but '{spec.name}' gives {logits} logits; give "
                           f"data with one class per logit")
     labels = spec.labels

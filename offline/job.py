@@ -199,8 +199,9 @@ def _checked(spec: ModelSpec, settings: CalibrationSettings, sources: Sources,
     """The settings with the sample counts resolved from the data's size and the levels checked
     (``offline.sizing``), and the sources in the card's class order: from the sources' lengths and
     class names, before a sample is decoded. What the job runs, checkpoints and records."""
-    sources = align_labels(spec, sources, settings.labels)
-    check_model_fits(spec, sources, logits)
+    if get_metric(settings.metric).needs_labels:  # a label-free metric ignores the data's classes
+        sources = align_labels(spec, sources, settings.labels)
+    check_model_fits(spec, sources, logits, settings.metric)
     check_metric_fits(sources, settings.metric)
     return size_job(settings, len(sources.calibration), sources.calibration.describe().location), sources
 

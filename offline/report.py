@@ -297,7 +297,7 @@ def markdown(artifact: CalibrationArtifact) -> str:
         else pct(artifact.fp32_test_accuracy)
     lines = [
         f"# Calibration report: {artifact.model} (version {artifact.version})", "",
-        f"fp32 test accuracy {accuracy}. Accuracy levels (max "
+        f"fp32 test accuracy {accuracy}. Accuracy levels (max {get_metric(artifact.metric).short}, "
         f"{artifact.metric}): {levels}.",
         *([f"Every drop below is measured in {artifact.metric}: the "
            f"{get_metric(artifact.metric).summary.removeprefix('expected ')}."]

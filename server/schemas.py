@@ -86,7 +86,8 @@ class PlanRequest(_Strict):
 
     model: str = Field(min_length=1, max_length=64, description="Registered model name.")
     version: str | None = Field(None, max_length=64, description="Model version (default: newest).")
-    accuracy_demand: float = Field(ge=0, lt=1, description="Max accepted top-1 drop, e.g. 0.01 for 1%.")
+    accuracy_demand: float = Field(ge=0, lt=1, description="Max accepted level in the model's metric "
+                                   "(its promise.metric: top-1 drop by default), e.g. 0.01 for 1%.")
     rate_bps: float = Field(ge=1.0, le=1e12, description="Channel rate the device measured (bit/s).")
     device: Annotated[str, Field(max_length=64)] | DeviceProfile = Field(
         "raspberry-pi-4", description="A shipped device profile's name, or an inline profile.")
@@ -217,9 +218,8 @@ class PlanResponse(_Strict):
         "input_image), the device's input image: as a PNG (image/png) for 'input-png', as the WebP "
         "at the plan's quality (image/webp) for 'input-webp@<quality>'.")
     lossless: bool = Field(False, description=(
-        "True when only lossless plans can serve the demand: the calibration certified no quantized "
-        "pattern at a level this tight (its check samples were too few: the artifact's "
-        "lossless_levels; or the demand is 0), so the plan sends float32."))
+        "True when only lossless plans can serve the demand: no quantized pattern is certified at a "
+        "level this tight (too few check samples: the artifact's lossless_levels; or demand 0): float32."))
     input_image_plan: CostBreakdown | None = Field(
         None, description="The cheapest input-image plan the request's offer got (ADR 0014, 0015), "
         "priced as 'predicted' is; null where the request offered no image or the model takes none. "

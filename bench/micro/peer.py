@@ -42,6 +42,7 @@ from typing import Any, Literal, TypeAlias
 import httpx
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from bench import REPO, write_json
 from bench.harness.loadgen import (
@@ -54,6 +55,7 @@ from bench.harness.loadgen import (
     start_server,
     wrk,
 )
+from qpart.models import METRICS, hits_of
 
 KSERVE_VENV = REPO / ".venv-kserve"
 KSERVE_PYTHON = KSERVE_VENV / "bin" / "python"
@@ -142,7 +144,8 @@ def verify_same_model(urls: dict[ServerName, str], n: int = VERIFY_IMAGES) -> di
             top1 = {k: int(v.argmax()) for k, v in logits.items()}
             if len(set(top1.values())) != 1:
                 raise SystemExit(f"the servers disagree on a test image (label {label}): {top1}")
-            correct += int(top1[("qpart", "json")] == label)
+            ours = torch.from_numpy(logits[("qpart", "json")]).reshape(1, -1)
+            correct += int(hits_of(METRICS["top1-drop"], ours, np.array([label]))[0])
             diff = max(diff, *(float(np.abs(logits[("qpart", p)] - logits[("kserve", p)]).max())
                                for p in PAYLOADS))
     return {"test_images": n, "top1_agree": True, "top1_correct": correct, "max_abs_logit_diff": diff}

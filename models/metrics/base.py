@@ -13,6 +13,8 @@ class Metric(Protocol):
 
     name: str
     """Its name in settings, artifacts and the API, e.g. ``top1-drop``."""
+    short: str
+    """What a level bounds, in two or three words ("top-1 drop"), for tables and headings."""
     summary: str
     """What a level of it bounds, as the promise says it ("its {summary} ... is at most its level")."""
     needs_labels: bool

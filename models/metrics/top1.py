@@ -23,6 +23,7 @@ class Top1Drop:
     """Top-1 accuracy against labels; a level bounds the net drop from the float model's."""
 
     name = "top1-drop"
+    short = "top-1 drop"
     summary = "expected top-1 drop"
     needs_labels = True
     paired = True
@@ -39,6 +40,7 @@ class Top1Agreement:
     samples whose top-1 differs, which also bounds the top-1 accuracy drop on any labels."""
 
     name = "top1-agreement"
+    short = "top-1 disagreement"
     summary = ("expected share of inputs whose top-1 differs from the float model's (which bounds "
                "their top-1 drop on any labels too)")
     needs_labels = False

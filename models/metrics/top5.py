@@ -15,6 +15,7 @@ class Top5Drop:
     when the model has fewer)."""
 
     name = "top5-drop"
+    short = "top-5 drop"
     summary = "expected top-5 drop"
     needs_labels = True
     paired = True

@@ -65,19 +65,28 @@ def find_classes(root: Path) -> tuple[str, ...]:
 
 def flat_images(root: Path) -> tuple[str, ...] | None:
     """The image files directly in ``root``, sorted by name, when it has no subfolder (a flat,
-    unlabelled folder); None when it has one (an ImageFolder) or no image.
+    unlabelled folder); None when it has subfolders and no image there (an ImageFolder) or nothing.
 
     Raises:
-        ImageFolderError: ``root`` is not a readable folder, or an image is a link leading outside it.
+        ImageFolderError: ``root`` is not a readable folder, holds both images and subfolders (which
+            of them the user meant cannot be told: none is skipped silently), or an image is a link
+            leading outside it.
     """
     try:
         with os.scandir(root) as entries:
             listed = [(entry.name, entry.is_dir(), entry.is_symlink()) for entry in entries]
     except OSError as exc:
-        raise ImageFolderError(f"cannot list the image folder {root}: {exc.strerror or exc}") from exc
-    if any(is_dir for _, is_dir, _ in listed):
+        raise ImageFolderError(f"cannot list the ImageFolder {root}: {exc.strerror or exc}") from exc
+    images = sorted(name for name, is_dir, _ in listed
+                    if not is_dir and name.lower().endswith(IMAGE_EXTENSIONS))
+    folders = sorted(name for name, is_dir, _ in listed if is_dir)
+    if folders and images:
+        raise ImageFolderError(
+            f"{root} holds both images ({len(images)}, e.g. {images[0]!r}) and subfolders ({len(folders)}, "
+            f"e.g. {folders[0]!r}): put every image in a class folder (labelled), or all of them "
+            f"directly in {root} with no subfolder (no labels)")
+    if folders:
         return None
-    images = sorted(name for name, _, _ in listed if name.lower().endswith(IMAGE_EXTENSIONS))
     for name, _, link in listed:
         if link and name in images:
             check_inside(root, root / name, "the image")

@@ -28,7 +28,7 @@ def test_classes_are_sorted_as_torchvision_sorts_them(tmp_path):
     names = ["b", "a", "B", "10", "2", "_x", ".hidden"]
     for i, name in enumerate(names):
         write_image(tmp_path / name / "img.png", i)
-    (tmp_path / "stray.png").write_bytes(b"not a class")
+    (tmp_path / "notes.txt").write_bytes(b"not a class")  # an image here is refused (test_unlabelled)
     expected = sorted(entry.name for entry in os.scandir(tmp_path) if entry.is_dir())
     assert find_classes(tmp_path) == tuple(expected) == (".hidden", "10", "2", "B", "_x", "a", "b")
     assert ImageFolderSource(tmp_path, SPEC).class_names == tuple(expected)
@@ -82,9 +82,9 @@ def test_the_content_digest_depends_on_bytes_and_labels_not_on_where_the_folder_
     assert ImageFolderSource(folder, SPEC).content_sha256() != digest
 
 
-def test_a_folder_without_class_folders_is_refused(tmp_path):
-    write_image(tmp_path / "loose.png", 0)
-    message = r"has no class folders; put each class's images in .*/<class name>/"
+def test_a_folder_without_class_folders_or_images_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_bytes(b"x")  # images alone would be a flat, unlabelled folder (issue 49)
+    message = r"has neither class folders nor images; put each class's images in .*/<class name>/"
     with pytest.raises(ImageFolderError, match=message):
         ImageFolderSource(tmp_path, SPEC)
     with pytest.raises(ImageFolderError, match="cannot list the ImageFolder"):

@@ -28,9 +28,15 @@ def test_a_flat_folder_of_images_is_an_unlabelled_source_in_name_order(tmp_path)
 
 
 def test_a_folder_with_class_folders_stays_labelled(folder):
-    write_image(folder / "stray.png", 9)  # an image beside the class folders is ignored, as torchvision does
     source = ImageFolderSource(folder, SPEC)
     assert source.labelled and source.class_names == ("cat", "dog") and len(source) == 5
+
+
+def test_images_beside_class_folders_are_refused_not_skipped(folder):
+    write_image(folder / "stray.png", 9)
+    with pytest.raises(ImageFolderError, match=r"holds both images \(1, e.g. 'stray.png'\) and subfolders "
+                                               r"\(2, e.g. 'cat'\): put every image in a class folder"):
+        ImageFolderSource(folder, SPEC)
 
 
 def test_a_folder_with_neither_says_both_layouts(tmp_path):

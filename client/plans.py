@@ -91,8 +91,8 @@ class PlanResponse(HeadSpec, PacketFormat):
 
     plan_id: str
     level: float = Field(description="The accuracy level of the chosen pattern, in ``metric``.")
-    metric: str = Field("top1-drop", description="What the level bounds (top1-drop, top1-agreement or "
-                        "top5-drop; servers before it: top1-drop).")
+    metric: str = Field("top1-drop", description="What the level bounds (e.g. top1-drop, top1-agreement; "
+                        "servers before it: top1-drop).")
     weight_bits: dict[str, int] = Field(description="Bits of each quantized head tensor.")
     activation_shape: list[int] = Field(description="One sample's activation at the cut.")
     head_flops: int | None = Field(None, ge=0, description="The head's FLOPs per sample as the model "

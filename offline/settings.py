@@ -72,9 +72,9 @@ class CalibrationSettings(BaseSettings):
     activation_group: int = Field(256, ge=1, json_schema_extra=ADVANCED, description=(
         "Largest activation group size."))
     metric: str = Field(DEFAULT_METRIC, description=(
-        "What a level bounds: top1-drop (the top-1 accuracy drop against the labels), top1-agreement "
-        "(the share of inputs whose top-1 differs from the float model's: needs no labels, and bounds "
-        "the accuracy drop too) or top5-drop (the top-5 accuracy drop against the labels)."))
+        "What a level bounds (qpart.models.metrics): " + "; ".join(
+            f"{m.name}, the {m.short}" + ("" if m.needs_labels else " (needs no labels)")
+            for m in METRICS.values()) + "."))
     confidence: float = Field(0.95, gt=0.5, lt=1, description=(
         "1 − δ: each pattern keeps its level with at least this probability over the check samples."))
     bound: Literal["exact", "newcombe"] = Field("exact", json_schema_extra=ADVANCED, description=(

@@ -157,7 +157,7 @@ class Promise(_Frozen):
 
     statement: str = Field(description="The promise in one sentence, naming all of the below.")
     metric: str = Field("top1-drop", description=(
-        "What every level bounds (qpart.models.metrics): top1-drop, top1-agreement or top5-drop; "
+        "What every level bounds, a metric of qpart.models.metrics (e.g. top1-drop, top1-agreement); "
         "calibrated before the metric was recorded: top1-drop, the only one there was."))
     delta: float = Field(gt=0, lt=0.5, description="δ: the chance a pattern's promise is wrong.")
     bound: str = Field(description="Upper-bound method of the test (offline.validation).")

@@ -189,7 +189,7 @@ class PlanResponse(_Strict):
     cuts: int = Field(description="Number of legal cuts; the last one is all-device.")
     level: float
     metric: str = Field("top1-drop", description="What level bounds: the artifact's promise.metric "
-                        "(top1-drop, top1-agreement or top5-drop); the demand was read in it.")
+                        "(e.g. top1-drop, top1-agreement); the demand was read in it.")
     weight_bits: dict[str, int]
     activation_bits: int
     group_size: int

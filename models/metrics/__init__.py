@@ -20,13 +20,17 @@ tests (``tests/models/metrics/``). Nothing else changes: every consumer asks thi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from qpart.models.errors import UnknownMetricError
 from qpart.models.metrics.base import Metric
 from qpart.models.metrics.top1 import Top1Agreement, Top1Drop
 from qpart.models.metrics.top5 import Top5Drop
+
+if TYPE_CHECKING:  # annotations only: the torch-free device imports the settings that name metrics
+    import torch
 
 METRICS: dict[str, Metric] = {m.name: m for m in (Top1Drop(), Top1Agreement(), Top5Drop())}
 """Every metric by name (adding one: its module, and its instance on this line)."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from qpart.models.errors import LabelsError
+
+if TYPE_CHECKING:  # annotations only: the torch-free device imports the settings that name metrics
+    import torch
 
 
 def top1(logits: torch.Tensor) -> np.ndarray:

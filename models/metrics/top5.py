@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from qpart.models.metrics.top1 import _labels
+
+if TYPE_CHECKING:  # annotations only: the torch-free device imports the settings that name metrics
+    import torch
 
 K = 5
 

@@ -39,7 +39,7 @@ from qpart.client.errors import (
     ServerUnavailableError,
     TransferDeadlineError,
 )
-from qpart.client.transport import Transport, iter_decoded
+from qpart.client.transport import Transport, iter_decoded, one_line
 
 PART_STALE_S = 600.0
 """A ``.part`` file untouched this long is no download in progress (every write touches it, and a
@@ -242,7 +242,7 @@ class SegmentCache:
                     raise TransferDeadlineError(
                         f"download of segment {bound.segment_id[:12]} outlived its deadline "
                         f"(QPART_DEVICE_TRANSFER_DEADLINE_S) after {attempt + 1} attempts; "
-                        f"last: {_line(last_error)}")
+                        f"last: {one_line(last_error)}")
                 time.sleep(wait)
         raise ServerUnavailableError(f"download of segment {bound.segment_id[:12]} failed: {last_error}")
 
@@ -328,11 +328,6 @@ class SegmentCache:
             total -= e.size_bytes
             removed.append(e.segment_id)
         return removed
-
-
-def _line(text: str) -> str:
-    """``text`` on one line (an error's own text may have line breaks)."""
-    return " ".join(text.split())
 
 
 def _head_of(response: httpx.Response, deadline: float) -> str:

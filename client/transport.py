@@ -181,6 +181,11 @@ def _message(response: httpx.Response) -> str:
         return response.text[:300] or response.reason_phrase
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (an error's own text may have line breaks)."""
+    return " ".join(text.split())
+
+
 def _attempts(n: int) -> str:
     return "1 attempt" if n == 1 else f"{n} attempts"
 
@@ -295,7 +300,7 @@ class Transport:
                         f"{method} {request.url.path}: the server asks for a wait of {wait:.1f} s "
                         "before trying again (Retry-After or backoff), past the transfer's deadline "
                         f"(QPART_DEVICE_TRANSFER_DEADLINE_S); gave up after {_attempts(attempt + 1)} "
-                        f"(last: {' '.join(last.split())[:300]})")
+                        f"(last: {one_line(last)[:300]})")
                 self._sleep(wait)
         raise ServerUnavailableError(
             f"{method} {url} failed after {self.settings.retries + 1} attempts (last: {last}); "

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from qpart.models.errors import LabelsError
+
 if TYPE_CHECKING:  # annotations only: the torch-free device imports the settings that name metrics
     import torch
 
@@ -31,3 +33,10 @@ class Metric(Protocol):
     def hits(self, logits: torch.Tensor, anchor: np.ndarray) -> np.ndarray:
         """Per sample, whether ``logits`` match the sample's ``anchor`` (a boolean vector)."""
         ...
+
+
+def require_labels(labels: np.ndarray | None, name: str) -> np.ndarray:
+    """``labels``, or a one-line :class:`LabelsError` naming the metric that needs them."""
+    if labels is None:
+        raise LabelsError(f"the {name} metric needs labels; use top1-agreement for data without them")
+    return labels

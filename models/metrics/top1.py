@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qpart.models.errors import LabelsError
+from qpart.models.metrics.base import require_labels
 
 if TYPE_CHECKING:  # annotations only: the torch-free device imports the settings that name metrics
     import torch
@@ -15,12 +15,6 @@ if TYPE_CHECKING:  # annotations only: the torch-free device imports the setting
 def top1(logits: torch.Tensor) -> np.ndarray:
     """Each sample's highest-scoring class."""
     return np.asarray(logits.argmax(1).numpy())
-
-
-def _labels(labels: np.ndarray | None, name: str) -> np.ndarray:
-    if labels is None:
-        raise LabelsError(f"the {name} metric needs labels; use top1-agreement for data without them")
-    return labels
 
 
 class Top1Drop:
@@ -33,7 +27,7 @@ class Top1Drop:
     paired = True
 
     def anchor(self, float_logits: torch.Tensor, labels: np.ndarray | None) -> np.ndarray:
-        return _labels(labels, self.name)
+        return require_labels(labels, self.name)
 
     def hits(self, logits: torch.Tensor, anchor: np.ndarray) -> np.ndarray:
         return np.asarray(top1(logits) == anchor)

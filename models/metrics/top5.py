@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qpart.models.metrics.top1 import _labels
+from qpart.models.metrics.base import require_labels
 
 if TYPE_CHECKING:  # annotations only: the torch-free device imports the settings that name metrics
     import torch
@@ -25,7 +25,7 @@ class Top5Drop:
     paired = True
 
     def anchor(self, float_logits: torch.Tensor, labels: np.ndarray | None) -> np.ndarray:
-        return _labels(labels, self.name)
+        return require_labels(labels, self.name)
 
     def hits(self, logits: torch.Tensor, anchor: np.ndarray) -> np.ndarray:
         best = logits.topk(min(K, logits.shape[1]), dim=1).indices.numpy()

@@ -20,8 +20,8 @@ from qpart.client.errors import CACHE_HEALED, SegmentError, ServerRejectedError
 from qpart.client.image_offers import IMAGE_PNG, IMAGE_WEBP, ImageOffers  # the image plans' uploads
 from qpart.client.inputs import read_image_files
 from qpart.client.plans import (
+    AUDIT_HEADER,
     ModelMetadata,
-    PacketFormat,
     PlanResponse,
     TailResponse,
     TailResult,
@@ -30,12 +30,11 @@ from qpart.client.plans import (
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
-from qpart.kernels.coding import Coding, encode
+from qpart.client.uploads import encode_for_plan, upload_audit, upload_body
+from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
-from qpart.kernels.wire import encode_float_activation, encode_quantized_activation
 from qpart.profiles.devices import DeviceProfile
 
-FLOAT_BITS = 32
 _T = TypeVar("_T")
 DEFAULT_RATE_BPS = 10e6
 MAX_UPLOAD_BATCH = 64
@@ -58,23 +57,7 @@ class InferenceRun:
     timings_s: dict[str, float] = field(default_factory=dict)
     downloaded_bytes: int = 0
     uploaded_bytes: int = 0
-
-
-def encode_for_plan(activation: np.ndarray, plan: PacketFormat) -> bytes:
-    """Quantize the activation with the plan's bits and group size (kernels) and pack it."""
-    if plan.activation_bits >= FLOAT_BITS:
-        return encode_float_activation(activation)
-    return encode_quantized_activation(activation, plan.activation_bits, plan.group_size)
-
-
-def upload_body(plan: PacketFormat, packet: bytes) -> tuple[bytes, dict[str, str]]:
-    """The body and headers that upload ``packet`` as the plan says: compressed (kernels.coding)
-    when its ``upload_encoding`` is ``deflate`` or ``zstd``, else as is."""
-    headers = {"Content-Type": "application/octet-stream"}
-    coding = plan.upload_encoding
-    if isinstance(coding, Coding):
-        return encode(packet, coding), {**headers, "Content-Encoding": coding.value}
-    return packet, headers
+    audit: str | None = None  # a live audit's upload (ADR 0024): queued, dropped, or failed: <why>
 
 
 class DeviceClient:
@@ -129,6 +112,8 @@ class DeviceClient:
             body["weights"] = preset
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
+        if self.settings.audit:  # only then: the device consents to upload its input (ADR 0024)
+            body["audit"] = True
         return self._ask(body, input_image)
 
     def _ask(self, body: dict[str, Any], input_image: dict[str, Any] | None) -> PlanResponse:
@@ -136,13 +121,21 @@ class DeviceClient:
         server that refuses the field)."""
         if input_image is not None:
             try:
-                return self._trusted(parse_answer(PlanResponse, self.transport.request(
-                    "POST", "/v1/plan", json={**body, "input_image": input_image}).content))
+                return self._asked({**body, "input_image": input_image})
             except ServerRejectedError as exc:
                 if exc.status != 422 or "input_image" not in str(exc):
                     raise
-        return self._trusted(parse_answer(PlanResponse, self.transport.request(
-            "POST", "/v1/plan", json=body).content))
+        return self._asked(body)
+
+    def _asked(self, body: dict[str, Any]) -> PlanResponse:
+        try:
+            return self._trusted(parse_answer(PlanResponse, self.transport.request(
+                "POST", "/v1/plan", json=body).content))
+        except ServerRejectedError as exc:
+            if not body.get("audit") or exc.status != 422 or "audit" not in str(exc):
+                raise
+        # a server from before live audits (ADR 0024) refuses the field: asked again without it
+        return self._asked({k: v for k, v in body.items() if k != "audit"})
 
     def _trusted(self, plan: PlanResponse) -> PlanResponse:
         """``plan``, once its URLs are on origins this device sends to (ADR 0020): the tail's on the
@@ -155,6 +148,10 @@ class DeviceClient:
             self.transport.check_url(plan.infer_url)
         if plan.segment is not None:
             self.transport.check_url(plan.segment.url, segment=True)
+        if plan.audit is not None:
+            if not self.settings.audit or plan.infer_url is None:  # never asked for: never sent
+                return plan.model_copy(update={"audit": None})
+            self.transport.check_url(plan.audit.url)  # the raw input goes to the server's own origin
         return plan
 
     def _inline_profile(self, profile: DeviceProfile) -> dict[str, Any]:
@@ -358,6 +355,7 @@ class DeviceClient:
         head = self._healing(plan, lambda: self.load_head(plan, segment))
         head_s = time.perf_counter() - t2
         upload_s = 0.0
+        audited: np.ndarray | None = None  # the inputs of the tail request that carried the audit
         step = min(MAX_UPLOAD_BATCH, plan.upload_batch or MAX_UPLOAD_BATCH)  # within the body limit
         for start in range(0, len(images), step):
             h0 = time.perf_counter()
@@ -370,6 +368,8 @@ class DeviceClient:
                 run.results.extend(TailResult(logits=row.tolist()) for row in logits)
             else:
                 body, headers = upload_body(plan, encode_for_plan(act_np, plan))
+                if plan.audit is not None and audited is None:
+                    headers[AUDIT_HEADER], audited = plan.audit.id, batch
                 run.uploaded_bytes += len(body)
                 answer = self._post(plan, body, headers)
                 upload_s += time.perf_counter() - h1
@@ -378,4 +378,6 @@ class DeviceClient:
             run.predictions.extend(int(i) for i in logits.argmax(1))
         run.timings_s = {"plan": t1 - t0, "download": t2 - t1, "head": head_s,
                          "upload_and_tail": upload_s, "total": time.perf_counter() - t0}
+        if audited is not None:  # after every answer: the audit never delays one
+            run.audit = upload_audit(self.transport, plan, audited)
         return run

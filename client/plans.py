@@ -86,6 +86,28 @@ class CostBreakdown(_Wire):
     upload_encoding: UploadEncoding = "identity"
 
 
+AUDIT_HEADER = "Qpart-Audit"
+"""The tail request's header that names the audit its answer belongs to (ADR 0024)."""
+
+
+class AuditTicket(_Wire):
+    """The plan is marked for a live audit (ADR 0024): after the answer, the raw input of the tail
+    request that carried ``Qpart-Audit: <id>`` goes to ``url``."""
+
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    url: str = Field(max_length=2048)
+    input_shape: list[int] = Field(description="One sample's input shape (the model's).")
+    expires_s: float = Field(description="Seconds the server keeps the audit open after the plan.")
+
+
+class AuditReceipt(_Wire):
+    """The server took an audit's input (``queued``: false when it dropped it unchecked, busy)."""
+
+    audit: str
+    samples: int
+    queued: bool
+
+
 class PlanResponse(HeadSpec, PacketFormat):
     """The server's plan: the head to build, how to send its activation, and where."""
 
@@ -115,6 +137,8 @@ class PlanResponse(HeadSpec, PacketFormat):
     lossless: bool = Field(False, description="Only lossless (float32) plans serve the demand: the "
                            "calibration certified no quantized pattern that tight (absent: a server "
                            "before it).")
+    audit: AuditTicket | None = Field(None, description="Set when the device consented (QPART_DEVICE_AUDIT) "
+                                      "and the server marked the plan for a live audit.")
 
 
 class TopK(_Wire):

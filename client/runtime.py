@@ -13,16 +13,14 @@ from torch import fx
 
 from qpart.client.device import (
     DEFAULT_RATE_BPS,
-    FLOAT_BITS,
     MAX_UPLOAD_BATCH,
     DeviceClient,
     HeadFunction,
     InferenceRun,
-    encode_for_plan,
-    upload_body,
 )
 from qpart.client.errors import SegmentError
 from qpart.client.plans import HeadSpec, PlanResponse
+from qpart.client.uploads import FLOAT_BITS, encode_for_plan, upload_body
 from qpart.kernels import KernelError, unpack_dequantize
 from qpart.kernels.segment_format import decode_segment
 from qpart.models.partition import cuts_of, prepare, split

@@ -95,6 +95,13 @@ class DeviceSettings(BaseSettings):
         "PNG (ADR 0014): the planner may then choose to have it uploaded and preprocessed on the "
         "server, when that costs less than running a head here; false: never.")
 
+    audit: bool = Field(
+        False, description="Consent to live audits of the accuracy promise (ADR 0024): where the server "
+        "marks a plan (QPART_AUDIT_RATE), the device uploads the raw input of that plan's first tail "
+        "request after its answer, for the server to compare the float model's answer with the one it "
+        "gave (then discarded, unless the server keeps disagreeing inputs: QPART_AUDIT_KEEP_DIR). "
+        "Off: the device never sends its input.")
+
     @field_validator("server")
     @classmethod
     def _server_url(cls, server: str) -> str:

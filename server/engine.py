@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,7 @@ from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.artifacts import Pattern
 from qpart.profiles.devices import DeviceProfile, get_device
 from qpart.profiles.errors import ProfileError
+from qpart.server.audit import Audits, Ticket
 from qpart.server.errors import BadRequestError, NotFoundError, UnprocessableError
 from qpart.server.metrics import Metrics
 from qpart.server.planning.choice import SegmentOffer, ServerPrices, plan_request
@@ -51,6 +53,7 @@ class PlanChoice:
     image: Candidate | None = None  # the cheapest input-image plan the request's offer got
     upload_batch: int = 1  # the most samples one upload of the chosen pattern carries (body limit)
     lossless: bool = False  # every plan at the demand sends float32 (planner.only_lossless)
+    audit: Ticket | None = None  # the plan is marked for a live audit (ADR 0024)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class Engine:
         self.tails = TailPool(settings, metrics)
         self.images = ImagePlans(settings)  # the input-image plans (ADR 0014, 0015)
         self.decodes = DecodeTimes()  # what decoding uploaded packets takes (server.tails.decode_times)
+        self.audits = Audits(settings)  # the promise watched on live traffic (ADR 0024)
+        metrics.registry.register(self.audits.collector())
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -131,6 +136,7 @@ class Engine:
     async def close(self) -> None:
         """Stop batch collectors and worker threads."""
         await self.tails.close()
+        self.audits.close()
 
     def tail_seconds(self, model: LoadedModel) -> list[float]:
         """Per cut, what a lone request's tail takes on this server now (:class:`TailPool`)."""
@@ -175,7 +181,8 @@ class Engine:
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments),
                             upload_overlap_s=req.upload_overlap_s, upload_codings=req.offered_codings(),
-                            upload_rate_bps=req.upload_rate_bps)
+                            upload_rate_bps=req.upload_rate_bps,
+                            audit_bytes=self.audits.expected_bytes(model, req.batch) if req.audit else 0.0)
         prices = ServerPrices(self.tails.tail_seconds(model), self.decode_seconds(model),
                               self.tails.answer_bytes(model))
         segments: dict[str, SegmentEntry | None] = {}
@@ -192,9 +199,13 @@ class Engine:
         outcome = plan_request(model.artifact, req.accuracy_demand, req.deadline_s, inputs, prices, offer,
                                images)
         chosen = outcome.chosen
-        choice = PlanChoice(model, chosen, segments.get(chosen.pattern.pattern_id), outcome.all_server,
+        pattern = chosen.pattern
+        audited = (req.audit and pattern.pattern_id in model.patterns  # not an input-image plan
+                   and pattern.cut < len(model.cuts) - 1)  # the server answers it (not all-device)
+        choice = PlanChoice(model, chosen, segments.get(pattern.pattern_id), outcome.all_server,
                             outcome.all_device, inputs.held, outcome.image,
-                            upload_batch(self.settings, model, chosen.pattern), outcome.lossless)
+                            upload_batch(self.settings, model, pattern), outcome.lossless,
+                            self.audits.issue(model, pattern) if audited else None)
         self.metrics.plan_duration.observe(time.perf_counter() - started)
         self.metrics.plans.labels(model.name, str(chosen.pattern.cut), str(chosen.pattern.level)).inc()
         self.metrics.plan_bytes.labels(model.name).observe(chosen.costs.transfer_bytes)
@@ -215,12 +226,15 @@ class Engine:
         return packet_limit(self.settings, model, pattern)
 
     async def infer_tail(self, name: str, version: str, pattern_id: str, packet: bytes,
-                         top_k: int = 5, decoded_s: float = 0.0, coding: str = IDENTITY) -> TailAnswer:
+                         top_k: int = 5, decoded_s: float = 0.0, coding: str = IDENTITY,
+                         audit: str | None = None) -> TailAnswer:
         """Run the tail of a plan's cut on an uploaded activation packet. The seconds decoding
         took, ``decoded_s`` (the body's Content-Encoding ``coding``, undone by the caller) plus the
         packet's dequantization, are the answer's ``decode_s`` and part of its ``compute_s``, as an
         input-image plan's decoding is (:meth:`infer_image`): server work, not transfer. Plans
-        price it by what served packets took (:mod:`server.tails.decode_times`)."""
+        price it by what served packets took (:mod:`server.tails.decode_times`). ``audit``: the
+        request's ``Qpart-Audit`` header; the answers are recorded for that audit (ADR 0024), and
+        an id that names no open audit of this plan changes nothing."""
         model, pattern = self.pattern_of(name, version, pattern_id)
         started = time.perf_counter()
         if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop
@@ -233,6 +247,8 @@ class Engine:
         if not rows.finite.all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
+        if audit is not None:
+            self.audits.record(audit, name, version, pattern_id, rows.order[:, 0])
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s + decode_s,
                           names=model.labels, decode_s=decode_s)
@@ -270,6 +286,16 @@ class Engine:
             raise UnprocessableError("the model produced non-finite logits for this input; "
                                      "inputs are expected in [0, 1]")
         return logits, model
+
+    def audit_upload(self, audit_id: str, body: bytes) -> tuple[int, bool]:
+        """An audit's raw inputs: checked against the answers its tail request got and queued for the
+        float model, off the hot path (ADR 0024). (samples, queued: False when dropped as the audit
+        queue is full; counted)."""
+        def top_one(model: LoadedModel) -> Callable[[np.ndarray], np.ndarray]:
+            run = self.tails.runner(model, 0)  # the whole float model
+            return lambda x: run(x).order[:, 0]
+
+        return self.audits.upload(audit_id, body, self.catalog.get, top_one)
 
     # ---- what the routes read (they call these, never the engine's parts) ------------------
 

@@ -7,7 +7,9 @@
     │   ├── BadRequestError          400: malformed body or parameters
     │   ├── UnauthorizedError        401: missing or wrong bearer token
     │   ├── ForbiddenError           403: a route disabled by configuration (admin)
-    │   ├── NotFoundError            404: unknown model, version, pattern or segment
+    │   ├── NotFoundError            404: unknown model, version, pattern, segment or audit
+    │   ├── ConflictError            409: e.g. a second upload for one audit
+    │   ├── GoneError                410: e.g. an audit past its QPART_AUDIT_TTL_S
     │   ├── PayloadTooLargeError     413: body above the configured limit
     │   ├── RequestTimeoutError      408: the body did not arrive in time
     │   ├── UnsupportedMediaTypeError 415: a Content-Encoding the route does not take
@@ -68,6 +70,18 @@ class NotFoundError(ClientError):
         super().__init__(f"{message}; {listing}" if listing else message)
         self.bare = message
         self.listing = listing
+
+
+class ConflictError(ClientError):
+    """The request conflicts with what the server already did (409), e.g. a second audit upload."""
+
+    status = 409
+
+
+class GoneError(ClientError):
+    """What the request names existed but is gone for good (410), e.g. an expired audit."""
+
+    status = 410
 
 
 class RequestTimeoutError(ClientError):

@@ -126,6 +126,11 @@ class PlanRequest(_Strict):
         "(ADR 0014). The planner then prices that plan too (pattern 'input-png', cut 0, lossless) "
         "for a batch of 1, when the card declares preprocessing that takes such an image.")
 
+    audit: bool = Field(
+        False, description="The device consents to a live audit of this plan (ADR 0024): where the "
+        "server marks it (QPART_AUDIT_RATE), the plan's 'audit' says where to upload the raw input "
+        "after the answer. The expected extra upload is priced into the plan.")
+
     def offered_codings(self) -> frozenset[Coding]:
         """The codings the device offers, from both fields."""
         deflate = [Coding.DEFLATE] if self.upload_deflate else []
@@ -134,6 +139,28 @@ class PlanRequest(_Strict):
 
 # How an activation packet is sent (server.tails.content): as is, or in an upload coding.
 UploadEncoding = Literal["identity"] | Annotated[Coding, Strict(False)]
+
+
+AUDIT_HEADER = "Qpart-Audit"
+"""The tail request's header that names the audit its answer belongs to."""
+
+
+class AuditTicket(_Strict):
+    """A plan marked for a live audit: what the device does after its answer (ADR 0024)."""
+
+    id: str = Field(description="The audit's id: send it as the tail request's 'Qpart-Audit' header.")
+    url: str = Field(description="Where to POST the raw input of that tail request once answered: a "
+                     "float32 activation packet (kernels/wire.py) of shape [samples, *input_shape].")
+    input_shape: list[int] = Field(description="One sample's input shape (the model's).")
+    expires_s: float = Field(description="Seconds from now the audit stays open (QPART_AUDIT_TTL_S).")
+
+
+class AuditReceipt(_Strict):
+    """The answer to an audit upload: taken, or dropped because the server is busy."""
+
+    audit: str
+    samples: int
+    queued: bool = Field(description="False: dropped unchecked (the audit queue is full); counted.")
 
 
 class TimeBreakdown(_Strict):
@@ -225,6 +252,8 @@ class PlanResponse(_Strict):
         "priced as 'predicted' is; null where the request offered no image or the model takes none. "
         "It tells a device how far its image was from being sent: one whose image plans price far "
         "above its plans measures its images afresh less often (ADR 0016).")
+    audit: AuditTicket | None = Field(
+        None, description="Set when the request consented and this plan was marked for a live audit.")
 
 
 class PatternInfo(_Strict):
@@ -304,94 +333,6 @@ class TailResponse(_Strict):
     results: list[TailResult]
     queue_s: float
     compute_s: float
-
-
-# ---- Open Inference Protocol (KServe v2) --------------------------------------------------
-
-Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-                   "FP16", "FP32", "FP64", "BYTES"]
-Parameter = bool | int | float | str
-
-
-class InferInputTensor(BaseModel):
-    """A v2 request input; ``data`` is absent when the tensor travels as binary data."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(max_length=256)
-    shape: list[Annotated[int, Field(ge=0, le=1 << 31)]] = Field(max_length=16)
-    datatype: Datatype
-    parameters: dict[str, Parameter] | None = None
-    data: list[Any] | None = None
-
-
-class InferRequestedOutput(BaseModel):
-    """A v2 requested output."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(max_length=256)
-    parameters: dict[str, Parameter] | None = None
-
-
-class InferRequest(BaseModel):
-    """A v2 inference request (JSON part)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str | None = Field(None, max_length=256)
-    parameters: dict[str, Parameter] | None = None
-    inputs: list[InferInputTensor] = Field(min_length=1, max_length=16)
-    outputs: list[InferRequestedOutput] | None = Field(None, max_length=16)
-
-
-class InferOutputTensor(BaseModel):
-    """A v2 response output."""
-
-    name: str
-    shape: list[int]
-    datatype: Datatype
-    parameters: dict[str, Parameter] | None = None
-    data: list[Any] | None = None
-
-
-class InferResponse(BaseModel):
-    """A v2 inference response (JSON part)."""
-
-    model_name: str
-    model_version: str | None = None
-    id: str | None = None
-    parameters: dict[str, Parameter] | None = None
-    outputs: list[InferOutputTensor]
-
-
-class TensorMetadata(BaseModel):
-    """Name, datatype and shape of a model input or output (-1 = variable)."""
-
-    name: str
-    datatype: Datatype
-    shape: list[int]
-
-
-class ModelMetadata(BaseModel):
-    """``GET /v2/models/{m}``; ``parameters`` holds what the model card declares, each a JSON
-    string (protocol parameters are strings, numbers or booleans): ``preprocess`` (the
-    :class:`models.preprocess.PreprocessSpec` object) and ``labels`` (class names in logit order)."""
-
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-    parameters: dict[str, Parameter] | None = None
-
-
-class ServerMetadata(BaseModel):
-    """``GET /v2``."""
-
-    name: str
-    version: str
-    extensions: list[str]
 
 
 class ErrorBody(BaseModel):

@@ -82,6 +82,29 @@ class ServerSettings(BaseSettings):
                                             "at once, so the established ones keep being served (keep "
                                             "it under the process's file descriptor limit).")
 
+    audit_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of plans marked for a live audit (0: off), among requests "
+        "whose device consents ('audit': true): the device then uploads the raw input after its "
+        "answer, and the float model's top-1 is compared with the answer given (ADR 0024).")
+    audit_delta: float = Field(
+        0.01, gt=0, lt=0.5, description="The chance that a live audit's confidence sequence ever "
+        "excludes the true disagreement rate of a (model, version, level), however often it is looked "
+        "at; each alert on it is wrong at most this often.")
+    audit_queue: int = Field(
+        64, ge=1, le=1 << 16, description="Audits waiting for the float model at most; one more is "
+                                          "dropped and counted (qpart_audit_dropped_total), never queued.")
+    audit_ttl_s: float = Field(
+        300.0, gt=0, le=86400, description="Seconds an audit stays open after its plan: its tail "
+                                           "request and then its input upload must come within them.")
+    audit_open_max: int = Field(
+        10000, ge=1, le=1 << 20, description="Open audits at most; a plan beyond it is not audited.")
+    audit_keep_dir: Path | None = Field(
+        None, description="Keep the inputs whose float answer disagreed here, for recalibration "
+                          "(unset: every audited input is discarded once compared).")
+    audit_keep_bytes: int = Field(
+        256 << 20, ge=0, description="The most bytes kept in QPART_AUDIT_KEEP_DIR; the oldest files "
+                                     "go first.")
+
     @field_validator("auth_token", "admin_token")
     @classmethod
     def _a_token_is_not_empty(cls, token: SecretStr | None) -> SecretStr | None:

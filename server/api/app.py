@@ -25,7 +25,7 @@ from qpart.server.api.routes_oip import SERVER_VERSION
 from qpart.server.api.routes_oip import router as oip_router
 from qpart.server.engine import Engine
 from qpart.server.metrics import Metrics
-from qpart.server.schemas import InferRequest
+from qpart.server.oip_schemas import InferRequest
 from qpart.server.settings import ServerSettings
 from qpart.server.store.catalog import Catalog
 from qpart.server.store.segments import SegmentStore

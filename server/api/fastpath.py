@@ -32,9 +32,11 @@ from qpart.server.api.oip_codec import HEADER
 from qpart.server.api.routes_api import TOP_K_DEFAULT, TOP_K_MAX
 from qpart.server.engine import Engine
 from qpart.server.errors import ServerError
+from qpart.server.schemas import AUDIT_HEADER
 
 _TOP_K = re.compile(rb"top_k=([1-9][0-9]{0,3})")
 _HEADER = HEADER.lower().encode()
+_AUDIT = AUDIT_HEADER.lower().encode()
 
 Handler = Callable[[Receive], Awaitable[Response]]
 
@@ -97,11 +99,12 @@ class InferFastPath:
 
             encoding = _all(headers, b"content-encoding")
             content_type = _first(headers, b"content-type")
+            audit = _first(headers, _AUDIT)
 
             async def tail(receive: Receive) -> Response:
                 body = await read(receive)
                 return await tail_infer_response(engine, model, version, pattern_id, body, top_k, encoding,
-                                                 content_type)
+                                                 content_type, audit)
 
             return tail
         if (params := paths.V2_INFER.match(path) or paths.V2_INFER_VERSION.match(path)) is not None:

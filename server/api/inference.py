@@ -20,9 +20,9 @@ from qpart.models.image_codecs import parse_rung_id
 from qpart.server.api.oip_codec import decode_request, encode_response
 from qpart.server.engine import Engine
 from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMediaTypeError
+from qpart.server.oip_schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
 from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.planning.webp import CONTENT_TYPE as WEBP_TYPE
-from qpart.server.schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
 from qpart.server.store.catalog import LoadedModel
 from qpart.server.tails.answers import TailAnswer
 from qpart.server.tails.classification import class_count, classify
@@ -104,10 +104,10 @@ async def _infer_tail(engine: Engine, base: str, version: str | None, request: I
 
 async def tail_infer_response(engine: Engine, model: str, version: str, pattern_id: str, body: bytes,
                               top_k: int, content_encoding: list[str] | None = None,
-                              content_type: str | None = None) -> Response:
+                              content_type: str | None = None, audit: str | None = None) -> Response:
     """The QPART tail route after parsing; ``content_encoding``: the request's Content-Encoding
     field values; ``content_type``: its Content-Type (``image/png`` and ``image/webp`` for the
-    input-image plans only, ADR 0014 and 0015)."""
+    input-image plans only, ADR 0014 and 0015); ``audit``: its ``Qpart-Audit`` header (ADR 0024)."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     rung = parse_rung_id(pattern_id)
     if pattern_id == INPUT_PNG or rung is not None:
@@ -134,7 +134,7 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
         coding = content_coding(content_encoding)
         body = decode_content(body, coding, engine.packet_limit(loaded, pattern))
     answer = await engine.infer_tail(model, version, pattern_id, body, top_k,
-                                     decoded_s=time.perf_counter() - started, coding=coding)
+                                     decoded_s=time.perf_counter() - started, coding=coding, audit=audit)
     return _timed(answer)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from qpart.server.errors import BadRequestError
-from qpart.server.schemas import InferInputTensor, InferOutputTensor, InferRequest, InferResponse
+from qpart.server.oip_schemas import InferInputTensor, InferOutputTensor, InferRequest, InferResponse
 
 _DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"), "UINT8": np.dtype("u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),

@@ -34,6 +34,7 @@ MODEL_INFO = RoutePath("/v1/models/{model}")
 SEGMENT = RoutePath("/v1/segments/{segment_id}")
 TAIL_INFER = RoutePath("/v1/models/{model}/versions/{version}/patterns/{pattern_id}/infer")
 ADMIN_SEGMENT_CACHE = RoutePath("/v1/admin/segment-cache")
+AUDIT = RoutePath("/v1/audits/{audit_id}")
 
 V2_SERVER = RoutePath("/v2")
 V2_LIVE = RoutePath("/v2/health/live")
@@ -51,7 +52,7 @@ METRICS = RoutePath("/metrics")
 # "v2_meta" under /v2 and "other" elsewhere.
 LABELS: tuple[tuple[RoutePath, str], ...] = (
     (TAIL_INFER, "tail_infer"), (V2_INFER, "v2_infer"), (V2_INFER_VERSION, "v2_infer"),
-    (PLAN, "plan"), (SEGMENT, "segment"), (METRICS, "metrics"),
+    (PLAN, "plan"), (SEGMENT, "segment"), (METRICS, "metrics"), (AUDIT, "audit"),
 )
 
 

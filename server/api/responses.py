@@ -8,10 +8,11 @@ from typing import Literal
 from qpart.models.image_codecs import parse_rung_id
 from qpart.profiles.artifacts import Pattern
 from qpart.server.api import paths
+from qpart.server.audit import Ticket
 from qpart.server.engine import ModelView, PlanChoice
 from qpart.server.planning import webp
 from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
-from qpart.server.schemas import ModelInfo, PatternInfo, PlanResponse, RuntimeCuts, SegmentRef
+from qpart.server.schemas import AuditTicket, ModelInfo, PatternInfo, PlanResponse, RuntimeCuts, SegmentRef
 from qpart.server.store.catalog import LoadedModel
 from qpart.server.store.segment_index import SegmentEntry, runtime_table
 
@@ -32,6 +33,13 @@ class Links:
             return None
         return self.base + paths.TAIL_INFER.format(model=model.name, version=model.version,
                                                    pattern_id=pattern.pattern_id)
+
+    def audit(self, ticket: Ticket | None, model: LoadedModel) -> AuditTicket | None:
+        """Where an audited plan's device uploads its input (None: the plan is not audited)."""
+        if ticket is None:
+            return None
+        return AuditTicket(id=ticket.id, url=self.base + paths.AUDIT.format(audit_id=ticket.id),
+                           input_shape=list(model.artifact.input_shape), expires_s=ticket.ttl_s)
 
     def segment_ref(self, entry: SegmentEntry | None, held: bool = False) -> SegmentRef | None:
         """A segment's reference in an answer (None without a segment)."""
@@ -59,6 +67,7 @@ def plan_response(choice: PlanChoice, links: Links) -> PlanResponse:
         upload_encoding=chosen.costs.upload_encoding,
         upload_content_type=upload_content_type(p.pattern_id),
         input_image_plan=None if choice.image is None else choice.image.costs, lossless=choice.lossless,
+        audit=links.audit(choice.audit, model),
     )
 
 

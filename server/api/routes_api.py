@@ -28,7 +28,9 @@ from qpart.server.api.limits import MODEL_STATE_KEY
 from qpart.server.api.responses import model_info_response, plan_response
 from qpart.server.errors import RangeNotSatisfiableError
 from qpart.server.schemas import (
+    AUDIT_HEADER,
     SHA256_HEX,
+    AuditReceipt,
     ErrorBody,
     JsonInt,
     ModelInfo,
@@ -36,6 +38,7 @@ from qpart.server.schemas import (
     PlanResponse,
     TailResponse,
 )
+from qpart.server.tails.content import identity_only
 
 router = APIRouter()
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -201,7 +204,28 @@ async def infer_tail(
     ``image/webp`` at the plan's quality for ``input-webp@<quality>``."""
     return await tail_infer_response(engine, model, version, pattern_id, await read_body(request), top_k,
                                      request.headers.getlist("content-encoding"),
-                                     request.headers.get("content-type"))
+                                     request.headers.get("content-type"), request.headers.get(AUDIT_HEADER))
+
+
+@router.post(paths.AUDIT.template, status_code=202, response_model=AuditReceipt,
+             responses={**_ERRORS, 409: {"model": ErrorBody}, 410: {"model": ErrorBody},
+                        415: {"model": ErrorBody}},
+             dependencies=[Depends(require_token)],
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/octet-stream": {"schema": {"type": "string", "format": "binary",
+                                                         "x-qpart-format": "activation-packet-v1"}}}}},
+             summary="Upload an audited plan's raw input, after its answer (ADR 0024)")
+async def audit_upload(
+    audit_id: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")], request: Request,
+    engine: EngineDep,
+) -> AuditReceipt:
+    """Body: the raw input of the audit's tail request as a float32 activation packet
+    (kernels/wire.py) of shape ``[samples, *input_shape]``, the samples that request sent. The
+    server runs the float model on it off the hot path, compares its top-1 with the answers it
+    gave, and discards it. 202 once taken (``queued: false``: dropped unchecked under load)."""
+    identity_only(request.headers.getlist("content-encoding"))
+    samples, queued = engine.audit_upload(audit_id, await read_body(request))
+    return AuditReceipt(audit=audit_id, samples=samples, queued=queued)
 
 
 class CacheBudget(BaseModel):

@@ -15,8 +15,9 @@ from qpart.server.api.deps import EngineDep, models_visible, read_body, require_
 from qpart.server.api.inference import infer_response, resolve_model
 from qpart.server.api.oip_codec import HEADER
 from qpart.server.engine import Engine
+from qpart.server.oip_schemas import ModelMetadata, Parameter, ServerMetadata, TensorMetadata
 from qpart.server.planning.image_plans import promised_rungs
-from qpart.server.schemas import ErrorBody, ModelMetadata, Parameter, ServerMetadata, TensorMetadata
+from qpart.server.schemas import ErrorBody
 from qpart.server.store.catalog import LoadedModel
 from qpart.server.store.segment_index import runtime_table
 

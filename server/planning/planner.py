@@ -32,6 +32,7 @@ class PlanInputs:
     upload_overlap_s: float = 0.0
     upload_codings: frozenset[Coding] = frozenset()  # Content-Encodings the device may upload with
     upload_rate_bps: float | None = None  # the activation body's bit/s (None: rate_bps)
+    audit_bytes: float = 0.0  # a consenting request's expected audit upload: its inputs x QPART_AUDIT_RATE
 
 
 @dataclass(frozen=True)
@@ -162,8 +163,12 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
               + exchanges * inputs.rtt_s)
     t_server = 0.0 if last else ((cut.server_tail_s if tail_s is None else tail_s) + decode_s) * inputs.batch
+    # An audited plan's device uploads its inputs after the answer (ADR 0024): bytes and energy,
+    # not time to the answer. Expected: the request's inputs times the audit rate, on a plan with a tail.
+    audit = 0.0 if last else inputs.audit_bytes
+    sent += audit
     e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)
-    e_tran = inputs.device.power_tx_w * t_tran
+    e_tran = inputs.device.power_tx_w * (t_tran + audit * 8 / inputs.rate_bps)
     cost = inputs.price_per_second * t_server
     w = inputs.weights
     total_t = t_local + t_tran + t_server
@@ -193,8 +198,8 @@ def price_image(artifact: CalibrationArtifact, pattern: Pattern, encode_s: float
     own figure for encoding the image (no head, no quantization), the upload the image's bytes, the
     server's time ``server_s`` (decoding and preprocessing, then the whole model)."""
     device = inputs.device.model_copy(update={"measured": {}})  # no measured head or encode at cut 0
-    return price_upload(artifact, pattern, None, 0,
-                        replace(inputs, device=device), server_s, answer_bytes, extra_local_s=encode_s)
+    return price_upload(artifact, pattern, None, 0, replace(inputs, device=device, audit_bytes=0.0),
+                        server_s, answer_bytes, extra_local_s=encode_s)  # an image plan is not audited
 
 
 def allowed_patterns(artifact: CalibrationArtifact, demand: float) -> list[Pattern]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from qpart.server.errors import BadRequestError
-from qpart.server.schemas import InferRequestedOutput
+from qpart.server.oip_schemas import InferRequestedOutput
 
 PARAMETER = "classification"
 

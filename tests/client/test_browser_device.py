@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from qpart.client.device import encode_for_plan
 from qpart.client.inputs import read_idx_images
 from qpart.client.onnx_runtime import OnnxDeviceRuntime
 from qpart.client.plans import PacketFormat, PlanResponse
 from qpart.client.settings import DeviceSettings
+from qpart.client.uploads import encode_for_plan
 from qpart.models.registry import get_model
 from qpart.server.api.device_page import VENDOR_FILES, WEB_DIR
 

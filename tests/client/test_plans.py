@@ -23,7 +23,7 @@ from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
 from qpart.kernels.coding import Coding
 from qpart.profiles.devices import get_device
-from qpart.server import schemas
+from qpart.server import oip_schemas, schemas
 from tests.client.samples import ANSWER, PLAN
 from tests.server.conftest import make_client
 
@@ -107,7 +107,7 @@ def _json_fields(model: type[BaseModel]) -> set[str]:
 
 def _client_wire_classes() -> dict[str, type[BaseModel]]:
     """The classes the device parses (parse_answer's kinds) and every model their fields hold."""
-    read = [PlanResponse, TailResponse, plans.ModelMetadata]
+    read = [PlanResponse, TailResponse, plans.ModelMetadata, plans.AuditReceipt]
     held = {name for model in read for name in model.model_json_schema().get("$defs", {})}
     return {c.__name__: c for c in read} | {name: getattr(plans, name) for name in held
                                            if isinstance(getattr(plans, name, None), type)
@@ -127,7 +127,7 @@ def test_each_wire_type_has_the_servers_name():
     wire = _client_wire_classes()
     assert {"PlanResponse", "SegmentRef", "CostBreakdown", "TimeBreakdown", "TailResult", "TopK"} <= set(wire)
     for name, mine in wire.items():
-        theirs = getattr(schemas, name, None)
+        theirs = getattr(schemas, name, None) or getattr(oip_schemas, name, None)
         assert isinstance(theirs, type) and issubclass(theirs, BaseModel), f"the server has no {name}"
         expected = PARTIAL.get(name, _json_fields(theirs))
         assert _json_fields(mine) == expected and expected <= _json_fields(theirs), name
@@ -139,10 +139,13 @@ def test_each_wire_type_has_the_servers_name():
     bases = {b for c in wire.values() for b in c.__mro__}
     assert ours <= bases
     names = {c.__name__ for c in ours}
+    def server_twin(name: str) -> object:
+        return getattr(schemas, name, None) or getattr(oip_schemas, name, None)
+
     clashes = [f"{c.__module__}.{c.__name__}" for c in _server_classes()
-               if c.__name__ in names and c is not getattr(schemas, c.__name__, None)]
+               if c.__name__ in names and c is not server_twin(c.__name__)]
     assert clashes == []
-    assert {c.__name__ for c in ours if getattr(schemas, c.__name__, None) is None} == {
+    assert {c.__name__ for c in ours if server_twin(c.__name__) is None} == {
         "HeadSpec", "PacketFormat", "_Wire"}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from qpart.server.api.oip_codec import encode_response
 from qpart.server.errors import BadRequestError
-from qpart.server.schemas import InferOutputTensor, InferRequestedOutput, InferResponse
+from qpart.server.oip_schemas import InferOutputTensor, InferRequestedOutput, InferResponse
 from qpart.server.tails.classification import class_count, classify
 
 

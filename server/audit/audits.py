@@ -1,0 +1,144 @@
+"""The live audit as the engine uses it: issue with a plan, record the answer, take the input
+upload, and the Prometheus series (ADR 0024)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from qpart.kernels.errors import KernelError
+from qpart.kernels.wire import FLOAT_BITS, decode_activation_array, float_packet_bytes
+from qpart.profiles.artifacts import Pattern
+from qpart.server.audit.book import AuditBook, Ticket
+from qpart.server.audit.live import LiveDisagreement, reference_bound
+from qpart.server.audit.worker import AuditJob, AuditWorker, KeptInputs, TopOne
+from qpart.server.errors import BadRequestError, PayloadTooLargeError
+from qpart.server.settings import ServerSettings
+from qpart.server.store.catalog import LoadedModel
+
+
+class Audits:
+    """Open audits, the worker that checks them and the live rates they add up to."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.book = AuditBook(settings.audit_rate, settings.audit_ttl_s, settings.audit_open_max)
+        self.live = LiveDisagreement(settings.audit_delta)
+        keep = (None if settings.audit_keep_dir is None
+                else KeptInputs(settings.audit_keep_dir, settings.audit_keep_bytes))
+        self.worker = AuditWorker(self.live, settings.audit_queue, keep)
+        self.issued: Counter[str] = Counter()
+
+    @property
+    def rate(self) -> float:
+        """The share of consenting plans audited (QPART_AUDIT_RATE)."""
+        return self.settings.audit_rate
+
+    def expected_bytes(self, model: LoadedModel, samples: int) -> float:
+        """The upload an audit of ``samples`` inputs adds, times the audit rate: what a consenting
+        request is priced for."""
+        shape = (samples, *model.artifact.input_shape)
+        return self.rate * float_packet_bytes(shape)
+
+    def issue(self, model: LoadedModel, pattern: Pattern) -> Ticket | None:
+        """An audit for a plan of ``pattern`` (drawn at the rate; None: not audited)."""
+        reference = None
+        data = model.artifact.data
+        if pattern.test_disagreement is not None and data is not None:
+            reference = reference_bound(pattern.test_disagreement, data.test_samples,
+                                        self.settings.audit_delta)
+        ticket = self.book.issue(model.name, model.version, pattern.pattern_id, pattern.level, reference)
+        if ticket is not None:
+            self.issued[model.name] += 1
+        return ticket
+
+    def record(self, audit_id: str, model: str, version: str, pattern_id: str, answers: np.ndarray) -> bool:
+        """Record a tail request's top-1 answers under the audit it names (False: it names none)."""
+        return self.book.record(audit_id, model, version, pattern_id, answers)
+
+    def upload(self, audit_id: str, body: bytes, model_of: Callable[[str, str], LoadedModel],
+               top_one: Callable[[LoadedModel], TopOne]) -> tuple[int, bool]:
+        """Take an audit's raw inputs (a float32 activation packet of ``[samples, *input_shape]``) and
+        queue them for the float model: (samples, queued). Nothing is counted for a refused upload.
+
+        Raises:
+            NotFoundError, GoneError, ConflictError: see :meth:`AuditBook.take` (nothing taken).
+            PayloadTooLargeError, BadRequestError: the body is not the inputs the answers were for
+                (the audit stays open for a correct upload).
+        """
+        ticket = self.book.peek(audit_id)
+        model = model_of(ticket.model, ticket.version)
+        assert ticket.answers is not None
+        shape = (len(ticket.answers), *model.artifact.input_shape)
+        want = float_packet_bytes(shape)
+        if len(body) > want:
+            raise PayloadTooLargeError(f"the audit's input is {want} bytes (a float32 packet of shape "
+                                       f"{list(shape)}); got {len(body)}")
+        try:
+            x, bits, _ = decode_activation_array(body, max_elements=int(np.prod(shape)))
+        except KernelError as exc:
+            raise BadRequestError(f"invalid audit input: {exc}; send the raw input as a float32 "
+                                  f"activation packet of shape {list(shape)}") from exc
+        if bits != FLOAT_BITS or tuple(x.shape) != shape:
+            raise BadRequestError(f"the audit's input must be a float32 packet of shape {list(shape)} (the "
+                                  f"samples its tail request answered); got {bits} bits, shape "
+                                  f"{list(x.shape)}")
+        ticket = self.book.take(audit_id)
+        queued = self.worker.submit(AuditJob(ticket, x, top_one(model)))
+        return shape[0], queued
+
+    def close(self) -> None:
+        """Stop the worker."""
+        self.worker.close()
+
+    def collector(self) -> Collector:
+        """The audit's Prometheus series, read at scrape time."""
+        return _AuditCollector(self)
+
+
+class _AuditCollector(Collector):
+    def __init__(self, audits: Audits) -> None:
+        self._audits = audits
+
+    def collect(self) -> Iterator[Metric]:
+        a = self._audits
+        issued = CounterMetricFamily("qpart_audits_issued", "Plans marked for a live audit (ADR 0024).",
+                                     labels=["model"])
+        for model, n in sorted(a.issued.items()):
+            issued.add_metric([model], n)
+        dropped = CounterMetricFamily(
+            "qpart_audit_dropped", "Audit uploads taken but not checked: queue_full (QPART_AUDIT_QUEUE "
+            "audits were waiting), failed (the float model raised; logged).", labels=["model", "reason"])
+        for (model, reason), n in sorted(a.worker.dropped.items()):
+            dropped.add_metric([model, reason], n)
+        labels = ["model", "version", "level"]
+        samples = CounterMetricFamily("qpart_audit_samples", "Audited samples compared with the float "
+                                      "model.", labels=labels)
+        agreed = CounterMetricFamily("qpart_audit_agreed", "Audited samples whose answer had the float "
+                                     "model's top-1.", labels=labels)
+        lower = GaugeMetricFamily("qpart_audit_disagreement_lower", "Lower end of the anytime-valid "
+                                  "confidence sequence (1 - QPART_AUDIT_DELTA) on the live top-1 "
+                                  "disagreement with the float model.", labels=labels)
+        upper = GaugeMetricFamily("qpart_audit_disagreement_upper", "Upper end of that confidence "
+                                  "sequence.", labels=labels)
+        promised = GaugeMetricFamily("qpart_audit_promised_level", "The level the audited patterns "
+                                     "promise (in the artifact's metric).", labels=labels)
+        reference = GaugeMetricFamily(
+            "qpart_audit_test_disagreement_upper", "The test split's disagreement of the audited "
+            "patterns, upper bound at 1 - QPART_AUDIT_DELTA (absent: the artifact has none).", labels=labels)
+        for view in a.live.snapshot():
+            key = [view.model, view.version, str(view.level)]
+            samples.add_metric(key, view.audited)
+            agreed.add_metric(key, view.agreed)
+            lower.add_metric(key, view.lower)
+            upper.add_metric(key, view.upper)
+            promised.add_metric(key, view.level)
+            if view.reference is not None:
+                reference.add_metric(key, view.reference)
+        yield from (issued, dropped, samples, agreed, lower, upper, promised, reference)
+        yield GaugeMetricFamily("qpart_audit_queue_depth", "Audits waiting for the float model.",
+                                value=a.worker.depth())

@@ -1,0 +1,138 @@
+"""The audit worker: the float model on uploaded inputs, off the hot path (ADR 0024).
+
+One thread, at the lowest CPU priority the OS gives a thread (nice 19 on Linux), takes audits from
+a bounded queue: when the queue is full an audit is dropped and counted, never waited for, so
+answers are not slowed by audits. Each audit's inputs go through the float model (the whole model,
+the tail of cut 0), its top-1 is compared with the answers the plan gave, and the inputs are
+discarded, unless QPART_AUDIT_KEEP_DIR keeps the disagreeing ones (size-capped, oldest first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qpart.server.audit.book import Ticket
+from qpart.server.audit.live import LiveDisagreement
+
+log = logging.getLogger("qpart.server.audit")
+
+TopOne = Callable[[np.ndarray], np.ndarray]
+"""The float model's top-1 class per sample of a ``[B, *input_shape]`` float32 batch."""
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """An audit to check: its ticket (with the answers given), the raw inputs, the float model."""
+
+    ticket: Ticket
+    inputs: np.ndarray
+    top_one: TopOne
+
+
+class KeptInputs:
+    """Disagreeing inputs as ``.npy`` files in one folder, at most ``max_bytes`` of them (the
+    oldest go first); files of others in the folder are never touched."""
+
+    def __init__(self, folder: Path, max_bytes: int) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        folder.mkdir(parents=True, exist_ok=True)
+        self._files = sorted(folder.glob("audit-*.npy"), key=lambda p: p.stat().st_mtime)
+        self._bytes = sum(p.stat().st_size for p in self._files)
+
+    def keep(self, ticket: Ticket, inputs: np.ndarray, float_top1: np.ndarray) -> None:
+        """Save each disagreeing sample with its plan's name and both answers in the file name."""
+        assert ticket.answers is not None
+        for i in np.flatnonzero(float_top1 != ticket.answers):
+            name = (f"audit-{time.time_ns()}-{ticket.id[:8]}-{i}-{ticket.model}-{ticket.version}-"
+                    f"level{ticket.level:g}-served{ticket.answers[i]}-float{float_top1[i]}.npy")
+            path = self.folder / "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)
+            np.save(path, inputs[i], allow_pickle=False)
+            self._files.append(path)
+            self._bytes += path.stat().st_size
+        while self._bytes > self.max_bytes and self._files:
+            oldest = self._files.pop(0)
+            with contextlib.suppress(OSError):
+                self._bytes -= oldest.stat().st_size
+                oldest.unlink()
+
+
+class AuditWorker:
+    """The queue and the thread that checks audits; started on the first audit."""
+
+    def __init__(self, live: LiveDisagreement, max_queue: int, keep: KeptInputs | None = None) -> None:
+        self.live = live
+        self.keep = keep
+        self._queue: queue.Queue[AuditJob | None] = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (model, reason) -> audits dropped
+        self.checked = 0  # audits the worker finished (tests wait on it)
+
+    def submit(self, job: AuditJob) -> bool:
+        """Queue an audit; False (dropped and counted) when the queue is full."""
+        self._start()
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.dropped[(job.ticket.model, "queue_full")] += 1
+            return False
+        return True
+
+    def depth(self) -> int:
+        """Audits waiting."""
+        return self._queue.qsize()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread after the audit it is checking (queued ones are dropped unchecked)."""
+        thread = self._thread
+        if thread is None:
+            return
+        while True:  # make room for the stop sign
+            try:
+                self._queue.put_nowait(None)
+                break
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get_nowait()
+        thread.join(timeout_s)
+
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="audit", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own nice value
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while (job := self._queue.get()) is not None:
+            try:
+                self.check(job)
+            except Exception:  # a bug or the model failing: logged, counted, the worker goes on
+                log.exception("audit of %s@%s failed", job.ticket.model, job.ticket.version)
+                self.dropped[(job.ticket.model, "failed")] += 1
+            self.checked += 1
+
+    def check(self, job: AuditJob) -> None:
+        """Run the float model on the audit's inputs and add the comparison to the live rates."""
+        ticket = job.ticket
+        assert ticket.answers is not None
+        float_top1 = np.asarray(job.top_one(job.inputs))
+        disagreed = float_top1 != ticket.answers
+        self.live.add(ticket.model, ticket.version, ticket.level, disagreed, ticket.reference)
+        if self.keep is not None and disagreed.any():
+            self.keep.keep(ticket, job.inputs, float_top1)

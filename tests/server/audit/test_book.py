@@ -1,0 +1,84 @@
+"""Audits are issued at the rate, bounded in number and time, answered once and uploaded once."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from qpart.server.audit import AuditBook
+from qpart.server.errors import ConflictError, GoneError, NotFoundError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _book(rate: float = 1.0, ttl_s: float = 10.0, open_max: int = 4) -> tuple[AuditBook, Clock]:
+    clock = Clock()
+    return AuditBook(rate, ttl_s, open_max, rng=random.Random(0), clock=clock), clock
+
+
+def _issue(book: AuditBook):
+    return book.issue("m", "v", "p", 0.01, None)
+
+
+def test_the_rate_decides_which_plans_are_audited():
+    assert _issue(_book(rate=0.0)[0]) is None
+    book, _ = _book(rate=0.25, open_max=100_000)
+    issued = sum(_issue(book) is not None for _ in range(20_000))
+    assert 0.23 * 20_000 < issued < 0.27 * 20_000
+
+
+def test_at_most_open_max_audits_are_open():
+    book, clock = _book(open_max=3)
+    assert all(_issue(book) is not None for _ in range(3))
+    assert _issue(book) is None and book.skipped_full == 1
+    clock.now = 11  # all three expire: room again
+    assert _issue(book) is not None and book.open_count() == 1
+
+
+def test_an_upload_needs_the_answer_first_and_comes_once():
+    book, _ = _book()
+    ticket = _issue(book)
+    with pytest.raises(ConflictError, match="no answer yet"):
+        book.take(ticket.id)
+    assert not book.record(ticket.id, "m", "v", "other-pattern", np.array([1]))  # another plan's request
+    assert book.record(ticket.id, "m", "v", "p", np.array([3, 4]))
+    assert not book.record(ticket.id, "m", "v", "p", np.array([5]))  # a second tail request: ignored
+    taken = book.take(ticket.id)
+    assert taken.answers.tolist() == [3, 4]
+    with pytest.raises(ConflictError, match="already"):
+        book.take(ticket.id)
+    assert book.open_count() == 0  # its slot is free once taken
+
+
+def test_unknown_and_expired_audits_are_told_apart():
+    book, clock = _book()
+    with pytest.raises(NotFoundError, match="not marked for audit"):
+        book.take("nope")
+    ticket = _issue(book)
+    book.record(ticket.id, "m", "v", "p", np.array([1]))
+    clock.now = 10.5
+    with pytest.raises(GoneError, match="QPART_AUDIT_TTL_S"):
+        book.take(ticket.id)
+    assert not book.record(ticket.id, "m", "v", "p", np.array([1]))
+
+
+def test_remembered_ids_are_bounded():
+    book, clock = _book(open_max=2, ttl_s=1.0)
+    ids = []
+    for step in range(10):
+        clock.now = float(step * 2)
+        ids.append(_issue(book).id)
+    clock.now = 100.0
+    book.open_count()
+    with pytest.raises(NotFoundError):  # forgotten: more than open_max expired since
+        book.take(ids[0])
+    with pytest.raises(GoneError):
+        book.take(ids[-1])

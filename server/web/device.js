@@ -1,8 +1,12 @@
 // The browser device (issue 25, ADR 0012): plan → segment (sha256-checked) → onnxruntime-web head
 // → quantize and pack the activation (packet.js) → upload → answer, timed phase by phase, as
 // client/device.py does it: cut 0 sends the input itself, an all-device plan uploads nothing.
+// Live audits (ADR 0024), opted in only (the #audit box, or ?audit=1): the plan request consents,
+// the first tail request of a plan the server marked names the audit (Qpart-Audit), and once every
+// answer is shown that request's model input goes up as a float32 packet; its outcome never
+// changes an answer.
 import * as ort from "./vendor/ort.wasm.min.mjs";
-import { encodePacket } from "./packet.js";
+import { FLOAT_BITS, encodePacket } from "./packet.js";
 import { FASHION_MNIST_SPEC, decodePixels, normalize } from "./preprocess.js";
 
 const MAX_SEGMENT_BYTES = 256 << 20; // kernels.onnx_segment.OnnxSegmentLimits.max_bytes
@@ -12,6 +16,7 @@ const FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "C
 // The first image of each class in the t10k test split (file name: its index there).
 const SAMPLES = [[19, 0], [2, 1], [1, 2], [13, 3], [6, 4], [8, 5], [4, 6], [9, 7], [18, 8], [0, 9]];
 const PHASES = ["download", "session", "preprocess", "head", "encode", "upload", "server"];
+const AUDIT_HEADER = "Qpart-Audit"; // server.schemas.AUDIT_HEADER
 
 ort.env.wasm.numThreads = 1;
 ort.env.wasm.proxy = false;
@@ -51,11 +56,24 @@ export async function requestPlan(options) {
     model: options.model, accuracy_demand: options.demand, rate_bps: options.rateMbps * 1e6, device,
     weights: options.weights, runtime: "onnx", batch: 1, held_segments: [...sessions.keys()].slice(-256),
   };
+  if (options.audit === true) body.audit = true; // only then: the device consents (ADR 0024)
   const response = await call("/v1/plan", {
     method: "POST", headers: headers(options.token, { "Content-Type": "application/json" }),
     body: JSON.stringify(body),
   }, "plan");
-  return response.json();
+  return auditable(await response.json(), options.audit === true);
+}
+
+/** The plan, its audit dropped unless this device consented and the server answers the plan: an
+ * input is never uploaded where it was not asked for, nor to another origin than its tail's. */
+function auditable(plan, consented) {
+  const audit = plan.audit ?? null;
+  if (audit === null) return plan;
+  const origin = (url) => new URL(url, document.baseURI).origin;
+  if (!consented || plan.infer_url === null || origin(audit.url) !== origin(plan.infer_url)) {
+    return { ...plan, audit: null };
+  }
+  return plan;
 }
 
 /** What the plan's model card declares, from its /v2 metadata parameters (JSON strings):
@@ -123,8 +141,9 @@ function argmax(values) {
   return best;
 }
 
-/** One image through the plan: its class, top probability and phase seconds. */
-export async function classify(plan, head, blob, token) {
+/** One image through the plan: its class, top probability and phase seconds. With `auditId`, the
+ * tail request names that audit and the answer carries the model input it was for (`audit_input`). */
+export async function classify(plan, head, blob, token, auditId = null) {
   const { spec } = await card(plan, token);
   const t0 = performance.now();
   const input = normalize(await decodePixels(blob, spec), spec);
@@ -144,9 +163,10 @@ export async function classify(plan, head, blob, token) {
   }
   const packet = encodePacket(act.data, act.dims, plan.activation_bits, plan.group_size);
   const t3 = performance.now();
-  const response = await call(plan.infer_url, {
-    method: "POST", body: packet, headers: headers(token, { "Content-Type": "application/octet-stream" }),
-  }, "upload");
+  const sent = { "Content-Type": "application/octet-stream" };
+  if (auditId !== null) sent[AUDIT_HEADER] = auditId;
+  const response = await call(plan.infer_url, { method: "POST", body: packet, headers: headers(token, sent) },
+    "upload");
   const answer = await response.json();
   const t4 = performance.now();
   const server = answer.queue_s + answer.compute_s;
@@ -156,8 +176,28 @@ export async function classify(plan, head, blob, token) {
   const top = answer.results[0].top_k.find((k) => k.label === label);
   // Outside the timed phases: which packet went up (tests compare it with the kernels' bytes).
   const packetSha256 = hex(await crypto.subtle.digest("SHA-256", packet));
-  return { label, probability: top ? top.probability : null, logits, bytes_up: packet.length,
+  const result = { label, probability: top ? top.probability : null, logits, bytes_up: packet.length,
     packet_sha256: packetSha256, times };
+  return auditId === null ? result : { ...result, audit_input: x };
+}
+
+/** Upload an audited plan's model input `x` ({data, dims}: the samples of the tail request that
+ * named the audit) to its audit URL as a float32 packet: "queued", "dropped" (the server was busy)
+ * or "failed: <why>". Never throws: an audit's outcome changes no answer. */
+export async function uploadAudit(plan, x, token) {
+  try {
+    const want = plan.audit.input_shape.join();
+    if (x.dims.slice(1).join() !== want) {
+      throw new Error(`the input is [${x.dims.slice(1)}], the audit wants [${want}]`);
+    }
+    const packet = encodePacket(x.data, x.dims, FLOAT_BITS, 0);
+    const receipt = await (await call(plan.audit.url, {
+      method: "POST", body: packet, headers: headers(token, { "Content-Type": "application/octet-stream" }),
+    }, "audit")).json();
+    return receipt.queued === true ? "queued" : "dropped";
+  } catch (error) {
+    return `failed: ${String(error.message ?? error).split("\n")[0].slice(0, 200)}`;
+  }
 }
 
 function ms(seconds) {
@@ -218,9 +258,26 @@ async function images() {
   return [{ name: sample, blob: await (await call(`samples/${sample}`, {}, "sample")).blob() }];
 }
 
+let runs = 0; // which run an audit's outcome belongs to (a later run's status is not overwritten)
+
+function showAudit(state, text) {
+  $("audit-status").dataset.state = state;
+  $("audit-status").textContent = text;
+  $("audit-status").hidden = state === "off";
+}
+
+async function audit(plan, x, token, run, which) {
+  showAudit("uploading", "audit: uploading the first image's input…");
+  const outcome = await uploadAudit(plan, x, token);
+  run.audit = outcome;
+  if (which === runs) showAudit(outcome.split(":")[0], `audit: ${outcome}`);
+}
+
 async function runForm(event) {
   event.preventDefault();
   $("run").disabled = true;
+  const which = ++runs;
+  showAudit("off", "");
   setStatus("running", "Planning…");
   try {
     const token = $("token").value.trim();
@@ -228,20 +285,24 @@ async function runForm(event) {
     const t0 = performance.now();
     const plan = await requestPlan({
       model: $("model").value.trim(), demand: Number($("demand").value), rateMbps: Number($("rate").value),
-      device: $("device").value, weights: $("weights").value, token,
+      device: $("device").value, weights: $("weights").value, token, audit: $("audit").checked,
     });
     const planS = (performance.now() - t0) / 1000;
     setStatus("running", `Plan: cut ${plan.cut}; loading the head…`);
     const head = await loadHead(plan, token);
     const run = { plan, isolated: globalThis.crossOriginIsolated === true, plan_s: planS, download_s: head.download_s, session_s: head.session_s,
-      downloaded_bytes: head.bytes, results: [] };
+      downloaded_bytes: head.bytes, results: [], audit: plan.audit ? "pending" : null };
+    let audited = null; // the model input of the tail request that named the plan's audit
     showPlan(plan, head);
     $("plan-section").hidden = false;
     const tbody = $("results").tBodies[0];
     tbody.replaceChildren();
     for (const [i, image] of inputs.entries()) {
       setStatus("running", `Image ${i + 1} of ${inputs.length}…`);
-      const result = { name: image.name, ...(await classify(plan, head, image.blob, token)) };
+      const auditId = plan.audit && audited === null ? plan.audit.id : null;
+      const { audit_input: input, ...answer } = await classify(plan, head, image.blob, token, auditId);
+      if (auditId !== null) audited = input;
+      const result = { name: image.name, ...answer };
       run.results.push(result);
       const t = result.times;
       result.class_name = await labelName(plan, result.label, token);
@@ -252,6 +313,7 @@ async function runForm(event) {
     showPhases(run);
     window.qpartLastRun = run;
     setStatus("done", `Done: ${inputs.length} image(s), cut ${plan.cut}, ${plan.activation_bits}-bit activation.`);
+    if (audited !== null) audit(plan, audited, token, run, which); // after every answer, not awaited
   } catch (error) {
     setStatus("error", `Error: ${error.message}`);
   } finally {
@@ -266,6 +328,7 @@ for (const [index, label] of SAMPLES) {
   $("sample").append(option);
 }
 $("sample").value = $("sample").options[1].value;
+$("audit").checked = new URLSearchParams(location.search).get("audit") === "1"; // opted in by the link
 $("form").addEventListener("submit", runForm);
 // Drop the downloaded segments and their sessions: the next run downloads again (bench.micro.browser_device).
 window.qpartForgetSegments = () => { for (const session of sessions.values()) session.release(); sessions.clear(); };

@@ -90,6 +90,10 @@ class ServerSettings(BaseSettings):
         0.01, gt=0, lt=0.5, description="The chance that a live audit's confidence sequence ever "
         "excludes the true disagreement rate of a (model, version, level), however often it is looked "
         "at; each alert on it is wrong at most this often.")
+    audit_window: int = Field(
+        10_000, ge=100, le=1 << 30, description="Audited samples per window of a (model, version, "
+        "level): each window's confidence sequence starts afresh, so a change shows within about a "
+        "window however long the server ran before it (ADR 0024).")
     audit_queue: int = Field(
         64, ge=1, le=1 << 16, description="Audits waiting for the float model at most; one more is "
                                           "dropped and counted (qpart_audit_dropped_total), never queued.")

@@ -39,6 +39,30 @@ def cnn_only(tmp_path_factory, artifacts_dir) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def agreement_only(tmp_path_factory) -> Path:
+    """An artifacts folder holding fmnist-cnn calibrated by top1-agreement (ADR 0023) on flat,
+    unlabelled Fashion-MNIST exports, with a small budget of samples (about 25 s): levels 0.02 and
+    0.05 at cuts 0, 4 and 8, each pattern with its test-split disagreement (schema 7). Its levels
+    bound the top-1 disagreement with the float model, which is what a live audit measures."""
+    from qpart.models.data import Split
+    from qpart.models.registry import get_model
+    from qpart.models.sources import export_image_folder
+    from qpart.offline.job import calibrate
+    from qpart.offline.settings import CalibrationSettings
+
+    data = tmp_path_factory.mktemp("agreement-data")
+    export_image_folder(Split.CALIBRATION, data / "cal", limit=900, flat=True)
+    export_image_folder(Split.TEST, data / "test", limit=1000, flat=True)
+    settings = CalibrationSettings(
+        metric="top1-agreement", data=str(data / "cal"), test_data=str(data / "test"), levels=(0.02, 0.05),
+        fit_samples=300, check_samples=600, noise_samples=100, mapping_points=5, cuts=(0, 4, 8),
+        batch_size=300, confidence=0.9, ladder=(-16, -8, -4, -2, 0, 2), image_qualities=())
+    root = tmp_path_factory.mktemp("agreement-artifacts")
+    calibrate(get_model("fmnist-cnn"), settings, root / "fmnist-cnn")
+    return root
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -177,14 +201,15 @@ class TailLoad:
 class LivePrometheus:
     """A real ``prometheus`` (Debian package) scraping one target every second, on loopback."""
 
-    def __init__(self, folder: Path, target_port: int, job: str = "qpart") -> None:
+    def __init__(self, folder: Path, target_port: int, job: str = "qpart", rules: Path | None = None) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             pytest.fail("prometheus not installed (Debian package 'prometheus'); .ci/run installs it")
         self.url = f"http://127.0.0.1:{free_port()}"
         config = folder / "prometheus.yml"
-        config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
-                          f"  - job_name: {job}\n    static_configs:\n"
+        rule_files = "" if rules is None else f"rule_files:\n  - {rules}\n"
+        config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rule_files}"
+                          f"scrape_configs:\n  - job_name: {job}\n    static_configs:\n"
                           f"      - targets: ['127.0.0.1:{target_port}']\n")
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
@@ -210,6 +235,11 @@ class LivePrometheus:
                 return result
         self.log.seek(0)
         raise TimeoutError(f"{expr} stayed empty; prometheus said: {self.log.read()[-2000:]!r}")
+
+    def alerts(self) -> list[dict]:
+        """``/api/v1/alerts``: every pending or firing alert now."""
+        found: list[dict] = httpx.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        return found
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -55,4 +55,5 @@ def hits_of(metric: Metric, logits: torch.Tensor, labels: np.ndarray | None) -> 
     return metric.hits(logits, metric.anchor(logits, labels))
 
 
-__all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "UnknownMetricError", "get_metric", "hits_of"]
+__all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "Top1Agreement", "Top1Drop", "Top5Drop",
+           "UnknownMetricError", "get_metric", "hits_of"]

@@ -5,8 +5,8 @@ level) is exported for alerts."""
 
 from qpart.server.audit.audits import Audits
 from qpart.server.audit.book import AuditBook, Ticket
-from qpart.server.audit.live import CurrentCS, LiveDisagreement, reference_bound
+from qpart.server.audit.live import CurrentCS, LiveDisagreement, reference_bound, window_alpha
 from qpart.server.audit.worker import AuditJob, AuditWorker, KeptInputs
 
 __all__ = ["AuditBook", "AuditJob", "AuditWorker", "Audits", "CurrentCS", "KeptInputs", "LiveDisagreement",
-           "Ticket", "reference_bound"]
+           "Ticket", "reference_bound", "window_alpha"]

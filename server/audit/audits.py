@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from qpart.kernels.errors import KernelError
 from qpart.kernels.wire import FLOAT_BITS, decode_activation_array, float_packet_bytes
+from qpart.models.metrics import Top1Agreement
 from qpart.profiles.artifacts import Pattern
 from qpart.server.audit.book import AuditBook, Ticket
 from qpart.server.audit.live import LiveDisagreement, reference_bound
@@ -27,7 +28,7 @@ class Audits:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.book = AuditBook(settings.audit_rate, settings.audit_ttl_s, settings.audit_open_max)
-        self.live = LiveDisagreement(settings.audit_delta)
+        self.live = LiveDisagreement(settings.audit_delta, settings.audit_window)
         keep = (None if settings.audit_keep_dir is None
                 else KeptInputs(settings.audit_keep_dir, settings.audit_keep_bytes))
         self.worker = AuditWorker(self.live, settings.audit_queue, keep)
@@ -51,7 +52,12 @@ class Audits:
         if pattern.test_disagreement is not None and data is not None:
             reference = reference_bound(pattern.test_disagreement, data.test_samples,
                                         self.settings.audit_delta)
-        ticket = self.book.issue(model.name, model.version, pattern.pattern_id, pattern.level, reference)
+        # The level bounds the top-1 disagreement itself only under the label-free metric; under a
+        # labelled one (top1-drop) it bounds a drop that is at most the disagreement, so live
+        # disagreement above the level breaks nothing by itself: no promised level is exported.
+        promised = model.artifact.metric == Top1Agreement.name
+        ticket = self.book.issue(model.name, model.version, pattern.pattern_id, pattern.level, reference,
+                                 promised=promised)
         if ticket is not None:
             self.issued[model.name] += 1
         return ticket
@@ -116,17 +122,25 @@ class _AuditCollector(Collector):
         for (model, reason), n in sorted(a.worker.dropped.items()):
             dropped.add_metric([model, reason], n)
         labels = ["model", "version", "level"]
+        windowed = [*labels, "window"]
         samples = CounterMetricFamily("qpart_audit_samples", "Audited samples compared with the float "
                                       "model.", labels=labels)
         agreed = CounterMetricFamily("qpart_audit_agreed", "Audited samples whose answer had the float "
                                      "model's top-1.", labels=labels)
-        lower = GaugeMetricFamily("qpart_audit_disagreement_lower", "Lower end of the anytime-valid "
-                                  "confidence sequence (1 - QPART_AUDIT_DELTA) on the live top-1 "
-                                  "disagreement with the float model.", labels=labels)
+        lower = GaugeMetricFamily(
+            "qpart_audit_disagreement_lower", "Lower end of the anytime-valid confidence sequence on the "
+            "live top-1 disagreement with the float model, in the current window of QPART_AUDIT_WINDOW "
+            "audited samples (window=current) and at the end of the last complete one (previous); over "
+            "all windows, wrong at most QPART_AUDIT_DELTA of the time.", labels=windowed)
         upper = GaugeMetricFamily("qpart_audit_disagreement_upper", "Upper end of that confidence "
-                                  "sequence.", labels=labels)
+                                  "sequence.", labels=windowed)
+        window = GaugeMetricFamily("qpart_audit_window", "The current window's number (1, 2, ...).",
+                                   labels=labels)
+        window_samples = GaugeMetricFamily("qpart_audit_window_samples", "Audited samples in the current "
+                                           "window.", labels=labels)
         promised = GaugeMetricFamily("qpart_audit_promised_level", "The level the audited patterns "
-                                     "promise (in the artifact's metric).", labels=labels)
+                                     "promise, where it bounds this disagreement (top1-agreement "
+                                     "artifacts; absent under a labelled metric).", labels=labels)
         reference = GaugeMetricFamily(
             "qpart_audit_test_disagreement_upper", "The test split's disagreement of the audited "
             "patterns, upper bound at 1 - QPART_AUDIT_DELTA (absent: the artifact has none).", labels=labels)
@@ -134,11 +148,17 @@ class _AuditCollector(Collector):
             key = [view.model, view.version, str(view.level)]
             samples.add_metric(key, view.audited)
             agreed.add_metric(key, view.agreed)
-            lower.add_metric(key, view.lower)
-            upper.add_metric(key, view.upper)
-            promised.add_metric(key, view.level)
+            for name, interval in (("current", view.current), ("previous", view.previous)):
+                if interval is not None:
+                    lower.add_metric([*key, name], interval.lower)
+                    upper.add_metric([*key, name], interval.upper)
+            window.add_metric(key, view.window)
+            window_samples.add_metric(key, view.current.samples)
+            if view.promised:
+                promised.add_metric(key, view.level)
             if view.reference is not None:
                 reference.add_metric(key, view.reference)
-        yield from (issued, dropped, samples, agreed, lower, upper, promised, reference)
+        yield from (issued, dropped, samples, agreed, lower, upper, window, window_samples, promised,
+                    reference)
         yield GaugeMetricFamily("qpart_audit_queue_depth", "Audits waiting for the float model.",
                                 value=a.worker.depth())

@@ -36,6 +36,7 @@ class Ticket:
     answers: np.ndarray | None = field(default=None, repr=False)  # top-1 class per sample
     uploaded: bool = False
     ttl_s: float = 0.0  # how long it was open for when issued
+    promised: bool = False  # the level bounds this disagreement (a top1-agreement artifact)
 
 
 class AuditBook:
@@ -55,7 +56,7 @@ class AuditBook:
         self.skipped_full = 0  # plans drawn for audit while open_max audits were open
 
     def issue(self, model: str, version: str, pattern_id: str, level: float,
-              reference: float | None) -> Ticket | None:
+              reference: float | None, *, promised: bool = False) -> Ticket | None:
         """A new audit for this plan, drawn at the book's rate (None: not audited)."""
         if self.rate <= 0 or self._rng.random() >= self.rate:
             return None
@@ -65,7 +66,7 @@ class AuditBook:
                 self.skipped_full += 1
                 return None
             ticket = Ticket(secrets.token_urlsafe(18), model, version, pattern_id, level, reference,
-                            self._clock() + self.ttl_s, ttl_s=self.ttl_s)
+                            self._clock() + self.ttl_s, ttl_s=self.ttl_s, promised=promised)
             self._open[ticket.id] = ticket
             return ticket
 

@@ -133,6 +133,7 @@ class AuditWorker:
         assert ticket.answers is not None
         float_top1 = np.asarray(job.top_one(job.inputs))
         disagreed = float_top1 != ticket.answers
-        self.live.add(ticket.model, ticket.version, ticket.level, disagreed, ticket.reference)
+        self.live.add(ticket.model, ticket.version, ticket.level, disagreed, ticket.reference,
+                      promised=ticket.promised)
         if self.keep is not None and disagreed.any():
             self.keep.keep(ticket, job.inputs, float_top1)

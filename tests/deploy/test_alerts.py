@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import yaml
@@ -33,3 +34,14 @@ def test_promtool_checks_the_rules_and_the_config():
     for args in (["check", "rules", str(RULES)], ["check", "config", str(RULES.parent / "prometheus.yml")]):
         done = subprocess.run([promtool, *args], capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_of_the_rules_pass():
+    """docker/alerts.test.yml: each live-audit alert fires once its bound crosses, never before."""
+    promtool = tool("promtool", "Debian package prometheus; .ci/run installs it")
+    tests = RULES.parent / "alerts.test.yml"
+    done = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tested = set(re.findall(r"alertname: (\w+)", tests.read_text()))
+    assert {"QpartPromiseBrokenLive", "QpartLiveDisagreementAboveTest"} <= tested, tested

@@ -7,11 +7,16 @@ import json
 import math
 import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from qpart.client.inputs import read_idx_images
+from qpart.client.onnx_runtime import OnnxDeviceRuntime
+from qpart.client.settings import DeviceSettings
+from qpart.profiles.devices import DeviceProfile
 from tests.conftest import LivePrometheus, LiveServer, tail_request
 from tests.deploy.conftest import REPO
 
@@ -108,6 +113,29 @@ def _drive_traffic(url: str, seconds: float) -> None:
             time.sleep(0.1)
 
 
+# One audited inference (ADR 0024), so the live-audit panels have series: a device fast enough, on
+# a slow enough link, that it runs a head, with real images (their answers mostly agree with the
+# float model's, so the audit alerts stay quiet on a handful of samples).
+IMAGES = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
+FAST = DeviceProfile.model_validate({"schema_version": 2, "name": "fast-board", "flops_per_s": 5e11,
+                                     "power_compute_w": 2.0, "power_tx_w": 1.0, "rtt_s": 0.02})
+AUDITED = 5
+
+
+def _audit_once(url: str, cache: Path) -> None:
+    settings = DeviceSettings(server=url, cache_dir=cache, audit=True)
+    with OnnxDeviceRuntime(settings, device_profile=FAST, threads=1) as device:
+        run = device.infer(read_idx_images(IMAGES, limit=AUDITED), "fmnist-cnn", 0.02, rate_bps=1e4)
+    assert run.audit == "queued", run
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the worker checks it off the hot path
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        if re.search(rf'^qpart_audit_samples_total{{[^}}]*}} {AUDITED}(\.0)?$', text, re.M):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the audit was not checked in 30 s")
+
+
 def _finite(result: list[dict]) -> bool:
     return any(math.isfinite(float(s["value"][1])) for s in result)
 
@@ -127,7 +155,8 @@ def _families(prometheus: LivePrometheus) -> set[str]:
 
 # Label values a quiet server cannot produce (a 5xx needs a failing server), each with the source
 # file that must emit it verbatim: a misspelling still fails, against the code instead of a series.
-QUIET_UNSEEN = {'outcome="server_error"': REPO / "server/api/limits.py"}
+QUIET_UNSEEN = {'outcome="server_error"': REPO / "server/api/limits.py",
+                'reason="queue_full"': REPO / "server/audit/worker.py"}  # audits dropped on a full queue
 
 
 def _unseen_but_emitted(selector: str) -> bool:
@@ -184,14 +213,17 @@ def _rule_problems(prometheus: LivePrometheus, known: set[str], rule: dict) -> l
 
 
 @pytest.mark.integration
-def test_every_panel_and_rule_evaluates_against_a_live_prometheus(cnn_only, tmp_path):
-    server = LiveServer(cnn_only)
+def test_every_panel_and_rule_evaluates_against_a_live_prometheus(agreement_only, tmp_path):
+    # fmnist-cnn calibrated by top1-agreement: its levels bound the audited disagreement, so the
+    # promised level and the test split's reference have series (the committed artifact has neither)
+    server = LiveServer(agreement_only, env={"QPART_AUDIT_RATE": "1"})  # only consenting plans are audited
     prometheus = None
     try:
         server.wait_ready()
         prometheus = LivePrometheus(tmp_path, server.port)
         prometheus.wait_for('up{job="qpart"} == 1')
         _drive_traffic(server.url, seconds=4)
+        _audit_once(server.url, tmp_path / "device")
         time.sleep(3)  # three more scrapes: every counter has moved within the last minute
         ready = prometheus.wait_for('qpart_model_ready{model="fmnist-cnn"}')
         variables = {**VARIABLES, "$version": ready[0]["metric"]["version"]}

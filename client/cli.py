@@ -108,6 +108,8 @@ def _say(run: InferenceRun, accuracy: float | None, names: tuple[str, ...] | Non
                    f"{p.activation_bits} bits{lossless}; downloaded {run.downloaded_bytes} B, "
                    f"uploaded {run.uploaded_bytes} B")
     typer.echo(f"time: measured {run.timings_s['total']:.3f} s, predicted {predicted.total:.3f} s")
+    if run.audit is not None:  # ADR 0024: after the answers, the input of the plan's first upload
+        typer.echo(f"audit: {terminal_text(run.audit)}")
     if accuracy is not None:
         typer.echo(f"accuracy: {accuracy:.4f} on {len(run.predictions)} inputs")
     else:
@@ -137,7 +139,8 @@ def _document(run: InferenceRun, accuracy: float | None,
             "predictions": _named(run.predictions, names),
             "accuracy": accuracy, "timings_s": run.timings_s,
             "predicted_s": run.plan.predicted.time_s.model_dump(mode="json"),
-            "downloaded_bytes": run.downloaded_bytes, "uploaded_bytes": run.uploaded_bytes}
+            "downloaded_bytes": run.downloaded_bytes, "uploaded_bytes": run.uploaded_bytes,
+            "audit": run.audit}
 
 
 def _device_runtime(name: str) -> type[DeviceClient]:
@@ -171,6 +174,7 @@ def infer(
     server: ServerOpt = None,
     cache_dir: CacheOpt = None,
     token: Annotated[str | None, typer.Option(help=_env_help("token"))] = None,
+    audit: Annotated[bool | None, typer.Option("--audit/--no-audit", help=_env_help("audit"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
     runtime_name: Annotated[str, typer.Option(
         "--runtime", help="What runs the head: 'torch' (PyTorch and the model's code) or 'onnx' "
@@ -189,7 +193,7 @@ def infer(
     if idx is None and not images:
         raise typer.BadParameter("give image files or --idx FILE")
     check_image_files([] if idx is not None else images or [])  # before any network use
-    settings = _settings(server=server, cache_dir=cache_dir, token=token)
+    settings = _settings(server=server, cache_dir=cache_dir, token=token, audit=audit)
     profile = load_device_profile(device_profile) if device_profile else None
     runtime = _device_runtime(runtime_name)(settings, device=device, device_profile=profile)
     try:

@@ -83,7 +83,7 @@ class Engine:
         self.tails = TailPool(settings, metrics)
         self.images = ImagePlans(settings)  # the input-image plans (ADR 0014, 0015)
         self.decodes = DecodeTimes()  # what decoding uploaded packets takes (server.tails.decode_times)
-        self.audits = Audits(settings)  # the promise watched on live traffic (ADR 0024)
+        self.audits = Audits(settings, self.tails.idle_s)  # the promise watched on live traffic (ADR 0024)
         metrics.registry.register(self.audits.collector())
 
     # ---- lifecycle ------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class PlanRequest(_Strict):
 UploadEncoding = Literal["identity"] | Annotated[Coding, Strict(False)]
 
 
+AUDIT_ID = r"^[A-Za-z0-9_-]{1,64}$"
+"""What an audit id looks like (URL-safe base64 from ``secrets``)."""
 AUDIT_HEADER = "Qpart-Audit"
 """The tail request's header that names the audit its answer belongs to."""
 

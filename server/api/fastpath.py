@@ -26,17 +26,18 @@ from qpart.server.api.http_errors import (
     server_error_response,
     unexpected_response,
 )
-from qpart.server.api.inference import infer_response, tail_infer_response
+from qpart.server.api.inference import audit_upload_response, infer_response, tail_infer_response
 from qpart.server.api.limits import ASGIApp, Receive, Scope, Send
 from qpart.server.api.oip_codec import HEADER
 from qpart.server.api.routes_api import TOP_K_DEFAULT, TOP_K_MAX
 from qpart.server.engine import Engine
 from qpart.server.errors import ServerError
-from qpart.server.schemas import AUDIT_HEADER
+from qpart.server.schemas import AUDIT_HEADER, AUDIT_ID
 
 _TOP_K = re.compile(rb"top_k=([1-9][0-9]{0,3})")
 _HEADER = HEADER.lower().encode()
 _AUDIT = AUDIT_HEADER.lower().encode()
+_AUDIT_ID = re.compile(AUDIT_ID)
 
 Handler = Callable[[Receive], Awaitable[Response]]
 
@@ -85,12 +86,22 @@ class InferFastPath:
     def _handler(self, scope: Scope) -> Handler | None:
         engine: Engine | None = getattr(self.state, "engine", None)
         path: str = scope["path"]
-        if engine is None or scope.get("root_path") or not path.endswith("/infer"):
+        audit = paths.AUDIT.match(path)
+        if engine is None or scope.get("root_path") or not (path.endswith("/infer") or audit):
             return None
         headers = scope["headers"]
         if not bearer_ok(engine.auth_token, _first(headers, b"authorization") or ""):
             return None
         read = partial(_read_body, scope)
+        if audit is not None:  # an audit's input upload (ADR 0024): FastAPI answers a malformed id
+            audit_id, codings = audit["audit_id"], _all(headers, b"content-encoding")
+            if scope["query_string"] or not _AUDIT_ID.fullmatch(audit_id):
+                return None
+
+            async def upload(receive: Receive) -> Response:
+                return audit_upload_response(engine, audit_id, await read(receive), codings)
+
+            return upload
         if (params := paths.TAIL_INFER.match(path)) is not None:
             top_k = _top_k(scope["query_string"])
             if top_k is None:
@@ -99,12 +110,12 @@ class InferFastPath:
 
             encoding = _all(headers, b"content-encoding")
             content_type = _first(headers, b"content-type")
-            audit = _first(headers, _AUDIT)
+            audit_header = _first(headers, _AUDIT)
 
             async def tail(receive: Receive) -> Response:
                 body = await read(receive)
                 return await tail_infer_response(engine, model, version, pattern_id, body, top_k, encoding,
-                                                 content_type, audit)
+                                                 content_type, audit_header)
 
             return tail
         if (params := paths.V2_INFER.match(path) or paths.V2_INFER_VERSION.match(path)) is not None:

@@ -23,6 +23,7 @@ from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMedia
 from qpart.server.oip_schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
 from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.planning.webp import CONTENT_TYPE as WEBP_TYPE
+from qpart.server.schemas import AuditReceipt
 from qpart.server.store.catalog import LoadedModel
 from qpart.server.tails.answers import TailAnswer
 from qpart.server.tails.classification import class_count, classify
@@ -136,6 +137,15 @@ async def tail_infer_response(engine: Engine, model: str, version: str, pattern_
     answer = await engine.infer_tail(model, version, pattern_id, body, top_k,
                                      decoded_s=time.perf_counter() - started, coding=coding, audit=audit)
     return _timed(answer)
+
+
+def audit_upload_response(engine: Engine, audit_id: str, body: bytes,
+                          content_encoding: list[str]) -> Response:
+    """An audit's input upload after parsing (ADR 0024): 202 with the receipt."""
+    identity_only(content_encoding)
+    samples, queued = engine.audit_upload(audit_id, body)
+    receipt = AuditReceipt(audit=audit_id, samples=samples, queued=queued)
+    return Response(receipt.model_dump_json(), status_code=202, media_type="application/json")
 
 
 def _timed(answer: TailAnswer) -> Response:

@@ -23,12 +23,13 @@ from qpart.server.api.deps import (
     require_model_token,
     require_token,
 )
-from qpart.server.api.inference import tail_infer_response
+from qpart.server.api.inference import audit_upload_response, tail_infer_response
 from qpart.server.api.limits import MODEL_STATE_KEY
 from qpart.server.api.responses import model_info_response, plan_response
 from qpart.server.errors import RangeNotSatisfiableError
 from qpart.server.schemas import (
     AUDIT_HEADER,
+    AUDIT_ID,
     SHA256_HEX,
     AuditReceipt,
     ErrorBody,
@@ -38,7 +39,6 @@ from qpart.server.schemas import (
     PlanResponse,
     TailResponse,
 )
-from qpart.server.tails.content import identity_only
 
 router = APIRouter()
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -216,16 +216,14 @@ async def infer_tail(
                                                          "x-qpart-format": "activation-packet-v1"}}}}},
              summary="Upload an audited plan's raw input, after its answer (ADR 0024)")
 async def audit_upload(
-    audit_id: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")], request: Request,
-    engine: EngineDep,
-) -> AuditReceipt:
+    audit_id: Annotated[str, Field(max_length=64, pattern=AUDIT_ID)], request: Request, engine: EngineDep,
+) -> Response:
     """Body: the raw input of the audit's tail request as a float32 activation packet
     (kernels/wire.py) of shape ``[samples, *input_shape]``, the samples that request sent. The
     server runs the float model on it off the hot path, compares its top-1 with the answers it
     gave, and discards it. 202 once taken (``queued: false``: dropped unchecked under load)."""
-    identity_only(request.headers.getlist("content-encoding"))
-    samples, queued = engine.audit_upload(audit_id, await read_body(request))
-    return AuditReceipt(audit=audit_id, samples=samples, queued=queued)
+    return audit_upload_response(engine, audit_id, await read_body(request),
+                                 request.headers.getlist("content-encoding"))
 
 
 class CacheBudget(BaseModel):

@@ -25,13 +25,13 @@ from qpart.server.store.catalog import LoadedModel
 class Audits:
     """Open audits, the worker that checks them and the live rates they add up to."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, idle_s: Callable[[], float] | None = None) -> None:
         self.settings = settings
         self.book = AuditBook(settings.audit_rate, settings.audit_ttl_s, settings.audit_open_max)
         self.live = LiveDisagreement(settings.audit_delta, settings.audit_window)
         keep = (None if settings.audit_keep_dir is None
                 else KeptInputs(settings.audit_keep_dir, settings.audit_keep_bytes))
-        self.worker = AuditWorker(self.live, settings.audit_queue, keep)
+        self.worker = AuditWorker(self.live, settings.audit_queue, keep, idle_s)
         self.issued: Counter[str] = Counter()
 
     @property

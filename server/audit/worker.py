@@ -1,10 +1,12 @@
 """The audit worker: the float model on uploaded inputs, off the hot path (ADR 0024).
 
 One thread, at the lowest CPU priority the OS gives a thread (nice 19 on Linux), takes audits from
-a bounded queue: when the queue is full an audit is dropped and counted, never waited for, so
-answers are not slowed by audits. Each audit's inputs go through the float model (the whole model,
-the tail of cut 0), its top-1 is compared with the answers the plan gave, and the inputs are
-discarded, unless QPART_AUDIT_KEEP_DIR keeps the disagreeing ones (size-capped, oldest first).
+a bounded queue, and runs each only once no tail has run or waited for :data:`QUIET_S`: audits fill
+the gaps between answers, and under sustained load they wait in the queue; when it is full an audit
+is dropped and counted, never waited for, so answers are not slowed by audits. Each audit's
+inputs go through the float model (the whole model, the tail of cut 0), its top-1 is compared with
+the answers the plan gave, and the inputs are discarded, unless QPART_AUDIT_KEEP_DIR keeps the
+disagreeing ones (size-capped, oldest first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from qpart.server.audit.book import Ticket
 from qpart.server.audit.live import LiveDisagreement
 
 log = logging.getLogger("qpart.server.audit")
+
+QUIET_S = 0.01
+"""How long no tail may have run or waited before an audit's float model runs."""
 
 TopOne = Callable[[np.ndarray], np.ndarray]
 """The float model's top-1 class per sample of a ``[B, *input_shape]`` float32 batch."""
@@ -71,12 +76,16 @@ class KeptInputs:
 class AuditWorker:
     """The queue and the thread that checks audits; started on the first audit."""
 
-    def __init__(self, live: LiveDisagreement, max_queue: int, keep: KeptInputs | None = None) -> None:
+    def __init__(self, live: LiveDisagreement, max_queue: int, keep: KeptInputs | None = None,
+                 idle_s: Callable[[], float] | None = None, quiet_s: float = QUIET_S) -> None:
         self.live = live
         self.keep = keep
+        self._idle_s = idle_s  # seconds no answer has been computed or waited (None: always idle)
+        self._quiet_s = quiet_s
         self._queue: queue.Queue[AuditJob | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._stopping = threading.Event()
         self.dropped: Counter[tuple[str, str]] = Counter()  # (model, reason) -> audits dropped
         self.checked = 0  # audits the worker finished (tests wait on it)
 
@@ -97,6 +106,7 @@ class AuditWorker:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread after the audit it is checking (queued ones are dropped unchecked)."""
         thread = self._thread
+        self._stopping.set()
         if thread is None:
             return
         while True:  # make room for the stop sign
@@ -120,12 +130,22 @@ class AuditWorker:
         with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own nice value
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (job := self._queue.get()) is not None:
+            if not self._wait_quiet():
+                break
             try:
                 self.check(job)
             except Exception:  # a bug or the model failing: logged, counted, the worker goes on
                 log.exception("audit of %s@%s failed", job.ticket.model, job.ticket.version)
                 self.dropped[(job.ticket.model, "failed")] += 1
             self.checked += 1
+
+    def _wait_quiet(self) -> bool:
+        """Wait until no answer has been computed or waited for ``quiet_s``: an audit runs in the
+        tails' gaps, never beside them (False: stopping meanwhile)."""
+        while self._idle_s is not None and self._idle_s() < self._quiet_s:
+            if self._stopping.wait(self._quiet_s / 2):
+                return False
+        return True
 
     def check(self, job: AuditJob) -> None:
         """Run the float model on the audit's inputs and add the comparison to the live rates."""

@@ -101,6 +101,13 @@ class Batcher(Generic[K, R]):
         """Samples waiting per key."""
         return {key: lane.waiting for key, lane in self._lanes.items()}
 
+    def idle_s(self) -> float:
+        """Seconds since the last batch ended, with none running or waiting now (0: busy; the
+        start-up's infinity before any batch). Read from other threads too: a snapshot."""
+        if self._running or any(lane.waiting for lane in list(self._lanes.values())):
+            return 0.0
+        return time.perf_counter() - self._last_end
+
     def stalled(self) -> list[K]:
         """Keys whose collector is not running (it died and is not restarted yet)."""
         if self._closing:

@@ -121,6 +121,10 @@ class TailPool:
             raise DeadlineExceededError(
                 f"tail inference took longer than {self.settings.request_timeout_s} s") from exc
 
+    def idle_s(self) -> float:
+        """Seconds no tail has run or waited (0: busy now): when a background job may run."""
+        return self.batcher.idle_s()
+
     def stalled_models(self) -> set[str]:
         """Models one of whose tail collectors is down (restarted at once; readiness says so)."""
         return {key.model for key in self.batcher.stalled()}

@@ -116,3 +116,17 @@ def test_an_audit_on_another_origin_is_refused(tmp_path):
     with (DeviceRuntime(DeviceSettings(server="http://qpart.test", cache_dir=tmp_path, audit=True)) as device,
           pytest.raises(ForeignOriginError)):
         device._trusted(PlanResponse.model_validate(hostile))
+
+
+def test_the_command_line_consents_with_a_flag_and_says_what_came_of_it(server, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "qpart", "device", "infer", "--idx", str(IMAGES), "--limit", "3",
+            "--demand", "0.02", "--server", server.url, "--cache-dir", str(tmp_path)]
+    said = subprocess.run([*base, "--audit"], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "audit: queued" in said, said
+    doc = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=120,
+                                    check=True).stdout)
+    assert doc["audit"] is None and doc["plan"].get("audit") is None  # not consented: nothing sent

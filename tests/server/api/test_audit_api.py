@@ -80,7 +80,13 @@ def test_no_consent_or_no_rate_no_audit(client, cnn_only):
         assert off.post("/v1/plan", json=PLAN).json()["audit"] is None
 
 
-def test_bad_uploads_are_named_4xx_and_count_nothing(client, cnn_only):
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_bad_uploads_are_named_4xx_and_count_nothing(cnn_only, fast_path):
+    with make_client(cnn_only, audit_rate=1.0, inference_fast_path=fast_path) as client:
+        _bad_uploads(client)
+
+
+def _bad_uploads(client) -> None:
     plan, x, _ = _answered(client, batch=2, seed=2)
     url = plan["audit"]["url"]
     before = _counts(client)
@@ -97,6 +103,8 @@ def test_bad_uploads_are_named_4xx_and_count_nothing(client, cnn_only):
         assert answer.status_code == status and words in answer.json()["error"], (target, answer.text)
     gz = client.post(url, content=encode_float_activation(x), headers={"Content-Encoding": "gzip"})
     assert gz.status_code == 415
+    for malformed in ("a" * 65, "bad%20id"):  # FastAPI's own answer, on either path
+        assert client.post(f"/v1/audits/{malformed}", content=encode_float_activation(x)).status_code == 422
     assert _counts(client) == before
     # the audit stayed open through the refusals: the right upload is taken, a second one refused
     assert client.post(url, content=encode_float_activation(x)).status_code == 202

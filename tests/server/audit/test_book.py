@@ -82,3 +82,31 @@ def test_remembered_ids_are_bounded():
         book.take(ids[0])
     with pytest.raises(GoneError):
         book.take(ids[-1])
+
+
+def test_the_worker_waits_for_the_tails_to_be_quiet():
+    import threading
+    import time
+
+    from qpart.server.audit import AuditJob, AuditWorker, LiveDisagreement
+
+    busy = threading.Event()
+    busy.set()
+    live = LiveDisagreement(0.01)
+    worker = AuditWorker(live, max_queue=4, idle_s=lambda: 0.0 if busy.is_set() else 1.0, quiet_s=0.01)
+    book, _ = _book()
+    ticket = _issue(book)
+    book.record(ticket.id, "m", "v", "p", np.array([1, 2]))
+    job = AuditJob(book.take(ticket.id), np.zeros((2, 3), np.float32), lambda x: np.array([1, 0]))
+    try:
+        assert worker.submit(job)
+        time.sleep(0.2)
+        assert worker.checked == 0 and live.snapshot() == []  # answers are being computed: it waits
+        busy.clear()
+        deadline = time.monotonic() + 5
+        while worker.checked == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (view,) = live.snapshot()
+        assert (view.audited, view.agreed) == (2, 1)
+    finally:
+        worker.close()

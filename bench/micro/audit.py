@@ -11,9 +11,10 @@ bring: one audit upload (the raw input, a float32 packet) per 1/P answers, paced
 answers per second the warm-up run measured, each for an audit prepared before the rounds (a
 consenting plan the server marked at its rate, and that plan's tail request with ``Qpart-Audit``,
 so the upload is taken and queued for the float model). Rounds alternate which server goes first.
-Reported per round: answers/s and p99 of each, their ratio, the uploads taken and dropped (the
-server's ``qpart_audit_dropped_total``), the audits checked, and the deepest audit queue seen (it
-must stay within ``QPART_AUDIT_QUEUE``). The noise is the baseline's own spread over rounds.
+Both servers are scraped once a second while under load, as Prometheus would. Reported per round:
+answers/s and p99 of each, their ratio, the uploads taken and dropped (the server's
+``qpart_audit_dropped_total``), the audits checked, and the deepest audit queue the scrapes saw
+(within ``QPART_AUDIT_QUEUE``). The noise is the baseline's own spread over rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +108,40 @@ def _audit_counts(server: Server) -> dict[str, float]:
     return counts
 
 
+class Scraper(threading.Thread):
+    """Scrapes a server's /metrics every ``every_s`` while it is under load, as Prometheus would (both
+    servers alike), and keeps the deepest audit queue it saw."""
+
+    def __init__(self, server: Server, every_s: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.server, self.every_s = server, every_s
+        self.stop = threading.Event()
+        self.deepest = 0.0
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.deepest = max(self.deepest, _audit_counts(self.server)["queue_depth"])
+
+
+def _scraped(server: Server, load: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    """``load()`` with the server scraped meanwhile; its result and the deepest audit queue seen."""
+    scraper = Scraper(server)
+    scraper.start()
+    try:
+        return load(), scraper.deepest
+    finally:
+        scraper.stop.set()
+        scraper.join(10)
+
+
 class Sender(threading.Thread):
-    """Uploads audits at ``per_s`` until stopped; records what the server said and the queue depth."""
+    """Uploads audits at ``per_s`` until stopped; records what the server said."""
 
     def __init__(self, server: Server, audits: list[tuple[str, bytes]], per_s: float) -> None:
         super().__init__(daemon=True)
         self.server, self.audits, self.per_s = server, audits, per_s
         self.stop = threading.Event()
         self.taken = self.not_queued = self.refused = self.used = 0
-        self.deepest = 0.0
         self.ran_out = False
 
     def run(self) -> None:
@@ -131,14 +158,14 @@ class Sender(threading.Thread):
                     continue
                 self.taken += 1
                 self.not_queued += not answer.json()["queued"]
-                if sent % 20 == 0:
-                    self.deepest = max(self.deepest, _audit_counts(self.server)["queue_depth"])
         self.ran_out = True
 
 
 def _answers(server: Server, target: tuple[str, bytes], clients: int, seconds: int) -> dict[str, Any]:
     url, body = target
-    return wrk(url, body, "application/octet-stream", clients, seconds)
+    result, deepest = _scraped(server, lambda: wrk(url, body, "application/octet-stream", clients, seconds))
+    result["deepest_queue"] = deepest
+    return result
 
 
 def _audited_run(server: Server, target: tuple[str, bytes], clients: int, seconds: int,
@@ -155,7 +182,7 @@ def _audited_run(server: Server, target: tuple[str, bytes], clients: int, second
         raise RuntimeError("the sender ran out of prepared audits: prepare more")
     del audits[: sender.used]  # each audit is uploaded once
     result.update(uploads_taken=sender.taken, uploads_not_queued=sender.not_queued,
-                  uploads_refused=sender.refused, deepest_queue=sender.deepest,
+                  uploads_refused=sender.refused,
                   checked=after["checked"] - before["checked"], dropped=after["dropped"] - before["dropped"],
                   uploads_per_answer=sender.taken / max(1, result["requests"]))
     return result

@@ -31,6 +31,8 @@ log = logging.getLogger("qpart.server.audit")
 
 QUIET_S = 0.01
 """How long no tail may have run or waited before an audit's float model runs."""
+POLL_S = 0.05
+"""How often a waiting worker looks again (each look takes the GIL from the answers briefly)."""
 
 TopOne = Callable[[np.ndarray], np.ndarray]
 """The float model's top-1 class per sample of a ``[B, *input_shape]`` float32 batch."""
@@ -143,7 +145,7 @@ class AuditWorker:
         """Wait until no answer has been computed or waited for ``quiet_s``: an audit runs in the
         tails' gaps, never beside them (False: stopping meanwhile)."""
         while self._idle_s is not None and self._idle_s() < self._quiet_s:
-            if self._stopping.wait(self._quiet_s / 2):
+            if self._stopping.wait(max(self._quiet_s, POLL_S)):
                 return False
         return True
 

@@ -15,8 +15,10 @@ if TYPE_CHECKING:
     from qpart.server.errors import (
         BadRequestError,
         ClientError,
+        ConflictError,
         DeadlineExceededError,
         ForbiddenError,
+        GoneError,
         NotFoundError,
         NotReadyError,
         OverloadedError,
@@ -35,8 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "BadRequestError",
     "ClientError",
+    "ConflictError",
     "DeadlineExceededError",
     "ForbiddenError",
+    "GoneError",
     "NotFoundError",
     "NotReadyError",
     "OverloadedError",

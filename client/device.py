@@ -21,6 +21,7 @@ from qpart.client.image_offers import IMAGE_PNG, IMAGE_WEBP, ImageOffers  # the 
 from qpart.client.inputs import read_image_files
 from qpart.client.plans import (
     AUDIT_HEADER,
+    AUDIT_SAMPLE_HEADER,
     ModelMetadata,
     PlanResponse,
     TailResponse,
@@ -30,7 +31,7 @@ from qpart.client.plans import (
 from qpart.client.segment_cache import SegmentCache
 from qpart.client.settings import DeviceSettings
 from qpart.client.transport import Transport
-from qpart.client.uploads import encode_for_plan, upload_audit, upload_body
+from qpart.client.uploads import audit_sample, encode_for_plan, upload_audit, upload_body
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.devices import DeviceProfile
@@ -326,6 +327,11 @@ class DeviceClient:
         return self._post(plan, *upload_body(plan, packet))
 
     def _post(self, plan: PlanResponse, body: bytes, headers: dict[str, str]) -> TailResponse:
+        return self._send(plan, body, headers)[0]
+
+    def _send(self, plan: PlanResponse, body: bytes,
+              headers: dict[str, str]) -> tuple[TailResponse, str | None]:
+        """The tail's answer, and its ``Qpart-Audit-Sample`` header (which sample an audit checks)."""
         if plan.infer_url is None:
             raise ServerRejectedError(400, "all-device plan: nothing to upload")
         started = time.perf_counter()
@@ -334,7 +340,7 @@ class DeviceClient:
         # The channel's share of the round trip: the server reports its queue and compute time.
         server_s = answer.queue_s + answer.compute_s
         self.transport.rate.add(len(body), time.perf_counter() - started - server_s)
-        return answer
+        return answer, response.headers.get(AUDIT_SAMPLE_HEADER)
 
     def infer(self, images: np.ndarray, model: str, demand: float, *, rate_bps: float | None = None,
               preset: str | None = None, deadline_s: float | None = None,
@@ -355,7 +361,8 @@ class DeviceClient:
         head = self._healing(plan, lambda: self.load_head(plan, segment))
         head_s = time.perf_counter() - t2
         upload_s = 0.0
-        audited: np.ndarray | None = None  # the inputs of the tail request that carried the audit
+        audited: np.ndarray | None = None  # the sample the audit checks (its tail answer named it)
+        asked = False  # the audit was named on a tail request
         step = min(MAX_UPLOAD_BATCH, plan.upload_batch or MAX_UPLOAD_BATCH)  # within the body limit
         for start in range(0, len(images), step):
             h0 = time.perf_counter()
@@ -368,16 +375,20 @@ class DeviceClient:
                 run.results.extend(TailResult(logits=row.tolist()) for row in logits)
             else:
                 body, headers = upload_body(plan, encode_for_plan(act_np, plan))
-                if plan.audit is not None and audited is None:
-                    headers[AUDIT_HEADER], audited = plan.audit.id, batch
+                ticket = None if asked else plan.audit  # the plan's first tail request names it
+                if ticket is not None:
+                    headers[AUDIT_HEADER], asked = ticket.id, True
                 run.uploaded_bytes += len(body)
-                answer = self._post(plan, body, headers)
+                answer, sample = self._send(plan, body, headers)
+                if ticket is not None:
+                    audited = audit_sample(batch, sample)
                 upload_s += time.perf_counter() - h1
                 logits = np.array([r.logits for r in answer.results], dtype=np.float32)
                 run.results.extend(answer.results)
             run.predictions.extend(int(i) for i in logits.argmax(1))
         run.timings_s = {"plan": t1 - t0, "download": t2 - t1, "head": head_s,
                          "upload_and_tail": upload_s, "total": time.perf_counter() - t0}
-        if audited is not None:  # after every answer: the audit never delays one
-            run.audit = upload_audit(self.transport, plan, audited)
+        if asked:  # after every answer: the audit never delays one
+            run.audit = ("failed: the tail answer named no sample to audit" if audited is None
+                         else upload_audit(self.transport, plan, audited))
         return run

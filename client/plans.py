@@ -88,6 +88,8 @@ class CostBreakdown(_Wire):
 
 AUDIT_HEADER = "Qpart-Audit"
 """The tail request's header that names the audit its answer belongs to (ADR 0024)."""
+AUDIT_SAMPLE_HEADER = "Qpart-Audit-Sample"
+"""The tail answer's header that names which of the request's samples (0-based) the audit checks."""
 
 
 class AuditTicket(_Wire):

@@ -31,8 +31,18 @@ def upload_body(plan: PacketFormat, packet: bytes) -> tuple[bytes, dict[str, str
     return packet, headers
 
 
+def audit_sample(batch: np.ndarray, header: str | None) -> np.ndarray | None:
+    """The one sample (``[1, ...]``) of ``batch`` that the tail answer's ``Qpart-Audit-Sample`` names
+    (None: it names none, or one outside the batch: nothing is uploaded)."""
+    if header is None or not header.isascii() or not header.isdigit() or len(header) > 6:
+        return None
+    index = int(header)
+    return batch[index : index + 1] if index < len(batch) else None
+
+
 def upload_audit(transport: Transport, plan: PlanResponse, inputs: np.ndarray) -> str:
-    """Upload an audited plan's raw inputs (a float32 packet) to its audit URL; what came of it:
+    """Upload an audited plan's raw input (the audited sample, a float32 packet) to its audit URL;
+    what came of it:
     queued, dropped (the server was busy) or failed: <why>. A failed audit upload is reported,
     never raised: the answers stand."""
     assert plan.audit is not None

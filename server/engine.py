@@ -23,7 +23,7 @@ from qpart.server.metrics import Metrics
 from qpart.server.planning.choice import SegmentOffer, ServerPrices, plan_request
 from qpart.server.planning.image_plans import ImagePlans
 from qpart.server.planning.images import INPUT_PNG, ImageTimes
-from qpart.server.planning.planner import Candidate, PlanInputs
+from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES, Candidate, PlanInputs
 from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
 from qpart.server.settings import ServerSettings
 from qpart.server.store.catalog import Catalog, LoadedModel, ModelEntry
@@ -83,7 +83,8 @@ class Engine:
         self.tails = TailPool(settings, metrics)
         self.images = ImagePlans(settings)  # the input-image plans (ADR 0014, 0015)
         self.decodes = DecodeTimes()  # what decoding uploaded packets takes (server.tails.decode_times)
-        self.audits = Audits(settings, self.tails.idle_s)  # the promise watched on live traffic (ADR 0024)
+        # the promise watched on live traffic (ADR 0024): audits run in the tails' quiet gaps
+        self.audits = Audits(settings, self.tails.idle_s, self.tails.went_idle)
         metrics.registry.register(self.audits.collector())
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -136,7 +137,7 @@ class Engine:
     async def close(self) -> None:
         """Stop batch collectors and worker threads."""
         await self.tails.close()
-        self.audits.close()
+        await asyncio.to_thread(self.audits.close)  # joins the worker: not on the event loop
 
     def tail_seconds(self, model: LoadedModel) -> list[float]:
         """Per cut, what a lone request's tail takes on this server now (:class:`TailPool`)."""
@@ -178,11 +179,12 @@ class Engine:
         model = self.catalog.get(req.model, req.version)
         device = self._device(req)
         weights = PRESETS[req.weights] if isinstance(req.weights, WeightPreset) else req.weights
+        audit_bytes = self.audits.expected_bytes(model, HTTP_EXCHANGE_BYTES) if req.audit else 0.0
         inputs = PlanInputs(device, weights, req.rate_bps, device.rtt_s if req.rtt_s is None else req.rtt_s,
                             req.batch, self.settings.price_per_second, frozenset(req.held_segments),
                             upload_overlap_s=req.upload_overlap_s, upload_codings=req.offered_codings(),
                             upload_rate_bps=req.upload_rate_bps,
-                            audit_bytes=self.audits.expected_bytes(model, req.batch) if req.audit else 0.0)
+                            audit_bytes=audit_bytes)
         prices = ServerPrices(self.tails.tail_seconds(model), self.decode_seconds(model),
                               self.tails.answer_bytes(model))
         segments: dict[str, SegmentEntry | None] = {}
@@ -247,11 +249,11 @@ class Engine:
         if not rows.finite.all():
             raise UnprocessableError("the tail produced non-finite logits for this activation; "
                                      "its values are out of the range the model was calibrated on")
-        if audit is not None:
-            self.audits.record(audit, name, version, pattern_id, rows.order[:, 0])
+        sample = None if audit is None else self.audits.record(audit, name, version, pattern_id,
+                                                                rows.order[:, 0])
         return TailAnswer(plan_id=f"{name}@{version}/{pattern_id}", model=name, version=version,
                           rows=rows, top_k=top_k, queue_s=queue_s, compute_s=compute_s + decode_s,
-                          names=model.labels, decode_s=decode_s)
+                          names=model.labels, decode_s=decode_s, audit_sample=sample)
 
     async def infer_image(self, name: str, version: str, body: bytes, top_k: int = 5,
                           pattern_id: str = INPUT_PNG) -> TailAnswer:

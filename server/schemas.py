@@ -145,14 +145,17 @@ AUDIT_ID = r"^[A-Za-z0-9_-]{1,64}$"
 """What an audit id looks like (URL-safe base64 from ``secrets``)."""
 AUDIT_HEADER = "Qpart-Audit"
 """The tail request's header that names the audit its answer belongs to."""
+AUDIT_SAMPLE_HEADER = "Qpart-Audit-Sample"
+"""The tail answer's header that names which of its samples (0-based) the device uploads."""
 
 
 class AuditTicket(_Strict):
     """A plan marked for a live audit: what the device does after its answer (ADR 0024)."""
 
     id: str = Field(description="The audit's id: send it as the tail request's 'Qpart-Audit' header.")
-    url: str = Field(description="Where to POST the raw input of that tail request once answered: a "
-                     "float32 activation packet (kernels/wire.py) of shape [samples, *input_shape].")
+    url: str = Field(description="Where to POST, once every answer is in, the raw input of the one "
+                     "sample of that tail request its answer names in the header 'Qpart-Audit-Sample' "
+                     "(0-based): a float32 activation packet (kernels/wire.py) of shape [1, *input_shape].")
     input_shape: list[int] = Field(description="One sample's input shape (the model's).")
     expires_s: float = Field(description="Seconds from now the audit stays open (QPART_AUDIT_TTL_S).")
 

@@ -94,6 +94,9 @@ class ServerSettings(BaseSettings):
         10_000, ge=100, le=1 << 30, description="Audited samples per window of a (model, version, "
         "level): each window's confidence sequence starts afresh, so a change shows within about a "
         "window however long the server ran before it (ADR 0024).")
+    audit_quiet_s: float = Field(
+        0.002, ge=0, le=1, description="An audit's float model starts only once no tail has run or "
+        "waited this long: longer, fewer audits run beside answers and fewer run at all under load.")
     audit_queue: int = Field(
         64, ge=1, le=1 << 16, description="Audits waiting for the float model at most; one more is "
                                           "dropped and counted (qpart_audit_dropped_total), never queued.")

@@ -23,7 +23,7 @@ from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMedia
 from qpart.server.oip_schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
 from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
 from qpart.server.planning.webp import CONTENT_TYPE as WEBP_TYPE
-from qpart.server.schemas import AuditReceipt
+from qpart.server.schemas import AUDIT_SAMPLE_HEADER, AuditReceipt
 from qpart.server.store.catalog import LoadedModel
 from qpart.server.tails.answers import TailAnswer
 from qpart.server.tails.classification import class_count, classify
@@ -151,5 +151,7 @@ def audit_upload_response(engine: Engine, audit_id: str, body: bytes,
 def _timed(answer: TailAnswer) -> Response:
     """The answer with ``Server-Timing`` (W3C): the decoding's share of its ``compute_s`` (the image,
     or the packet's Content-Encoding and dequantization), for browsers' tools and benchmarks."""
-    return Response(answer.json(), media_type="application/json",
-                    headers={"Server-Timing": f"decode;dur={answer.decode_s * 1e3:.3f}"})
+    headers = {"Server-Timing": f"decode;dur={answer.decode_s * 1e3:.3f}"}
+    if answer.audit_sample is not None:  # the request's audit checks this sample (ADR 0024)
+        headers[AUDIT_SAMPLE_HEADER] = str(answer.audit_sample)
+    return Response(answer.json(), media_type="application/json", headers=headers)

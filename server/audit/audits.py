@@ -3,6 +3,7 @@ upload, and the Prometheus series (ADR 0024)."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -25,13 +26,15 @@ from qpart.server.store.catalog import LoadedModel
 class Audits:
     """Open audits, the worker that checks them and the live rates they add up to."""
 
-    def __init__(self, settings: ServerSettings, idle_s: Callable[[], float] | None = None) -> None:
+    def __init__(self, settings: ServerSettings, idle_s: Callable[[], float] | None = None,
+                 went_idle: threading.Event | None = None) -> None:
         self.settings = settings
         self.book = AuditBook(settings.audit_rate, settings.audit_ttl_s, settings.audit_open_max)
         self.live = LiveDisagreement(settings.audit_delta, settings.audit_window)
         keep = (None if settings.audit_keep_dir is None
                 else KeptInputs(settings.audit_keep_dir, settings.audit_keep_bytes))
-        self.worker = AuditWorker(self.live, settings.audit_queue, keep, idle_s)
+        self.worker = AuditWorker(self.live, settings.audit_queue, keep, idle_s, settings.audit_quiet_s,
+                                  went_idle)
         self.issued: Counter[str] = Counter()
 
     @property
@@ -39,11 +42,10 @@ class Audits:
         """The share of consenting plans audited (QPART_AUDIT_RATE)."""
         return self.settings.audit_rate
 
-    def expected_bytes(self, model: LoadedModel, samples: int) -> float:
-        """The upload an audit of ``samples`` inputs adds, times the audit rate: what a consenting
-        request is priced for."""
-        shape = (samples, *model.artifact.input_shape)
-        return self.rate * float_packet_bytes(shape)
+    def expected_bytes(self, model: LoadedModel, exchange_bytes: int = 0) -> float:
+        """The upload an audit adds (one sample's float32 input, plus ``exchange_bytes`` of HTTP), times
+        the audit rate: what a consenting request is priced for."""
+        return self.rate * (float_packet_bytes((1, *model.artifact.input_shape)) + exchange_bytes)
 
     def issue(self, model: LoadedModel, pattern: Pattern) -> Ticket | None:
         """An audit for a plan of ``pattern`` (drawn at the rate; None: not audited)."""
@@ -62,14 +64,17 @@ class Audits:
             self.issued[model.name] += 1
         return ticket
 
-    def record(self, audit_id: str, model: str, version: str, pattern_id: str, answers: np.ndarray) -> bool:
-        """Record a tail request's top-1 answers under the audit it names (False: it names none)."""
+    def record(self, audit_id: str, model: str, version: str, pattern_id: str,
+               answers: np.ndarray) -> int | None:
+        """Record one of a tail request's top-1 answers, chosen at random, under the audit it names:
+        which sample the device uploads (None: it names no audit)."""
         return self.book.record(audit_id, model, version, pattern_id, answers)
 
     def upload(self, audit_id: str, body: bytes, model_of: Callable[[str, str], LoadedModel],
                top_one: Callable[[LoadedModel], TopOne]) -> tuple[int, bool]:
-        """Take an audit's raw inputs (a float32 activation packet of ``[samples, *input_shape]``) and
-        queue them for the float model: (samples, queued). Nothing is counted for a refused upload.
+        """Take an audit's raw input (a float32 activation packet of ``[1, *input_shape]``: the sample
+        the tail answer named) and queue it for the float model: (samples, queued). Nothing is
+        counted for a refused upload.
 
         Raises:
             NotFoundError, GoneError, ConflictError: see :meth:`AuditBook.take` (nothing taken).
@@ -91,8 +96,8 @@ class Audits:
                                   f"activation packet of shape {list(shape)}") from exc
         if bits != FLOAT_BITS or tuple(x.shape) != shape:
             raise BadRequestError(f"the audit's input must be a float32 packet of shape {list(shape)} (the "
-                                  f"samples its tail request answered); got {bits} bits, shape "
-                                  f"{list(x.shape)}")
+                                  f"sample its tail answer named in Qpart-Audit-Sample); got {bits} bits, "
+                                  f"shape {list(x.shape)}")
         ticket = self.book.take(audit_id)
         queued = self.worker.submit(AuditJob(ticket, x, top_one(model)))
         return shape[0], queued
@@ -118,9 +123,15 @@ class _AuditCollector(Collector):
             issued.add_metric([model], n)
         dropped = CounterMetricFamily(
             "qpart_audit_dropped", "Audit uploads taken but not checked: queue_full (QPART_AUDIT_QUEUE "
-            "audits were waiting), failed (the float model raised; logged).", labels=["model", "reason"])
-        for (model, reason), n in sorted(a.worker.dropped.items()):
+            "audits were waiting), failed (the float model raised; logged), shutdown (queued at exit).",
+            labels=["model", "reason"])
+        for (model, reason), n in sorted(list(a.worker.dropped.items())):
             dropped.add_metric([model, reason], n)
+        skipped = CounterMetricFamily(
+            "qpart_audits_skipped", "Plans drawn for an audit but not marked: QPART_AUDIT_OPEN_MAX audits "
+            "were open.", labels=["model"])
+        for model, n in sorted(list(a.book.skipped_full.items())):
+            skipped.add_metric([model], n)
         labels = ["model", "version", "level"]
         windowed = [*labels, "window"]
         samples = CounterMetricFamily("qpart_audit_samples", "Audited samples compared with the float "
@@ -158,7 +169,7 @@ class _AuditCollector(Collector):
                 promised.add_metric(key, view.level)
             if view.reference is not None:
                 reference.add_metric(key, view.reference)
-        yield from (issued, dropped, samples, agreed, lower, upper, window, window_samples, promised,
+        yield from (issued, skipped, dropped, samples, agreed, lower, upper, window, window_samples, promised,
                     reference)
         yield GaugeMetricFamily("qpart_audit_queue_depth", "Audits waiting for the float model.",
                                 value=a.worker.depth())

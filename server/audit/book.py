@@ -13,7 +13,7 @@ import random
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,7 +33,8 @@ class Ticket:
     level: float
     reference: float | None  # the pattern's test-split disagreement, upper bound (None: not measured)
     expires: float  # on the book's clock
-    answers: np.ndarray | None = field(default=None, repr=False)  # top-1 class per sample
+    answers: np.ndarray | None = field(default=None, repr=False)  # the audited sample's top-1 answer, [1]
+    sample: int | None = None  # which sample of its tail request is audited (chosen at random)
     uploaded: bool = False
     ttl_s: float = 0.0  # how long it was open for when issued
     promised: bool = False  # the level bounds this disagreement (a top1-agreement artifact)
@@ -53,7 +54,7 @@ class AuditBook:
         self._expired: OrderedDict[str, None] = OrderedDict()  # ids past their time (410)
         self._done: OrderedDict[str, None] = OrderedDict()  # ids whose input came (409 again)
         self._lock = threading.Lock()
-        self.skipped_full = 0  # plans drawn for audit while open_max audits were open
+        self.skipped_full: Counter[str] = Counter()  # per model: drawn while open_max audits were open
 
     def issue(self, model: str, version: str, pattern_id: str, level: float,
               reference: float | None, *, promised: bool = False) -> Ticket | None:
@@ -63,25 +64,29 @@ class AuditBook:
         with self._lock:
             self._prune()
             if len(self._open) >= self.open_max:
-                self.skipped_full += 1
+                self.skipped_full[model] += 1
                 return None
             ticket = Ticket(secrets.token_urlsafe(18), model, version, pattern_id, level, reference,
                             self._clock() + self.ttl_s, ttl_s=self.ttl_s, promised=promised)
             self._open[ticket.id] = ticket
             return ticket
 
-    def record(self, audit_id: str, model: str, version: str, pattern_id: str, answers: np.ndarray) -> bool:
-        """Record the top-1 ``answers`` of the tail request that named ``audit_id``; False (and
-        nothing recorded) when it names no open audit of this plan, or one already answered: the
-        answer itself is never refused for it."""
+    def record(self, audit_id: str, model: str, version: str, pattern_id: str,
+               answers: np.ndarray) -> int | None:
+        """Pick one sample of the tail request that named ``audit_id`` at random and record the
+        top-1 answer it got (``answers``: one per sample); which sample (None, nothing recorded,
+        when it names no open audit of this plan, or one already answered: the answer itself is
+        never refused for it). One sample per audit: the samples of one request (frames of one
+        scene) may be alike, and the statistics count each audit as an independent trial."""
         with self._lock:
             self._prune()
             ticket = self._open.get(audit_id)
             if (ticket is None or ticket.answers is not None or ticket.model != model
-                    or ticket.version != version or ticket.pattern_id != pattern_id):
-                return False
-            ticket.answers = np.array(answers, dtype=np.int64, copy=True)
-            return True
+                    or ticket.version != version or ticket.pattern_id != pattern_id or len(answers) < 1):
+                return None
+            ticket.sample = self._rng.randrange(len(answers))
+            ticket.answers = np.array(answers[ticket.sample : ticket.sample + 1], dtype=np.int64)
+            return ticket.sample
 
     def take(self, audit_id: str) -> Ticket:
         """The audit an input upload is for, marked uploaded (a second upload is refused); raises as

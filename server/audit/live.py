@@ -23,6 +23,7 @@ sample too; the bound keeps its noise from reading as drift), averaged over the 
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ def window_alpha(delta: float, k: int) -> float:
     return delta * 6 / (math.pi**2 * k * k)
 
 
+@functools.lru_cache(maxsize=4096)  # once per pattern: every consenting plan asks
 def reference_bound(test_disagreement: float, test_samples: int, delta: float) -> float:
     """The Clopper–Pearson upper bound at 1 − ``delta`` of a rate measured on ``test_samples``."""
     k = round(test_disagreement * test_samples)

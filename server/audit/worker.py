@@ -1,12 +1,13 @@
 """The audit worker: the float model on uploaded inputs, off the hot path (ADR 0024).
 
 One thread, at the lowest CPU priority the OS gives a thread (nice 19 on Linux), takes audits from
-a bounded queue, and runs each only once no tail has run or waited for :data:`QUIET_S`: audits fill
-the gaps between answers, and under sustained load they wait in the queue; when it is full an audit
-is dropped and counted, never waited for, so answers are not slowed by audits. Each audit's
-inputs go through the float model (the whole model, the tail of cut 0), its top-1 is compared with
-the answers the plan gave, and the inputs are discarded, unless QPART_AUDIT_KEEP_DIR keeps the
-disagreeing ones (size-capped, oldest first).
+a bounded queue, and starts each only once no tail has run or waited for QPART_AUDIT_QUIET_S (it is
+woken when the tails go idle): audits fill the gaps between answers; under sustained load they wait
+in the queue, and when it is full an audit is dropped and counted, never waited for. Once started an
+audit runs to its end, one sample through the float model (the whole model, the tail of cut 0),
+beside any answer that arrives meanwhile. Its top-1 is compared with the answer the plan gave, and
+the input is discarded, unless QPART_AUDIT_KEEP_DIR keeps the disagreeing ones (size-capped, oldest
+first, readable by the server's user only).
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ from qpart.server.audit.live import LiveDisagreement
 
 log = logging.getLogger("qpart.server.audit")
 
-QUIET_S = 0.01
-"""How long no tail may have run or waited before an audit's float model runs."""
 POLL_S = 0.05
-"""How often a waiting worker looks again (each look takes the GIL from the answers briefly)."""
+"""The longest a waiting worker sleeps before it looks again (it wakes when the tails go idle)."""
 
 TopOne = Callable[[np.ndarray], np.ndarray]
 """The float model's top-1 class per sample of a ``[B, *input_shape]`` float32 batch."""
@@ -65,7 +64,9 @@ class KeptInputs:
             name = (f"audit-{time.time_ns()}-{ticket.id[:8]}-{i}-{ticket.model}-{ticket.version}-"
                     f"level{ticket.level:g}-served{ticket.answers[i]}-float{float_top1[i]}.npy")
             path = self.folder / "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)
-            np.save(path, inputs[i], allow_pickle=False)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the server's user only
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, inputs[i], allow_pickle=False)
             self._files.append(path)
             self._bytes += path.stat().st_size
         while self._bytes > self.max_bytes and self._files:
@@ -79,11 +80,13 @@ class AuditWorker:
     """The queue and the thread that checks audits; started on the first audit."""
 
     def __init__(self, live: LiveDisagreement, max_queue: int, keep: KeptInputs | None = None,
-                 idle_s: Callable[[], float] | None = None, quiet_s: float = QUIET_S) -> None:
+                 idle_s: Callable[[], float] | None = None, quiet_s: float = 0.002,
+                 went_idle: threading.Event | None = None) -> None:
         self.live = live
         self.keep = keep
         self._idle_s = idle_s  # seconds no answer has been computed or waited (None: always idle)
         self._quiet_s = quiet_s
+        self._went_idle = went_idle or threading.Event()  # set by the tails when they go idle
         self._queue: queue.Queue[AuditJob | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -106,7 +109,8 @@ class AuditWorker:
         return self._queue.qsize()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread after the audit it is checking (queued ones are dropped unchecked)."""
+        """Stop the thread after the audit it is checking; queued ones are dropped unchecked and
+        counted (reason ``shutdown``). Blocks up to ``timeout_s``: call it off the event loop."""
         thread = self._thread
         self._stopping.set()
         if thread is None:
@@ -117,7 +121,8 @@ class AuditWorker:
                 break
             except queue.Full:
                 with contextlib.suppress(queue.Empty):
-                    self._queue.get_nowait()
+                    if (job := self._queue.get_nowait()) is not None:
+                        self.dropped[(job.ticket.model, "shutdown")] += 1
         thread.join(timeout_s)
 
     def _start(self) -> None:
@@ -133,6 +138,7 @@ class AuditWorker:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (job := self._queue.get()) is not None:
             if not self._wait_quiet():
+                self.dropped[(job.ticket.model, "shutdown")] += 1
                 break
             try:
                 self.check(job)
@@ -142,12 +148,19 @@ class AuditWorker:
             self.checked += 1
 
     def _wait_quiet(self) -> bool:
-        """Wait until no answer has been computed or waited for ``quiet_s``: an audit runs in the
-        tails' gaps, never beside them (False: stopping meanwhile)."""
-        while self._idle_s is not None and self._idle_s() < self._quiet_s:
-            if self._stopping.wait(max(self._quiet_s, POLL_S)):
+        """Wait until no answer has been computed or waited for ``quiet_s`` (False: stopping
+        meanwhile). Woken when the tails go idle, else every :data:`POLL_S`: an audit starts in the
+        tails' gaps; once started it runs to its end (one sample's float model), beside any answer
+        that arrives meanwhile."""
+        while self._idle_s is not None and (idle := self._idle_s()) < self._quiet_s:
+            if self._stopping.is_set():
                 return False
-        return True
+            if idle > 0:  # quiet already, not yet long enough
+                time.sleep(self._quiet_s - idle)
+                continue
+            self._went_idle.clear()
+            self._went_idle.wait(POLL_S)
+        return not self._stopping.is_set()
 
     def check(self, job: AuditJob) -> None:
         """Run the float model on the audit's inputs and add the comparison to the live rates."""

@@ -32,7 +32,7 @@ class PlanInputs:
     upload_overlap_s: float = 0.0
     upload_codings: frozenset[Coding] = frozenset()  # Content-Encodings the device may upload with
     upload_rate_bps: float | None = None  # the activation body's bit/s (None: rate_bps)
-    audit_bytes: float = 0.0  # a consenting request's expected audit upload: its inputs x QPART_AUDIT_RATE
+    audit_bytes: float = 0.0  # a consenting request's expected audit upload: one input x QPART_AUDIT_RATE
 
 
 @dataclass(frozen=True)
@@ -163,12 +163,13 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
     t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
               + exchanges * inputs.rtt_s)
     t_server = 0.0 if last else ((cut.server_tail_s if tail_s is None else tail_s) + decode_s) * inputs.batch
-    # An audited plan's device uploads its inputs after the answer (ADR 0024): bytes and energy,
-    # not time to the answer. Expected: the request's inputs times the audit rate, on a plan with a tail.
+    # An audited plan's device uploads one input after the answers (ADR 0024): bytes and energy, not
+    # time to the answer. Expected: that upload times the audit rate, on a plan with a tail.
     audit = 0.0 if last else inputs.audit_bytes
     sent += audit
     e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)
-    e_tran = inputs.device.power_tx_w * (t_tran + audit * 8 / inputs.rate_bps)
+    audit_rate = inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps
+    e_tran = inputs.device.power_tx_w * (t_tran + audit * 8 / audit_rate)
     cost = inputs.price_per_second * t_server
     w = inputs.weights
     total_t = t_local + t_tran + t_server

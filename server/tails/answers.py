@@ -91,6 +91,7 @@ class TailAnswer:
     compute_s: float
     names: tuple[str, ...] | None = None  # the card's labels: each top class's name
     decode_s: float = 0.0  # the share of compute_s that decoding the upload took (Server-Timing)
+    audit_sample: int | None = None  # the sample the request's audit checks (Qpart-Audit-Sample)
 
     def json(self) -> bytes:
         """The :class:`server.schemas.TailResponse` document."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -96,6 +97,7 @@ class Batcher(Generic[K, R]):
         self._running = 0  # batches of any key handed to the pool and not yet back
         self._starts = 0  # batches begun so far
         self._last_end = -math.inf  # time.perf_counter() when the last batch to finish finished
+        self.went_idle = threading.Event()  # set when a batch ends with none running or waiting
 
     def depth(self) -> dict[K, int]:
         """Samples waiting per key."""
@@ -225,6 +227,8 @@ class Batcher(Generic[K, R]):
             ended = time.perf_counter()
             self._running -= 1
             self._last_end = max(self._last_end, ended)
+            if not self._running and not any(lane.waiting for lane in self._lanes.values()):
+                self.went_idle.set()  # a background job waiting for quiet may look now
         compute_s = ended - started
         if self._starts != starts:
             idle_s = 0.0

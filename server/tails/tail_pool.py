@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ class TailPool:
     def idle_s(self) -> float:
         """Seconds no tail has run or waited (0: busy now): when a background job may run."""
         return self.batcher.idle_s()
+
+    @property
+    def went_idle(self) -> threading.Event:
+        """Set each time a tail batch ends with none running or waiting (cleared by who waits)."""
+        return self.batcher.went_idle
 
     def stalled_models(self) -> set[str]:
         """Models one of whose tail collectors is down (restarted at once; readiness says so)."""

@@ -17,6 +17,7 @@ const FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "C
 const SAMPLES = [[19, 0], [2, 1], [1, 2], [13, 3], [6, 4], [8, 5], [4, 6], [9, 7], [18, 8], [0, 9]];
 const PHASES = ["download", "session", "preprocess", "head", "encode", "upload", "server"];
 const AUDIT_HEADER = "Qpart-Audit"; // server.schemas.AUDIT_HEADER
+const AUDIT_SAMPLE_HEADER = "Qpart-Audit-Sample"; // server.schemas.AUDIT_SAMPLE_HEADER
 
 ort.env.wasm.numThreads = 1;
 ort.env.wasm.proxy = false;
@@ -178,7 +179,10 @@ export async function classify(plan, head, blob, token, auditId = null) {
   const packetSha256 = hex(await crypto.subtle.digest("SHA-256", packet));
   const result = { label, probability: top ? top.probability : null, logits, bytes_up: packet.length,
     packet_sha256: packetSha256, times };
-  return auditId === null ? result : { ...result, audit_input: x };
+  if (auditId === null) return result;
+  // The answer names which sample its audit checks (Qpart-Audit-Sample); one image a request: 0.
+  const sample = response.headers.get(AUDIT_SAMPLE_HEADER);
+  return { ...result, audit_input: sample === "0" ? x : null };
 }
 
 /** Upload an audited plan's model input `x` ({data, dims}: the samples of the tail request that
@@ -292,16 +296,17 @@ async function runForm(event) {
     const head = await loadHead(plan, token);
     const run = { plan, isolated: globalThis.crossOriginIsolated === true, plan_s: planS, download_s: head.download_s, session_s: head.session_s,
       downloaded_bytes: head.bytes, results: [], audit: plan.audit ? "pending" : null };
-    let audited = null; // the model input of the tail request that named the plan's audit
+    let audited = null; // the model input of the sample the plan's audit checks
+    let asked = false; // a tail request named the audit
     showPlan(plan, head);
     $("plan-section").hidden = false;
     const tbody = $("results").tBodies[0];
     tbody.replaceChildren();
     for (const [i, image] of inputs.entries()) {
       setStatus("running", `Image ${i + 1} of ${inputs.length}…`);
-      const auditId = plan.audit && audited === null ? plan.audit.id : null;
+      const auditId = plan.audit && !asked ? plan.audit.id : null;
       const { audit_input: input, ...answer } = await classify(plan, head, image.blob, token, auditId);
-      if (auditId !== null) audited = input;
+      if (auditId !== null) [asked, audited] = [true, input];
       const result = { name: image.name, ...answer };
       run.results.push(result);
       const t = result.times;
@@ -314,6 +319,10 @@ async function runForm(event) {
     window.qpartLastRun = run;
     setStatus("done", `Done: ${inputs.length} image(s), cut ${plan.cut}, ${plan.activation_bits}-bit activation.`);
     if (audited !== null) audit(plan, audited, token, run, which); // after every answer, not awaited
+    else if (asked) {
+      run.audit = "failed: the tail answer named no sample to audit";
+      showAudit("failed", `audit: ${run.audit}`);
+    }
   } catch (error) {
     setStatus("error", `Error: ${error.message}`);
   } finally {

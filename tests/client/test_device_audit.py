@@ -77,9 +77,8 @@ def test_a_consenting_device_completes_an_audit(server, tmp_path, kind):
     assert run.plan.audit is not None and run.plan.cut > 0, run.plan  # a head ran on the device
     assert run.audit == "queued"
     assert len(run.predictions) == 5
-    assert _wait_for(server.url, "qpart_audit_samples_total", before + 5) == before + 5
-    agreed = _series(server.url, "qpart_audit_agreed_total")
-    assert 0 <= agreed <= before + 5
+    # one sample per audit, the one the tail answer named
+    assert _wait_for(server.url, "qpart_audit_samples_total", before + 1) == before + 1
 
 
 @pytest.mark.parametrize("kind", ["torch", "onnx"])

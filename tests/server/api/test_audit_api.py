@@ -34,15 +34,18 @@ def _counts(client) -> dict[str, float]:
             for name in COUNTS}
 
 
-def _answered(client, batch: int = 3, seed: int = 0) -> tuple[dict, np.ndarray, list[int]]:
-    """An audited plan whose tail request was answered: (plan, the raw inputs, the answers' top-1)."""
+def _answered(client, batch: int = 3, seed: int = 0) -> tuple[dict, np.ndarray, int]:
+    """An audited plan whose tail request was answered: (plan, the audited sample's raw input
+    ``[1, ...]``, the top-1 answer it got). The answer names the sample (Qpart-Audit-Sample)."""
     plan = client.post("/v1/plan", json={**PLAN, "batch": batch}).json()
     assert plan["audit"] is not None and plan["cut"] == 0, plan  # cut 0: the packet is the input
     x = np.random.default_rng(seed).random((batch, 1, 28, 28), dtype=np.float32)
     answer = client.post(plan["infer_url"], content=encode_for_plan(x, PlanResponse.model_validate(plan)),
                          headers={"Qpart-Audit": plan["audit"]["id"]})
     assert answer.status_code == 200, answer.text
-    return plan, x, [r["top_k"][0]["label"] for r in answer.json()["results"]]
+    i = int(answer.headers["Qpart-Audit-Sample"])
+    assert 0 <= i < batch
+    return plan, x[i : i + 1], answer.json()["results"][i]["top_k"][0]["label"]
 
 
 def _wait_checked(client, samples: float) -> dict[str, float]:
@@ -52,19 +55,20 @@ def _wait_checked(client, samples: float) -> dict[str, float]:
     return counts
 
 
-def test_an_audit_compares_the_float_model_with_the_answers_given(client):
+@pytest.mark.parametrize("seed", range(6))
+def test_an_audit_compares_the_float_model_with_the_answer_given(client, seed):
     before = _counts(client)
-    plan, x, served = _answered(client, batch=4, seed=1)
+    plan, x, served = _answered(client, batch=4, seed=seed)
     receipt = client.post(plan["audit"]["url"], content=encode_float_activation(x))
-    assert receipt.status_code == 202 and receipt.json() == {"audit": plan["audit"]["id"], "samples": 4,
+    assert receipt.status_code == 202 and receipt.json() == {"audit": plan["audit"]["id"], "samples": 1,
                                                              "queued": True}
     full = client.post("/v2/models/fmnist-cnn/infer", json={"inputs": [
         {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}).json()
-    float_top1 = np.asarray(full["outputs"][0]["data"]).reshape(4, -1).argmax(1)
-    after = _wait_checked(client, before["qpart_audit_samples_total"] + 4)
-    assert after["qpart_audit_samples_total"] - before["qpart_audit_samples_total"] == 4
+    float_top1 = int(np.asarray(full["outputs"][0]["data"]).argmax())
+    after = _wait_checked(client, before["qpart_audit_samples_total"] + 1)
+    assert after["qpart_audit_samples_total"] - before["qpart_audit_samples_total"] == 1  # one per audit
     agreed = after["qpart_audit_agreed_total"] - before["qpart_audit_agreed_total"]
-    assert agreed == int((float_top1 == np.asarray(served)).sum())
+    assert agreed == int(float_top1 == served)
     text = client.get("/metrics").text
     # The committed artifact's metric is top1-drop: its level bounds a drop, not this disagreement, so
     # no promised level is exported for the promise alert to compare with (the ADR says why).
@@ -92,8 +96,8 @@ def _bad_uploads(client) -> None:
     before = _counts(client)
     cases = [
         ("/v1/audits/AAAAAAAAAAAAAAAAAAAAAAAA", encode_float_activation(x), 404, "no audit"),
-        (url, encode_float_activation(x[:1]), 400, "shape [2, 1, 28, 28]"),  # not the samples answered
-        (url, encode_float_activation(np.concatenate([x, x])), 413, "bytes"),
+        (url, encode_float_activation(x.reshape(1, 1, 14, 56)), 400, "shape [1, 1, 28, 28]"),
+        (url, encode_float_activation(np.concatenate([x, x])), 413, "bytes"),  # the whole request
         (url, encode_quantized_activation(x, 8, 196), 400, "float32"),
         (url, b"\x00" * 64, 400, "invalid audit input"),
         (url, b"", 400, "invalid audit input"),
@@ -108,8 +112,11 @@ def _bad_uploads(client) -> None:
     assert _counts(client) == before
     # the audit stayed open through the refusals: the right upload is taken, a second one refused
     assert client.post(url, content=encode_float_activation(x)).status_code == 202
+    taken = _wait_checked(client, before["qpart_audit_samples_total"] + 1)
     again = client.post(url, content=encode_float_activation(x))
     assert again.status_code == 409 and "already" in again.json()["error"]
+    time.sleep(0.2)
+    assert _counts(client) == taken
 
 
 def test_an_upload_before_the_answer_is_refused(client):
@@ -123,9 +130,12 @@ def test_an_upload_before_the_answer_is_refused(client):
 def test_an_expired_audit_is_gone(cnn_only):
     with make_client(cnn_only, audit_rate=1.0, audit_ttl_s=0.2) as short:
         plan, x, _ = _answered(short, batch=1)
+        before = _counts(short)
         time.sleep(0.3)
         answer = short.post(plan["audit"]["url"], content=encode_float_activation(x))
         assert answer.status_code == 410 and "QPART_AUDIT_TTL_S" in answer.json()["error"]
+        time.sleep(0.2)
+        assert _counts(short) == before
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
@@ -174,12 +184,13 @@ def test_a_full_audit_queue_drops_and_counts(cnn_only):
 
 def test_a_consenting_request_is_priced_its_expected_audit_upload(cnn_only):
     from qpart.kernels.wire import float_packet_bytes
+    from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES
 
     with make_client(cnn_only, audit_rate=0.25) as c:
         body = {**PLAN, "batch": 8, "device": "raspberry-pi-4"}
         plain = c.post("/v1/plan", json={**body, "audit": False}).json()["predicted"]
         audited = c.post("/v1/plan", json=body).json()["predicted"]
-    extra = 0.25 * float_packet_bytes((8, 1, 28, 28))
+    extra = 0.25 * (float_packet_bytes((1, 1, 28, 28)) + HTTP_EXCHANGE_BYTES)  # one sample, one exchange
     assert audited["transfer_bytes"] - plain["transfer_bytes"] == pytest.approx(extra, abs=1)
     assert audited["time_s"] == plain["time_s"]  # after the answer: not in its time
     assert audited["energy_j"]["transfer"] > plain["energy_j"]["transfer"]

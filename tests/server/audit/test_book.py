@@ -38,7 +38,7 @@ def test_the_rate_decides_which_plans_are_audited():
 def test_at_most_open_max_audits_are_open():
     book, clock = _book(open_max=3)
     assert all(_issue(book) is not None for _ in range(3))
-    assert _issue(book) is None and book.skipped_full == 1
+    assert _issue(book) is None and book.skipped_full == {"m": 1}
     clock.now = 11  # all three expire: room again
     assert _issue(book) is not None and book.open_count() == 1
 
@@ -48,11 +48,12 @@ def test_an_upload_needs_the_answer_first_and_comes_once():
     ticket = _issue(book)
     with pytest.raises(ConflictError, match="no answer yet"):
         book.take(ticket.id)
-    assert not book.record(ticket.id, "m", "v", "other-pattern", np.array([1]))  # another plan's request
-    assert book.record(ticket.id, "m", "v", "p", np.array([3, 4]))
-    assert not book.record(ticket.id, "m", "v", "p", np.array([5]))  # a second tail request: ignored
+    assert book.record(ticket.id, "m", "v", "other-pattern", np.array([1])) is None  # another plan's
+    sample = book.record(ticket.id, "m", "v", "p", np.array([3, 4]))
+    assert sample in (0, 1)
+    assert book.record(ticket.id, "m", "v", "p", np.array([5])) is None  # a second tail request: ignored
     taken = book.take(ticket.id)
-    assert taken.answers.tolist() == [3, 4]
+    assert taken.answers.tolist() == [[3, 4][sample]] and taken.sample == sample
     with pytest.raises(ConflictError, match="already"):
         book.take(ticket.id)
     assert book.open_count() == 0  # its slot is free once taken
@@ -67,7 +68,18 @@ def test_unknown_and_expired_audits_are_told_apart():
     clock.now = 10.5
     with pytest.raises(GoneError, match="QPART_AUDIT_TTL_S"):
         book.take(ticket.id)
-    assert not book.record(ticket.id, "m", "v", "p", np.array([1]))
+    assert book.record(ticket.id, "m", "v", "p", np.array([1])) is None
+
+
+def test_one_sample_of_a_request_is_audited_each_equally_often():
+    book, _ = _book(open_max=10_000)
+    picked = []
+    for _ in range(4000):
+        ticket = _issue(book)
+        picked.append(book.record(ticket.id, "m", "v", "p", np.arange(4)))
+        book.take(ticket.id)
+    assert sorted(set(picked)) == [0, 1, 2, 3]
+    assert all(900 < picked.count(i) < 1100 for i in range(4))
 
 
 def test_remembered_ids_are_bounded():
@@ -96,8 +108,8 @@ def test_the_worker_waits_for_the_tails_to_be_quiet():
     worker = AuditWorker(live, max_queue=4, idle_s=lambda: 0.0 if busy.is_set() else 1.0, quiet_s=0.01)
     book, _ = _book()
     ticket = _issue(book)
-    book.record(ticket.id, "m", "v", "p", np.array([1, 2]))
-    job = AuditJob(book.take(ticket.id), np.zeros((2, 3), np.float32), lambda x: np.array([1, 0]))
+    book.record(ticket.id, "m", "v", "p", np.array([7]))
+    job = AuditJob(book.take(ticket.id), np.zeros((1, 3), np.float32), lambda x: np.array([0]))
     try:
         assert worker.submit(job)
         time.sleep(0.2)
@@ -107,6 +119,6 @@ def test_the_worker_waits_for_the_tails_to_be_quiet():
         while worker.checked == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         (view,) = live.snapshot()
-        assert (view.audited, view.agreed) == (2, 1)
+        assert (view.audited, view.agreed) == (1, 0)
     finally:
         worker.close()

@@ -160,7 +160,8 @@ def infer(
         help="Image files (JPEG, PNG, WebP, …), made into the model's input as its card declares (the "
         "preprocessing the server announces in /v2 metadata).")] = None,
     model: Annotated[str, typer.Option(help="Model to run.")] = "fmnist-cnn",
-    demand: Annotated[float, typer.Option(help="Max accepted top-1 drop, e.g. 0.01 for 1%.")] = 0.01,
+    demand: Annotated[float, typer.Option(help="Max accepted level in the model's metric (its card's "
+                                                "promise: top-1 drop by default), e.g. 0.01 for 1%.")] = 0.01,
     idx: Annotated[Path | None, typer.Option(help="IDX images file (.gz or raw) instead of images.")] = None,
     labels: Annotated[Path | None, typer.Option(help=(
         "Labels of the inputs, in their order, to also report accuracy: an IDX1 file (.gz or raw), a "

@@ -37,6 +37,9 @@ from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.devices import DeviceProfile
 
 _T = TypeVar("_T")
+NOT_MARKED = ("not marked: the server audits none (QPART_AUDIT_RATE 0) or did not draw this plan; an "
+              "all-device or input-image plan is never audited")
+"""What a consenting run reports when its plan carries no audit."""
 DEFAULT_RATE_BPS = 10e6
 MAX_UPLOAD_BATCH = 64
 
@@ -243,7 +246,7 @@ class DeviceClient:
             return self.infer(images, model, demand, rate_bps=rate_bps, preset=preset, deadline_s=deadline_s,
                               progress=progress)
         body, encode_s = encoded
-        run = InferenceRun(plan)
+        run = InferenceRun(plan, audit=NOT_MARKED if self.settings.audit else None)
         t1 = time.perf_counter()  # after the encoding, where it came after the plan
         answer = self._post(plan, body, {"Content-Type": plan.upload_content_type})
         run.uploaded_bytes = len(body)
@@ -391,4 +394,6 @@ class DeviceClient:
         if asked:  # after every answer: the audit never delays one
             run.audit = ("failed: the tail answer named no sample to audit" if audited is None
                          else upload_audit(self.transport, plan, audited))
+        elif self.settings.audit:
+            run.audit = NOT_MARKED
         return run

@@ -51,6 +51,15 @@ def load_engine(settings: ServerSettings) -> Engine:
     return engine
 
 
+def _log_start(catalog: Catalog, settings: ServerSettings) -> None:
+    """One line per model version, and whether live audits are on (ADR 0024)."""
+    for entry in catalog.entries:
+        log.info("model %s version %s: %s", entry.name, entry.version,
+                 "ready" if entry.ready else f"NOT READY ({entry.reason})")
+    if settings.audit_rate > 0:
+        log.info("live audits: %g of the plans whose device consents (QPART_AUDIT_RATE)", settings.audit_rate)
+
+
 def create_app(settings: ServerSettings) -> FastAPI:
     """Build the app. Models load in the lifespan hook; readiness is 503 until they have."""
     store = SegmentStore(settings.segment_cache_bytes)
@@ -63,9 +72,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         await asyncio.to_thread(engine.warm_up)
         freeze_long_lived()
         app.state.engine = engine
-        for entry in catalog.entries:
-            log.info("model %s version %s: %s", entry.name, entry.version,
-                     "ready" if entry.ready else f"NOT READY ({entry.reason})")
+        _log_start(catalog, settings)
         try:
             yield
         finally:

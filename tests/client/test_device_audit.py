@@ -129,3 +129,14 @@ def test_the_command_line_consents_with_a_flag_and_says_what_came_of_it(server, 
     doc = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=120,
                                     check=True).stdout)
     assert doc["audit"] is None and doc["plan"].get("audit") is None  # not consented: nothing sent
+
+
+def test_a_consenting_run_says_when_its_plan_was_not_marked(cnn_only, tmp_path):
+    off = LiveServer(cnn_only)  # QPART_AUDIT_RATE unset: nothing is audited
+    try:
+        off.wait_ready()
+        with _device("torch", off, tmp_path, audit=True) as device:
+            run = device.infer(read_idx_images(IMAGES, limit=2), "fmnist-cnn", 0.02)
+    finally:
+        off.stop()
+    assert run.plan.audit is None and run.audit is not None and run.audit.startswith("not marked")

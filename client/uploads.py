@@ -1,5 +1,5 @@
 """What a device uploads: the activation packet as the plan says (quantized, maybe compressed), and an
-audited plan's raw inputs after the answer (ADR 0024)."""
+audited plan's one raw input after the answers (ADR 0024)."""
 
 from __future__ import annotations
 

@@ -235,8 +235,8 @@ class Engine:
         packet's dequantization, are the answer's ``decode_s`` and part of its ``compute_s``, as an
         input-image plan's decoding is (:meth:`infer_image`): server work, not transfer. Plans
         price it by what served packets took (:mod:`server.tails.decode_times`). ``audit``: the
-        request's ``Qpart-Audit`` header; the answers are recorded for that audit (ADR 0024), and
-        an id that names no open audit of this plan changes nothing."""
+        request's ``Qpart-Audit`` header: one of its samples is picked and its answer recorded for that
+        audit (ADR 0024), and an id that names no open audit of this plan changes nothing."""
         model, pattern = self.pattern_of(name, version, pattern_id)
         started = time.perf_counter()
         if len(packet) <= _INLINE_DECODE_BYTES:  # microseconds: cheaper than a thread hop
@@ -290,9 +290,9 @@ class Engine:
         return logits, model
 
     def audit_upload(self, audit_id: str, body: bytes) -> tuple[int, bool]:
-        """An audit's raw inputs: checked against the answers its tail request got and queued for the
-        float model, off the hot path (ADR 0024). (samples, queued: False when dropped as the audit
-        queue is full; counted)."""
+        """An audit's raw input (the sample its answer named): checked against the answer it got and
+        queued for the float model, off the hot path (ADR 0024). (samples, queued: False when dropped
+        as the audit queue is full; counted)."""
         def top_one(model: LoadedModel) -> Callable[[np.ndarray], np.ndarray]:
             run = self.tails.runner(model, 0)  # the whole float model
             return lambda x: run(x).order[:, 0]

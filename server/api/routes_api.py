@@ -218,10 +218,11 @@ async def infer_tail(
 async def audit_upload(
     audit_id: Annotated[str, Field(max_length=64, pattern=AUDIT_ID)], request: Request, engine: EngineDep,
 ) -> Response:
-    """Body: the raw input of the audit's tail request as a float32 activation packet
-    (kernels/wire.py) of shape ``[samples, *input_shape]``, the samples that request sent. The
-    server runs the float model on it off the hot path, compares its top-1 with the answers it
-    gave, and discards it. 202 once taken (``queued: false``: dropped unchecked under load)."""
+    """Body: the raw input of the one sample of the audit's tail request that its answer named in
+    ``Qpart-Audit-Sample``, as a float32 activation packet (kernels/wire.py) of shape
+    ``[1, *input_shape]``. The server runs the float model on it off the hot path, compares its
+    top-1 with the answer it gave, and discards it. 202 once taken (``queued: false``: dropped
+    unchecked under load)."""
     return audit_upload_response(engine, audit_id, await read_body(request),
                                  request.headers.getlist("content-encoding"))
 

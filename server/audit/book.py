@@ -1,8 +1,9 @@
 """Which plans are audited, and what each audit has seen so far (ADR 0024).
 
 An audit is issued with a plan the device consented to audit, at the rate QPART_AUDIT_RATE; the
-tail request that names it (the ``Qpart-Audit`` header) records the top-1 answers it gave; the
-device's upload of the raw input then takes it, once. Everything is bounded: at most
+tail request that names it (the ``Qpart-Audit`` header) has one of its samples picked at random and
+the top-1 answer it gave recorded; the device's upload of that sample's raw input then takes it,
+once. Everything is bounded: at most
 QPART_AUDIT_OPEN_MAX audits are open, each for QPART_AUDIT_TTL_S, and as many expired and as many
 finished ids are remembered (to say 410 or 409 rather than 404).
 """
@@ -35,6 +36,7 @@ class Ticket:
     expires: float  # on the book's clock
     answers: np.ndarray | None = field(default=None, repr=False)  # the audited sample's top-1 answer, [1]
     sample: int | None = None  # which sample of its tail request is audited (chosen at random)
+    batch: int = 0  # the samples of that tail request
     uploaded: bool = False
     ttl_s: float = 0.0  # how long it was open for when issued
     promised: bool = False  # the level bounds this disagreement (a top1-agreement artifact)
@@ -81,10 +83,12 @@ class AuditBook:
         with self._lock:
             self._prune()
             ticket = self._open.get(audit_id)
-            if (ticket is None or ticket.answers is not None or ticket.model != model
-                    or ticket.version != version or ticket.pattern_id != pattern_id or len(answers) < 1):
+            if (ticket is None or ticket.model != model or ticket.version != version
+                    or ticket.pattern_id != pattern_id or len(answers) < 1):
                 return None
-            ticket.sample = self._rng.randrange(len(answers))
+            if ticket.answers is not None:  # answered before: a retry of that request keeps its pick
+                return ticket.sample if len(answers) == ticket.batch else None
+            ticket.sample, ticket.batch = self._rng.randrange(len(answers)), len(answers)
             ticket.answers = np.array(answers[ticket.sample : ticket.sample + 1], dtype=np.int64)
             return ticket.sample
 

@@ -39,7 +39,7 @@ TopOne = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class AuditJob:
-    """An audit to check: its ticket (with the answers given), the raw inputs, the float model."""
+    """An audit to check: its ticket (with the answer given), the sample's raw input, the float model."""
 
     ticket: Ticket
     inputs: np.ndarray
@@ -61,7 +61,8 @@ class KeptInputs:
         """Save each disagreeing sample with its plan's name and both answers in the file name."""
         assert ticket.answers is not None
         for i in np.flatnonzero(float_top1 != ticket.answers):
-            name = (f"audit-{time.time_ns()}-{ticket.id[:8]}-{i}-{ticket.model}-{ticket.version}-"
+            name = (f"audit-{time.time_ns()}-{ticket.id[:8]}-sample{ticket.sample}-{ticket.model}-"
+                    f"{ticket.version}-"
                     f"level{ticket.level:g}-served{ticket.answers[i]}-float{float_top1[i]}.npy")
             path = self.folder / "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the server's user only
@@ -124,6 +125,17 @@ class AuditWorker:
                     if (job := self._queue.get_nowait()) is not None:
                         self.dropped[(job.ticket.model, "shutdown")] += 1
         thread.join(timeout_s)
+        self._count_left()
+
+    def _count_left(self) -> None:
+        """Count what is still queued as dropped at shutdown."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self.dropped[(job.ticket.model, "shutdown")] += 1
 
     def _start(self) -> None:
         if self._thread is not None:
@@ -152,14 +164,15 @@ class AuditWorker:
         meanwhile). Woken when the tails go idle, else every :data:`POLL_S`: an audit starts in the
         tails' gaps; once started it runs to its end (one sample's float model), beside any answer
         that arrives meanwhile."""
-        while self._idle_s is not None and (idle := self._idle_s()) < self._quiet_s:
-            if self._stopping.is_set():
-                return False
+        while self._idle_s is not None and not self._stopping.is_set():
+            self._went_idle.clear()  # before reading: a batch that ends after the read sets it again
+            idle = self._idle_s()  # 0: a tail runs or waits now
+            if idle > 0 and idle >= self._quiet_s:
+                break
             if idle > 0:  # quiet already, not yet long enough
                 time.sleep(self._quiet_s - idle)
-                continue
-            self._went_idle.clear()
-            self._went_idle.wait(POLL_S)
+            else:
+                self._went_idle.wait(POLL_S)
         return not self._stopping.is_set()
 
     def check(self, job: AuditJob) -> None:

@@ -18,6 +18,7 @@ const SAMPLES = [[19, 0], [2, 1], [1, 2], [13, 3], [6, 4], [8, 5], [4, 6], [9, 7
 const PHASES = ["download", "session", "preprocess", "head", "encode", "upload", "server"];
 const AUDIT_HEADER = "Qpart-Audit"; // server.schemas.AUDIT_HEADER
 const AUDIT_SAMPLE_HEADER = "Qpart-Audit-Sample"; // server.schemas.AUDIT_SAMPLE_HEADER
+const NOT_MARKED = "not marked: the server audits none or did not draw this plan"; // client.device.NOT_MARKED
 
 ort.env.wasm.numThreads = 1;
 ort.env.wasm.proxy = false;
@@ -185,8 +186,8 @@ export async function classify(plan, head, blob, token, auditId = null) {
   return { ...result, audit_input: sample === "0" ? x : null };
 }
 
-/** Upload an audited plan's model input `x` ({data, dims}: the samples of the tail request that
- * named the audit) to its audit URL as a float32 packet: "queued", "dropped" (the server was busy)
+/** Upload an audited plan's model input `x` ({data, dims}: the one sample the tail answer named in
+ * Qpart-Audit-Sample) to its audit URL as a float32 packet: "queued", "dropped" (the server was busy)
  * or "failed: <why>". Never throws: an audit's outcome changes no answer. */
 export async function uploadAudit(plan, x, token) {
   try {
@@ -287,15 +288,17 @@ async function runForm(event) {
     const token = $("token").value.trim();
     const inputs = await images();
     const t0 = performance.now();
+    const consented = $("audit").checked;
     const plan = await requestPlan({
       model: $("model").value.trim(), demand: Number($("demand").value), rateMbps: Number($("rate").value),
-      device: $("device").value, weights: $("weights").value, token, audit: $("audit").checked,
+      device: $("device").value, weights: $("weights").value, token, audit: consented,
     });
     const planS = (performance.now() - t0) / 1000;
     setStatus("running", `Plan: cut ${plan.cut}; loading the head…`);
     const head = await loadHead(plan, token);
     const run = { plan, isolated: globalThis.crossOriginIsolated === true, plan_s: planS, download_s: head.download_s, session_s: head.session_s,
-      downloaded_bytes: head.bytes, results: [], audit: plan.audit ? "pending" : null };
+      downloaded_bytes: head.bytes, results: [],
+      audit: plan.audit ? "pending" : consented ? NOT_MARKED : null };
     let audited = null; // the model input of the sample the plan's audit checks
     let asked = false; // a tail request named the audit
     showPlan(plan, head);

@@ -140,3 +140,39 @@ def test_a_consenting_run_says_when_its_plan_was_not_marked(cnn_only, tmp_path):
     finally:
         off.stop()
     assert run.plan.audit is None and run.audit is not None and run.audit.startswith("not marked")
+
+
+def test_the_uploaded_sample_is_the_one_the_answer_named(server, tmp_path, monkeypatch):
+    from qpart.client import device as device_module
+
+    named: list[tuple[np.ndarray, str | None, np.ndarray | None]] = []
+    sent: list[np.ndarray] = []
+    real_pick, real_upload = device_module.audit_sample, device_module.upload_audit
+
+    def pick(batch, header):
+        chosen = real_pick(batch, header)
+        named.append((batch, header, chosen))
+        return chosen
+
+    def upload(transport, plan, inputs):
+        sent.append(inputs)
+        return real_upload(transport, plan, inputs)
+
+    monkeypatch.setattr(device_module, "audit_sample", pick)
+    monkeypatch.setattr(device_module, "upload_audit", upload)
+    images = np.random.default_rng(9).random((6, 3, 64, 64), dtype=np.float32)
+    with _device("torch", server, tmp_path, audit=True) as device:
+        run = device.infer(images, "fmnist-mobilenet", 0.02, rate_bps=SLOW_LINK)
+    ((batch, header, chosen),) = named
+    assert run.audit == "queued" and header is not None and header.isdigit()
+    assert len(batch) == 6 and np.array_equal(chosen, batch[int(header) : int(header) + 1])
+    assert len(sent) == 1 and np.array_equal(sent[0], chosen)
+
+
+def test_a_header_that_names_no_sample_uploads_nothing():
+    from qpart.client.uploads import audit_sample
+
+    batch = np.arange(12, dtype=np.float32).reshape(4, 3)
+    assert audit_sample(batch, "2").tolist() == [[6.0, 7.0, 8.0]]
+    for header in (None, "", "4", "-1", "1.5", "x", "٣", "9" * 7):
+        assert audit_sample(batch, header) is None, header

@@ -194,3 +194,11 @@ def test_a_consenting_request_is_priced_its_expected_audit_upload(cnn_only):
     assert audited["transfer_bytes"] - plain["transfer_bytes"] == pytest.approx(extra, abs=1)
     assert audited["time_s"] == plain["time_s"]  # after the answer: not in its time
     assert audited["energy_j"]["transfer"] > plain["energy_j"]["transfer"]
+
+
+def test_plans_drawn_while_every_slot_is_open_are_counted(cnn_only):
+    with make_client(cnn_only, audit_rate=1.0, audit_open_max=1) as c:
+        assert c.post("/v1/plan", json=PLAN).json()["audit"] is not None
+        assert c.post("/v1/plan", json=PLAN).json()["audit"] is None  # the one slot is taken
+        text = c.get("/metrics").text
+    assert re.search(r'^qpart_audits_skipped_total\{model="fmnist-cnn"\} 1\.0$', text, re.M), text

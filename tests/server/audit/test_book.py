@@ -122,3 +122,60 @@ def test_the_worker_waits_for_the_tails_to_be_quiet():
         assert (view.audited, view.agreed) == (1, 0)
     finally:
         worker.close()
+
+
+def test_a_retried_tail_request_is_told_the_same_sample():
+    book, _ = _book()
+    ticket = _issue(book)
+    first = book.record(ticket.id, "m", "v", "p", np.array([3, 4, 5]))
+    assert book.record(ticket.id, "m", "v", "p", np.array([9, 9, 9])) == first  # its answer was lost
+    assert book.record(ticket.id, "m", "v", "p", np.array([9])) is None  # another request
+    assert book.take(ticket.id).answers.tolist() == [[3, 4, 5][first]]  # the first answer stands
+
+
+def _job(book: AuditBook):
+    from qpart.server.audit import AuditJob
+
+    ticket = _issue(book)
+    book.record(ticket.id, "m", "v", "p", np.array([7]))
+    return AuditJob(book.take(ticket.id), np.zeros((1, 3), np.float32), lambda x: np.array([7]))
+
+
+def test_audits_queued_at_shutdown_are_counted():
+    import threading
+
+    from qpart.server.audit import AuditWorker, LiveDisagreement
+
+    busy = threading.Event()
+    busy.set()
+    worker = AuditWorker(LiveDisagreement(0.01), max_queue=8, idle_s=lambda: 0.0, quiet_s=0.01)
+    book, _ = _book(open_max=100)
+    for _ in range(6):
+        assert worker.submit(_job(book))
+    worker.close()
+    assert worker.checked == 0 and worker.dropped == {("m", "shutdown"): 6} and worker.depth() == 0
+
+
+def test_the_worker_wakes_when_the_tails_go_idle():
+    import threading
+    import time
+
+    from qpart.server.audit import AuditWorker, LiveDisagreement
+
+    idle = {"s": 0.0}
+    went_idle = threading.Event()
+    worker = AuditWorker(LiveDisagreement(0.01), max_queue=8, idle_s=lambda: idle["s"], quiet_s=0.0,
+                         went_idle=went_idle)
+    book, _ = _book()
+    try:
+        assert worker.submit(_job(book))
+        time.sleep(0.12)  # busy: two polls pass, nothing checked
+        assert worker.checked == 0
+        idle["s"] = 1.0
+        went_idle.set()  # what the batcher does when a batch ends with none waiting
+        started = time.monotonic()
+        while worker.checked == 0 and time.monotonic() - started < 5:
+            time.sleep(0.001)
+        assert worker.checked == 1 and time.monotonic() - started < 0.03  # woken, not the 50 ms poll
+    finally:
+        worker.close()

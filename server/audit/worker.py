@@ -116,14 +116,13 @@ class AuditWorker:
         self._stopping.set()
         if thread is None:
             return
-        while True:  # make room for the stop sign
+        while True:  # empty the queue (counted), then the stop sign goes in
+            self._count_left()
             try:
                 self._queue.put_nowait(None)
                 break
-            except queue.Full:
-                with contextlib.suppress(queue.Empty):
-                    if (job := self._queue.get_nowait()) is not None:
-                        self.dropped[(job.ticket.model, "shutdown")] += 1
+            except queue.Full:  # an audit came meanwhile
+                continue
         thread.join(timeout_s)
         self._count_left()
 

@@ -106,9 +106,13 @@ class Batcher(Generic[K, R]):
     def idle_s(self) -> float:
         """Seconds since the last batch ended, with none running or waiting now (0: busy; the
         start-up's infinity before any batch). Read from other threads too: a snapshot."""
-        if self._running or any(lane.waiting for lane in list(self._lanes.values())):
+        if not self._quiet():
             return 0.0
         return time.perf_counter() - self._last_end
+
+    def _quiet(self) -> bool:
+        """No batch runs and no sample waits, now."""
+        return not self._running and not any(lane.waiting for lane in list(self._lanes.values()))
 
     def stalled(self) -> list[K]:
         """Keys whose collector is not running (it died and is not restarted yet)."""
@@ -227,7 +231,7 @@ class Batcher(Generic[K, R]):
             ended = time.perf_counter()
             self._running -= 1
             self._last_end = max(self._last_end, ended)
-            if not self._running and not any(lane.waiting for lane in self._lanes.values()):
+            if self._quiet():
                 self.went_idle.set()  # a background job waiting for quiet may look now
         compute_s = ended - started
         if self._starts != starts:

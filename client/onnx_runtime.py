@@ -12,10 +12,16 @@ kernels, so the packet is the one the torch device sends.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+
+# ONNX Runtime 1.29 and later upload usage events to Microsoft on Linux too, and write a session file
+# into $TMPDIR, unless this is set before it loads; a device sends nothing anywhere unasked
+# (docs/guide/devices.md). Set it to 0 to let it.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 import numpy as np
 import numpy.typing as npt

@@ -21,6 +21,7 @@ import copy
 import functools
 import hashlib
 import importlib.util
+import os
 import re
 import warnings
 
@@ -119,6 +120,9 @@ def onnxruntime_installed() -> bool:
 
 def _run_refusal(head: fx.GraphModule, input_shape: tuple[int, ...], data: bytes) -> str | None:
     """Run the segment with ONNX Runtime and compare it with the torch head."""
+    # ONNX Runtime 1.29 and later upload usage events to Microsoft on Linux too, and write a session
+    # file into $TMPDIR; this product sends nothing anywhere unasked (docs/guide/devices.md).
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     import onnxruntime as ort  # noqa: PLC0415 (optional: an offline install without it checks less)
 
     options = ort.SessionOptions()

@@ -20,6 +20,10 @@ import httpx
 import numpy as np
 import pytest
 
+# ONNX Runtime's telemetry off in the tests as in the product (client.onnx_runtime, models.runtimes),
+# before any test module imports it, and in every process the tests start
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("QPART_TEST_ARTIFACTS", REPO / "artifacts"))
 

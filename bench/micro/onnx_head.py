@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # as the product's devices do (client.onnx_runtime)
 
 import numpy as np
 import onnxruntime as ort

@@ -33,6 +33,7 @@ from qpart.offline.ltt import make_promise
 from qpart.offline.memory import keep_freed_memory, peak_rss_mib
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
+from qpart.offline.pruning import check_named_cuts, decide_cuts
 from qpart.offline.records import data_record, splits
 from qpart.offline.runner import ModelRunner
 from qpart.offline.samples import Data, held_samples
@@ -235,12 +236,15 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
                          largest_group=settings.activation_group, device=settings.device)
     settings, sources = _checked(spec, settings, sources or open_sources(spec, settings),
                                  runner.cuts[-1].numel)
+    if isinstance(settings.cuts, tuple):
+        check_named_cuts(settings.cuts, len(runner.cuts))  # before anything is written
     inputs = job_inputs(spec, settings, sources)
     check_writable(out_dir)
     if not fresh:
         Checkpoints.refuse_other_inputs(out_dir, inputs)
-    cuts = [c.index for c in runner.cuts if settings.cuts is None or c.index in settings.cuts]
-    workers = resolve_workers(settings, len(cuts))
+    # workers from the cuts the job may calibrate at most: the same for any choice (float rounding)
+    workers = resolve_workers(settings, len(settings.cuts) + 1 if isinstance(settings.cuts, tuple)
+                              else len(runner.cuts))
     processes = 1 + workers if workers > 1 and executor is None else 1
     # one copy of the samples per process: the job's and each local validation worker's; an image
     # that fails to decode is refused here, before anything is written to out_dir
@@ -259,13 +263,17 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         points = _mapping(st, sink, ck)
         lap("mapping")
         budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
+        profiles = runner.cut_profiles(spec.input_shape)
+        choice = decide_cuts(st, profiles, budgets, sink.start, ck)
+        cuts = choice.calibrated
+        lap("cut_choice")
         records = {c: r for c in cuts if (r := ck.load(f"cut-{c}")) is not None}
         patterns, baseline = all_patterns(
             spec, st, cuts, Plan(budgets, points), workers,
             sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)),
             records, lambda cut, rec: ck.save(f"cut-{cut}", rec), executor)
         lap("validation")
-        ratios = _coding(runner, data, sink, ck)
+        ratios = _coding(runner, data, sink, ck, cuts)
         lap("coding")
         if (ladder := job_ladder(spec, sources, settings, sink.start, ck.load, ck.save)) is not None:
             lap("images")
@@ -281,23 +289,24 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
                       "workers": workers},
             tensors=[WeightTensor(name=t.name, shape=list(t.shape), params=t.params, channels=t.shape[0])
                      for t in runner.tensors],
-            cuts=runner.cut_profiles(spec.input_shape),
+            cuts=profiles,
             weight_noise=tables[0], activation_noise=tables[1], noise_budgets=budgets,
             accuracy_points=points, additivity_error=_additivity(points), patterns=patterns,
             baseline_qpart_paper=baseline, timing_s=timing, promise=make_promise(settings),
-            image_ladder=ladder, lossless_levels=list(lossless_levels(settings)))
+            image_ladder=ladder, lossless_levels=list(lossless_levels(settings)), cut_choice=choice)
         artifact = with_coding_ratios(artifact, ratios)
         _write(spec, artifact, agreement, out_dir, ck)
         return artifact
 
 
-def _coding(runner: ModelRunner, data: Data, sink: ProgressSink, ck: Checkpoints) -> CodingRatios:
+def _coding(runner: ModelRunner, data: Data, sink: ProgressSink, ck: Checkpoints,
+            cuts: list[int]) -> CodingRatios:
     saved = ck.load("coding")
     if saved is not None:
         return {Coding(c): [{int(b): r for b, r in per_bits.items()} for per_bits in per_cut]
                 for c, per_cut in saved.items()}
     advance = sink.start("upload coding", len(runner.cuts))
-    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES], advance)
+    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES], advance, only=cuts)
     ck.save("coding", {c.value: per_cut for c, per_cut in ratios.items()})
     return ratios
 

@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from qpart.models.metrics import DEFAULT_METRIC, get_metric
+from qpart.offline.report_cuts import cut_choice_lines
 from qpart.profiles.artifacts import (
     FLOAT_BITS,
     CalibrationArtifact,
@@ -315,7 +316,7 @@ def markdown(artifact: CalibrationArtifact) -> str:
         lines.append(f"| {name} | {v['patterns']} | {v['violations']} | "
                      f"{pct(margin if isinstance(margin, float) else None)} |")
     last = len(artifact.cuts) - 1
-    lines += ["", "![measured vs requested](drops.png)", "", "## Patterns", "",
+    lines += ["", "![measured vs requested](drops.png)", "", *cut_choice_lines(artifact), "## Patterns", "",
               f"Activation: the uploaded activation's bits and bytes per sample ({NONE}: the last cut "
               "uploads nothing). Weights: the head segment. Passed: the ladder's rungs that passed on "
               "the check samples before the first failure, of all its rungs. Check bound: the upper "

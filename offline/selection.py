@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qpart.models.data import Dataset
 from qpart.offline.allocation import allocate, pattern_bits
 from qpart.offline.ltt import Test, fixed_sequence, grid_budget, grid_index, learn, rungs
+from qpart.offline.samples import Reference
 from qpart.offline.state import State, evaluate, is_lossless
 from qpart.offline.validation import PairedDrop
 from qpart.profiles.artifacts import FLOAT_BITS
@@ -77,3 +79,38 @@ def select(st: State, cut: int, level: float, budget: float, floor: int | None =
         return Selection({it.name: FLOAT_BITS for it in st.items[cut]}, None, len(candidates), 0, at)
     best = min(range(passed), key=lambda i: pattern_bits(st.items[cut], candidates[i]))
     return Selection(candidates[best], check(best), len(candidates), passed, at)
+
+
+def predicted_bits(st: State, cut: int, level: float, budget: float, probe: Probe) -> dict[str, int]:
+    """What (cut, level) is expected to end with, for deciding whether to calibrate the cut
+    (``offline.pruning``): the pattern the search starts from at the level's budget, or one or two
+    octaves below, the first that passes the level's test on ``probe``'s fit samples (counts scaled
+    to the check samples' number); float32 when none does. Fit samples only: the check samples stay
+    unread, so the promise is untouched."""
+    s = st.settings
+    test = Test(level, s.confidence, s.bound, scale_to=s.check_count)
+    start = grid_index(budget, s.ladder_steps)
+    for k in (start, start - s.ladder_steps, start - 2 * s.ladder_steps):
+        bits = _bits(st, cut, k)
+        if is_lossless(bits) or test.passes(evaluate(st, cut, bits, probe.samples, probe.ref, probe.cache)):
+            return bits
+    return {it.name: FLOAT_BITS for it in st.items[cut]}
+
+
+@dataclass
+class Probe:
+    """The first fit samples, on which :func:`predicted_bits` tests its guesses, with their counts."""
+
+    samples: Dataset
+    ref: Reference
+    cache: dict[str, PairedDrop]
+
+    @classmethod
+    def of(cls, st: State, count: int) -> Probe:
+        """The first ``count`` fit samples; all of them, with the job's fit counts (the mapping's
+        and the search's, so that no pattern runs twice on them), when there are no more."""
+        fit, ref = st.data.fit, st.data.fit_ref
+        if count >= len(fit):
+            return cls(fit, ref, st.fit_cache)
+        return cls(Dataset(fit.images[:count], fit.labels[:count], fit.split, fit.indices_sha256),
+                   Reference(ref.anchor[:count], ref.hits[:count]), {})

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from qpart.models.metrics import DEFAULT_METRIC, METRICS
 from qpart.offline.errors import CalibrationConfigError
+from qpart.profiles.devices import builtin_devices
 
 DEFAULT_LEVELS = (0.001, 0.0025, 0.005, 0.01, 0.02)
 LADDER = (-4, -2, -1, 0, 1, 2, 3)
 ADVANCED: dict[str, JsonValue] = {"advanced": True}
 """A setting's ``json_schema_extra`` when it is one of the job's internals, for those tuning the
 method rather than running it: shown apart in docs/configuration.md and ``qpart calibrate --help``."""
+
+CutSelection = Literal["auto", "all"] | tuple[int, ...]
+"""Which cuts a job calibrates (``offline.pruning``): auto (the envelope's), all, or these indices."""
 
 SampleOrder = Literal["source", "digest"]
 """The order the fit, check and test samples are taken in. ``source``: the source's own order.
@@ -63,8 +67,9 @@ class CalibrationSettings(BaseSettings):
         "Random probes per sample for the fast estimator."))
     estimator: Estimator = Field(Estimator.FAST, json_schema_extra=ADVANCED, description=(
         "Tables that drive the allocation."))
-    measure_both: bool = Field(True, json_schema_extra=ADVANCED, description=(
-        "Also build the other estimator's tables and compare."))
+    measure_both: bool = Field(False, json_schema_extra=ADVANCED, description=(
+        "Also build the other estimator's tables and compare them (validation.json): research "
+        "evidence, not used by the artifact."))
     min_bits: int = Field(2, ge=1, le=8, json_schema_extra=ADVANCED, description=(
         "Fewest bits the allocation gives a weight tensor or an activation."))
     max_bits: int = Field(8, ge=1, le=8, json_schema_extra=ADVANCED, description=(
@@ -107,9 +112,34 @@ class CalibrationSettings(BaseSettings):
         "and each validation worker) take up to this many MB; above it, in files under the system's "
         "temporary folder (TMPDIR), mapped into memory, so the job's memory stays bounded (0: always "
         "in files). Changes no result."))
-    cuts: tuple[int, ...] | None = Field(None, description="Only these cut indices (default all).")
+    cuts: Annotated[CutSelection, NoDecode] = Field("auto", description=(
+        "Which cuts to calibrate: auto, the cuts a plan could choose (each cut's predicted patterns priced "
+        "over the envelope_* requests; the others are pruned, and the artifact says why); all, every "
+        "legal cut; or indices, comma-separated (e.g. 0,7,12). Cut 0, the all-server plan, always."))
+    envelope_margin: float = Field(0.02, ge=0, le=10, json_schema_extra=ADVANCED, description=(
+        "cuts auto: a cut is calibrated when its cheapest predicted plan is within this fraction of the "
+        "best plan's objective for some request of the envelope (docs/guide/cut-pruning.md)."))
+    envelope_devices: tuple[str, ...] = Field((), json_schema_extra=ADVANCED, description=(
+        "cuts auto: the shipped device profiles the envelope prices (empty: all of them)."))
+    envelope_speeds: tuple[float, ...] = Field((0.1, 0.3, 1.0, 3.0, 10.0), min_length=1,
+                                               json_schema_extra=ADVANCED, description=(
+        "cuts auto: each device's FLOP/s times each of these."))
+    envelope_rates_mbps: tuple[float, float] = Field((0.1, 1000.0), json_schema_extra=ADVANCED, description=(
+        "cuts auto: the lowest and highest link rate, Mbit/s."))
+    envelope_rate_points: int = Field(17, ge=1, le=1000, json_schema_extra=ADVANCED, description=(
+        "cuts auto: link rates priced, evenly spaced on a log scale between the two."))
+    envelope_server_flops: tuple[float, ...] = Field((1e10,), min_length=1, json_schema_extra=ADVANCED,
+                                                     description=(
+        "cuts auto: the server's FLOP/s running a tail, each priced (a tail's FLOPs over it); 1e10 is "
+        "between what this project's reference models' whole tails reach on a 2-core Xeon (4e9-3e10)."))
+    envelope_price: float = Field(1.0, ge=0, json_schema_extra=ADVANCED, description=(
+        "cuts auto: the server's price per second of tail compute (the server's price_per_second)."))
+    envelope_probe_samples: int = Field(1000, ge=100, json_schema_extra=ADVANCED, description=(
+        "cuts auto: fit samples each predicted pattern is tested on (offline.selection.predicted_bits)."))
     measure_test: bool = Field(True, description="Measure every pattern once on the test split.")
-    baseline: bool = Field(True, description="Also evaluate QPART as published (on the test split).")
+    baseline: bool = Field(False, description=(
+        "Also evaluate QPART as published on the test split, for each calibrated (cut, level): "
+        "evidence for this project's benchmarks, which turn it on; a served artifact needs none."))
     image_qualities: tuple[int, ...] = Field((95, 90, 80, 75, 60, 50), description=(
         "The lossy input-image plan's WebP qualities (ADR 0015), tested from the highest down; empty: "
         "no ladder. Measured only where the card declares preprocessing and the data holds images."))
@@ -132,6 +162,51 @@ class CalibrationSettings(BaseSettings):
         if metric not in METRICS:
             raise ValueError(f"{metric!r} is not a metric; known: {', '.join(METRICS)}")
         return metric
+
+    @field_validator("cuts", mode="before")
+    @classmethod
+    def _cut_list(cls, cuts: object) -> object:
+        if isinstance(cuts, str) and cuts.strip() not in ("auto", "all"):
+            text = cuts.strip().removeprefix("[").removesuffix("]")  # a JSON list, as other lists are given
+            try:
+                return tuple(int(v) for v in text.split(","))
+            except ValueError:
+                raise ValueError(f"cuts {cuts!r}: give auto, all, or cut indices separated by commas, "
+                                 "e.g. 0,7,12") from None
+        return cuts.strip() if isinstance(cuts, str) else cuts
+
+    @field_validator("cuts")
+    @classmethod
+    def _cuts_named(cls, cuts: CutSelection) -> CutSelection:
+        if isinstance(cuts, tuple):
+            if not cuts:
+                raise ValueError("cuts: name at least one cut index, or give auto or all")
+            return tuple(sorted(set(cuts)))
+        return cuts
+
+    @field_validator("envelope_devices")
+    @classmethod
+    def _shipped_devices(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        shipped = builtin_devices()
+        unknown = sorted(set(names) - shipped.keys())
+        if unknown:
+            raise ValueError(f"envelope_devices names {', '.join(unknown)}, not a shipped device profile; "
+                             f"known: {', '.join(sorted(shipped))}")
+        return names
+
+    @field_validator("envelope_rates_mbps")
+    @classmethod
+    def _rates_in_order(cls, rates: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < rates[0] <= rates[1]:
+            raise ValueError("envelope_rates_mbps: two positive rates, lowest first, e.g. [0.1, 1000]")
+        return rates
+
+    @field_validator("envelope_speeds", "envelope_server_flops")
+    @classmethod
+    def _positive(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not v > 0 for v in values):
+            raise ValueError("give positive numbers")
+        return values
 
     @field_validator("levels")
     @classmethod

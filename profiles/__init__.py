@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         save_artifact,
         write_atomic,
     )
+    from qpart.profiles.cut_choice import CutChoice
     from qpart.profiles.devices import (
         DeviceProfile,
         MeasuredHeads,
@@ -46,6 +47,7 @@ __all__ = [
     "AccuracyPoint",
     "CalibrationArtifact",
     "CalibrationData",
+    "CutChoice",
     "CutProfile",
     "DataRecord",
     "DeviceProfile",

@@ -17,12 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_format import HeadRuntime
+from qpart.profiles.cut_choice import CutChoice
 from qpart.profiles.errors import ProfileFormatError, ProfileNotFoundError, SchemaVersionError
 
-ARTIFACT_SCHEMA_VERSION = 7
-"""7: what every level bounds (``promise.metric``, qpart.models.metrics: top1-drop before it was
-recorded) and each pattern's share of test samples whose top-1 differs from the float model's
-(``test_disagreement``, the reference a live audit compares with; None before).
+ARTIFACT_SCHEMA_VERSION = 8
+"""8: which cuts were calibrated and why the others were not (``cut_choice``, ADR 0025; None
+before: every cut with patterns was). 7: what every level bounds (``promise.metric``,
+qpart.models.metrics: top1-drop before it was recorded) and each pattern's share of test samples
+whose top-1 differs from the float model's (``test_disagreement``, the reference a live audit
+compares with; None before).
 6: the levels the check samples could not certify, kept lossless at the user's request
 (``lossless_levels``; empty when calibrated before). 5: what was measured on the calibrating
 machine, not decided by the calibration (each cut's
@@ -201,7 +204,7 @@ class AccuracyPoint(_Frozen):
 class CalibrationArtifact(_Frozen):
     """Everything the server needs to plan requests for one model version."""
 
-    schema_version: Literal[7] = 7
+    schema_version: Literal[8] = 8
     kind: Literal["qpart-calibration"] = "qpart-calibration"
     model: str
     version: str
@@ -235,22 +238,24 @@ class CalibrationArtifact(_Frozen):
         "Levels the check samples could not certify even had no sample been lost, kept lossless at "
         "the user's request (qpart calibrate --uncertified lossless): their patterns are float32 and "
         "untested; a plan at such a demand sends float32. Empty: every level was certifiable."))
+    cut_choice: CutChoice | None = Field(None, description=(
+        "Which cuts were calibrated and why the others were not; None: calibrated before schema 8."))
 
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        """An older document as schema 7. From 1: each cut's ``<coding>_ratio`` fields into its
+        """An older document as schema 8. From 1: each cut's ``<coding>_ratio`` fields into its
         ``coding_ratio`` map (an empty one: not measured, left out). From 1 or 2: patterns lose
         ``tightenings`` (the search that counted them made no promise; ``promise`` stays None).
         From 1 to 3: ``data`` stays None (the Fashion-MNIST splits, recorded in ``splits``). From 4:
         nothing changes (its measurements are inline, where schema 5 still reads them). From 5:
         ``lossless_levels`` stays empty (the job refused no level; an uncertifiable one became
         lossless silently). From 6: its promise is in top1-drop, the only metric there was, and no
-        pattern has a ``test_disagreement``."""
-        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4, 5, 6)):
+        pattern has a ``test_disagreement``. From 7: ``cut_choice`` stays None."""
+        if not (isinstance(data, dict) and data.get("schema_version") in (1, 2, 3, 4, 5, 6, 7)):
             return data
         out = dict(data)
-        if data["schema_version"] in (3, 4, 5, 6):
+        if data["schema_version"] in (3, 4, 5, 6, 7):
             out["schema_version"] = ARTIFACT_SCHEMA_VERSION
             return out
         if data["schema_version"] == 1 and isinstance(data.get("cuts"), list):
@@ -276,6 +281,11 @@ class CalibrationArtifact(_Frozen):
             if not set(p.weight_bits) <= names:
                 raise ValueError(f"pattern {p.pattern_id} names unknown tensors")
         return self
+
+    @property
+    def calibrated_cuts(self) -> list[int]:
+        """The cuts that have patterns, in order (``cut_choice`` says why the others have none)."""
+        return sorted({p.cut for p in self.patterns})
 
     def pattern(self, pattern_id: str) -> Pattern | None:
         """The pattern with this id, if any."""

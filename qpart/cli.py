@@ -120,6 +120,10 @@ def models_list(
         shown = ",".join(percent(a) for a in kept) if isinstance(kept, list) else ""
         note = f"  levels in {row['metric']}" if row["metric"] else ""
         note += f"  lossless-only={shown}" if shown else ""
+        calibrated = row["calibrated_cuts"]
+        if isinstance(calibrated, list):
+            shown = "all" if len(calibrated) == row["cuts"] else ",".join(map(str, calibrated))
+            note += f"  calibrated cuts: {shown}"
         runtimes = row["runtimes"]
         if isinstance(runtimes, dict):
             note += "  runtimes: " + ", ".join(f"{name} {len(r['cuts'])}/{row['cuts']}"
@@ -146,15 +150,15 @@ def _artifact_facts(folder: Path) -> dict[str, object]:
     model's top-1 on the calibration's test split, what its levels bound (``metric``), the levels it
     keeps lossless, per device runtime
     the cuts calibration found it runs and why not the others (``cuts[i].runtimes_refused``), and
-    its number of cuts (``artifact_cuts``)."""
+    its number of cuts (``artifact_cuts``) and those it calibrated (``calibrated_cuts``, ADR 0025)."""
     from qpart.profiles.artifacts import ARTIFACT_FILE, load_artifact
 
     if not (folder / ARTIFACT_FILE).is_file():
-        return {"metric": None, "lossless_only_levels": None, "runtimes": None,
+        return {"metric": None, "lossless_only_levels": None, "runtimes": None, "calibrated_cuts": None,
                 "calibration_test_accuracy": None, "artifact_cuts": None}
     artifact = load_artifact(folder)
     return {"metric": artifact.metric, "lossless_only_levels": artifact.lossless_levels,
-            "runtimes": artifact.runtime_table(),
+            "runtimes": artifact.runtime_table(), "calibrated_cuts": artifact.calibrated_cuts,
             "calibration_test_accuracy": artifact.fp32_test_accuracy, "artifact_cuts": len(artifact.cuts)}
 
 

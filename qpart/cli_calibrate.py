@@ -28,26 +28,25 @@ def setting_option(field: str, text: str | None = None) -> Any:
     return typer.Option(help=env_help(CALIB, field, text), rich_help_panel=panel)
 
 
-def parse_levels(text: str | None) -> tuple[float, ...] | None:
-    """``--levels``: fractions separated by commas (None: not given)."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise UsageError(f"--levels {text!r}: give fractions separated by commas, "
-                         "e.g. 0.005,0.01 for 0.5% and 1%") from None
+LISTS: dict[str, tuple[type, str]] = {
+    "levels": (float, "fractions separated by commas, e.g. 0.005,0.01 for 0.5% and 1%"),
+    "ladder": (int, "grid steps separated by commas, e.g. -4,-2,-1,0,1,2,3"),
+    "envelope_speeds": (float, "numbers separated by commas, e.g. 0.1,1,10"),
+    "envelope_rates_mbps": (float, "the lowest and highest rate, e.g. 0.1,1000"),
+    "envelope_server_flops": (float, "numbers separated by commas, e.g. 1e10,3e10"),
+}
+"""The settings an option gives as numbers separated by commas: their type, and what to give."""
 
 
-def parse_ladder(text: str | None) -> tuple[int, ...] | None:
-    """``--ladder``: integers separated by commas (None: not given)."""
+def parse_list(name: str, text: str | None) -> tuple[float, ...] | None:
+    """The option for the setting ``name`` (one of :data:`LISTS`): its numbers (None: not given)."""
     if text is None:
         return None
+    kind, what = LISTS[name]
     try:
-        return tuple(int(v) for v in text.split(","))
+        return tuple(kind(v) for v in text.split(","))
     except ValueError:
-        raise UsageError(f"--ladder {text!r}: give grid steps separated by commas, "
-                         "e.g. -4,-2,-1,0,1,2,3") from None
+        raise UsageError(f"--{name.replace('_', '-')} {text!r}: give {what}") from None
 
 
 class _RichSink:
@@ -80,6 +79,7 @@ def calibrate(
     threads: Annotated[int | None, setting_option("threads", "torch threads")] = None,
     workers: Annotated[int | None, setting_option("workers")] = None,
     device: Annotated[str | None, setting_option("device")] = None,
+    cuts: Annotated[str | None, setting_option("cuts")] = None,
     baseline: Annotated[bool | None, setting_option("baseline")] = None,
     data: Annotated[str | None, setting_option("data")] = None,
     test_data: Annotated[str | None, setting_option("test_data")] = None,
@@ -100,6 +100,16 @@ def calibrate(
     ladder: Annotated[str | None, setting_option("ladder", "Rungs, comma-separated, in grid steps from "
                                                  "the largest budget that passes on the fit samples")] = None,
     search_octaves: Annotated[int | None, setting_option("search_octaves")] = None,
+    envelope_margin: Annotated[float | None, setting_option("envelope_margin")] = None,
+    envelope_devices: Annotated[str | None, setting_option(
+        "envelope_devices", "cuts auto: the shipped device profiles the envelope prices, comma-separated "
+        "(default: all of them)")] = None,
+    envelope_speeds: Annotated[str | None, setting_option("envelope_speeds")] = None,
+    envelope_rates_mbps: Annotated[str | None, setting_option("envelope_rates_mbps")] = None,
+    envelope_rate_points: Annotated[int | None, setting_option("envelope_rate_points")] = None,
+    envelope_server_flops: Annotated[str | None, setting_option("envelope_server_flops")] = None,
+    envelope_price: Annotated[float | None, setting_option("envelope_price")] = None,
+    envelope_probe_samples: Annotated[int | None, setting_option("envelope_probe_samples")] = None,
     spill_above_mb: Annotated[int | None, setting_option("spill_above_mb")] = None,
     as_json: Annotated[bool, typer.Option("--json", help=(
         "At the end, print one JSON document in place of the summary line: stage seconds, pattern "
@@ -120,8 +130,9 @@ def calibrate(
     the advanced ones among them: QPART_CALIB_* (docs/configuration.md)."""
     # Each parameter named as a setting sets it (first, while the locals are the parameters only).
     flags = {name: value for name, value in locals().items() if name in CALIB.model_fields}
-    settings = settings_from(CalibrationSettings, {**flags, "levels": parse_levels(levels),
-                                                   "ladder": parse_ladder(ladder)})
+    settings = settings_from(CalibrationSettings, {
+        **flags, **{name: parse_list(name, flags[name]) for name in LISTS},
+        "envelope_devices": None if envelope_devices is None else tuple(envelope_devices.split(","))})
     from dataclasses import replace
 
     from rich.progress import (
@@ -167,6 +178,7 @@ def calibrate(
                                   if k.startswith("stage_")})
         typer.echo(json.dumps({
             "model": model, "out": str(out), "cuts": len(artifact.cuts),
+            "calibrated_cuts": artifact.calibrated_cuts,
             "levels": sorted({p.level for p in artifact.patterns if p.level > 0}),
             "patterns": len(artifact.patterns), "graded_patterns": len(graded), "test_violations": bad,
             "lossless_levels": artifact.lossless_levels,
@@ -177,8 +189,18 @@ def calibrate(
                                              "report.md", "weights.safetensors")]}))
         return
     typer.echo(f"{model}: {len(graded)} patterns, {bad} violations on the test split"
-               f"{_lossless_note(artifact)}; "
+               f"{_lossless_note(artifact)}; cuts {', '.join(map(str, artifact.calibrated_cuts))} of "
+               f"{len(artifact.cuts)} calibrated{_pruned_note(artifact)}; "
                f"wrote {out}/artifact.json, validation.json, report.md")
+
+
+def _pruned_note(artifact: Any) -> str:
+    """The summary line's clause on the cuts left out, if any."""
+    choice = artifact.cut_choice
+    if choice is None or not choice.pruned:
+        return ""
+    why = "no plan in the envelope comes near them" if choice.mode == "envelope" else "not named"
+    return f" ({len(choice.pruned)} left out: {why}; report.md says why each)"
 
 
 def _lossless_note(artifact: Any) -> str:

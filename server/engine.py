@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.profiles.artifacts import Pattern
+from qpart.profiles.costs import HTTP_EXCHANGE_BYTES, PlanInputs
 from qpart.profiles.devices import DeviceProfile, get_device
 from qpart.profiles.errors import ProfileError
 from qpart.server.audit import Audits, Ticket
@@ -23,7 +24,7 @@ from qpart.server.metrics import Metrics
 from qpart.server.planning.choice import SegmentOffer, ServerPrices, plan_request
 from qpart.server.planning.image_plans import ImagePlans
 from qpart.server.planning.images import INPUT_PNG, ImageTimes
-from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES, Candidate, PlanInputs
+from qpart.server.planning.planner import Candidate
 from qpart.server.schemas import PRESETS, PlanRequest, WeightPreset
 from qpart.server.settings import ServerSettings
 from qpart.server.store.catalog import Catalog, LoadedModel, ModelEntry

@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
+from qpart.profiles.costs import PRESET_WEIGHTS
 from qpart.profiles.devices import DeviceProfile
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -49,10 +50,8 @@ class ObjectiveWeights(_Strict):
 
 
 PRESETS: dict[WeightPreset, ObjectiveWeights] = {
-    WeightPreset.LATENCY_FIRST: ObjectiveWeights(time=1.0, energy=0.05, cost=0.01),
-    WeightPreset.ENERGY_FIRST: ObjectiveWeights(time=0.05, energy=1.0, cost=0.01),
-    WeightPreset.QPART_PAPER: ObjectiveWeights(time=1.0, energy=1.0, cost=1.0),
-}
+    preset: ObjectiveWeights(time=w[0], energy=w[1], cost=w[2]) for preset in WeightPreset
+    for w in [PRESET_WEIGHTS[preset.value]]}
 
 
 MAX_IMAGE_SIDE = 1 << 16
@@ -291,6 +290,9 @@ class ModelInfo(_Strict):
     model: str
     version: str
     cuts: int
+    calibrated_cuts: list[int] = Field(description=(
+        "The cuts the calibration validated, the only ones a plan is made at (ADR 0025: the others no "
+        "plan in its envelope would choose)."))
     levels: list[float]
     metric: str = Field("top1-drop", description="What each level bounds (the artifact's promise.metric).")
     lossless_levels: list[float] = Field(description=(

@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 
 from bench.e2e.config import DEMAND, EXTRA_LEVEL
+from qpart.kernels import activation_group
 from qpart.kernels.packing import packed_size
-from qpart.profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, load_artifact
+from qpart.profiles.artifacts import ARTIFACT_FILE, CalibrationArtifact, Pattern, load_artifact
 
 
 def _act_bytes(artifact: CalibrationArtifact, cut: int, bits: int, group: int) -> int:
@@ -28,7 +29,7 @@ def with_baselines(artifact: CalibrationArtifact) -> CalibrationArtifact:
     extra = []
     by_cut = {p.cut: p for p in artifact.patterns if p.level == 0}
     for cut in artifact.cuts:
-        ref = by_cut[cut.index]
+        ref = by_cut.get(cut.index) or _float_pattern(artifact, cut.index)  # a pruned cut has none (ADR 0025)
         act_bits = ref.activation_bits if cut.index == len(artifact.cuts) - 1 else 8
         extra.append(ref.model_copy(update={
             "pattern_id": f"u8-c{cut.index}", "level": EXTRA_LEVEL, "activation_bits": act_bits,
@@ -38,6 +39,22 @@ def with_baselines(artifact: CalibrationArtifact) -> CalibrationArtifact:
         if p.level == DEMAND:
             extra.append(p.model_copy(update={"pattern_id": f"paper-{p.pattern_id}", "level": EXTRA_LEVEL}))
     return artifact.model_copy(update={"patterns": [*artifact.patterns, *extra]})
+
+
+def _float_pattern(artifact: CalibrationArtifact, cut: int) -> Pattern:
+    """The lossless pattern a calibration of every cut would have written at ``cut``: the baselines
+    stay at every legal cut whichever cuts the calibration kept."""
+    profile, last = artifact.cuts[cut], len(artifact.cuts) - 1
+    largest = artifact.settings.get("activation_group", 256)
+    group = activation_group(profile.activation_numel, largest if isinstance(largest, int) else 256)
+    params = {t.name: t.params for t in artifact.tensors}
+    weights = 4 * (profile.head_float_params + sum(params[n] for n in profile.head_tensors))
+    return Pattern(pattern_id=f"float-c{cut}", cut=cut, level=0.0,
+                   weight_bits=dict.fromkeys(profile.head_tensors, 32), activation_bits=32, group_size=group,
+                   predicted_noise=0.0, predicted_drop=0.0, calib_drop=None, calib_drop_ub=None,
+                   test_drop=0.0,
+                   weight_bytes=weights, fp32_weight_bytes=weights,
+                   activation_bytes=0 if cut == last else 4 * profile.activation_numel)
 
 
 def write_artifacts(source: Path, models: list[str], dest: Path) -> None:

@@ -59,9 +59,10 @@ from qpart.models.preprocess import preprocess_image
 from qpart.models.registry import get_model
 from qpart.models.timing import median_seconds
 from qpart.profiles.artifacts import CalibrationArtifact
+from qpart.profiles.costs import HTTP_EXCHANGE_BYTES, PlanInputs
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.planning.images import CONTENT_TYPE, INPUT_PNG
-from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES, PlanInputs, price_upload
+from qpart.server.planning.planner import price_upload
 from qpart.server.planning.webp import CONTENT_TYPE as WEBP_TYPE
 
 CODECS = ("png", "webp@75", "webp@90", "jpeg@90")

@@ -22,9 +22,10 @@ from bench.harness.device_clock import ReferenceClock
 from qpart.kernels.coding import Coding
 from qpart.kernels.onnx_segment import HeadRuntime
 from qpart.models.image_codecs import parse_rung_id
+from qpart.profiles.costs import PlanInputs
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.planning.images import INPUT_PNG
-from qpart.server.planning.planner import PlanInputs, image_pattern, price, price_image, price_options
+from qpart.server.planning.planner import image_pattern, price, price_image, price_options
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

@@ -16,8 +16,8 @@ from bench.harness.exchange import ExchangeProbe, fit_exchange, probe_medians
 from bench.harness.link import ShapedLink, idle_gap_s
 from qpart.client.plans import PacketFormat
 from qpart.client.runtime import encode_for_plan
+from qpart.profiles.costs import PlanInputs
 from qpart.profiles.devices import get_device
-from qpart.server.planning.planner import PlanInputs
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

@@ -46,9 +46,9 @@ from bench.e2e.cell import (
 from bench.e2e.config import STRATEGIES
 from bench.e2e.device import Link, ModelView, _head, measured_j, run_once
 from bench.harness.device_clock import ReferenceClock
+from qpart.profiles.costs import PlanInputs
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.planning.images import INPUT_PNG
-from qpart.server.planning.planner import PlanInputs
 
 CACHES = ("cold", "warm")
 TWIN = "twin:"  # a run key's prefix: the same plan run again, once more a round, under another name

@@ -91,7 +91,8 @@ def model_info_response(view: ModelView, links: Links) -> ModelInfo:
         for p, entry in view.patterns]
     levels = sorted({p.level for p in model.artifact.patterns})
     runtimes = {name: RuntimeCuts.model_validate(row) for name, row in runtime_table(model).items()}
-    return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts), levels=levels,
+    return ModelInfo(model=model.name, version=model.version, cuts=len(model.cuts),
+                     calibrated_cuts=model.artifact.calibrated_cuts, levels=levels,
                      metric=model.artifact.metric,
                      lossless_levels=list(model.artifact.lossless_levels), runtimes=runtimes,
                      server_tail_s=view.server_tail_s, server_decode_s=view.server_decode_s,

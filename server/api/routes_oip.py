@@ -72,7 +72,8 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
     lossy input-image plan's promised WebP qualities, each with its tightest level and the encoder
     the promise is for, ADR 0015; not
     with ``images`` false: a tail takes packets), and ``runtimes`` (per device runtime, the cuts it
-    can run and why not the others, :func:`server.store.segment_index.runtime_table`; not for a tail),
+    can run and why not the others, :func:`server.store.segment_index.runtime_table`; not for a tail)
+    and ``calibrated_cuts`` (the cuts plans are made at, ADR 0025; not for a tail),
     each a JSON string, since a protocol parameter is a string, number or boolean; absent when the
     card or calibration has none."""
     parameters: dict[str, Parameter] = {"metric": json.dumps(model.artifact.metric)}
@@ -88,6 +89,7 @@ def card_parameters(model: LoadedModel, images: bool = True) -> dict[str, Parame
              for r in rungs], separators=(",", ":"))
     if images:
         parameters["runtimes"] = json.dumps(runtime_table(model), separators=(",", ":"))
+        parameters["calibrated_cuts"] = json.dumps(model.artifact.calibrated_cuts, separators=(",", ":"))
     return parameters
 
 

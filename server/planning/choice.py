@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qpart.profiles.artifacts import CalibrationArtifact, Pattern
+from qpart.profiles.costs import PlanInputs
 from qpart.server.errors import BadRequestError
 from qpart.server.planning.planner import (
     Candidate,
-    PlanInputs,
     allowed_patterns,
     best_at_cut,
     choose,

@@ -18,6 +18,7 @@ import numpy as np
 from qpart.models.image_codecs import WEBP, parse_rung_id, rung_id
 from qpart.models.preprocess import PreprocessSpec
 from qpart.profiles.artifacts import ImageRung
+from qpart.profiles.costs import PlanInputs
 from qpart.server.errors import NotFoundError
 from qpart.server.planning.images import (
     INPUT_PNG,
@@ -29,7 +30,7 @@ from qpart.server.planning.images import (
     png_size,
     probe_image,
 )
-from qpart.server.planning.planner import Candidate, PlanInputs, image_pattern, price_image
+from qpart.server.planning.planner import Candidate, image_pattern, price_image
 from qpart.server.planning.webp import decode_webp_input, webp_decode_seconds, webp_size
 from qpart.server.schemas import InputImage
 from qpart.server.settings import ServerSettings

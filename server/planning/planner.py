@@ -13,26 +13,10 @@ from dataclasses import dataclass, replace
 
 from qpart.kernels.coding import Coding
 from qpart.profiles.artifacts import FLOAT_BITS, CalibrationArtifact, CutProfile, Pattern
+from qpart.profiles.costs import PlanInputs, price_terms
 from qpart.profiles.devices import DeviceProfile
 from qpart.server.errors import UnprocessableError
-from qpart.server.schemas import CostBreakdown, EnergyBreakdown, ObjectiveWeights, TimeBreakdown
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """Everything about the request that prices a pattern."""
-
-    device: DeviceProfile
-    weights: ObjectiveWeights
-    rate_bps: float
-    rtt_s: float
-    batch: int
-    price_per_second: float
-    held: frozenset[str]
-    upload_overlap_s: float = 0.0
-    upload_codings: frozenset[Coding] = frozenset()  # Content-Encodings the device may upload with
-    upload_rate_bps: float | None = None  # the activation body's bit/s (None: rate_bps)
-    audit_bytes: float = 0.0  # a consenting request's expected audit upload: one input x QPART_AUDIT_RATE
+from qpart.server.schemas import CostBreakdown, EnergyBreakdown, TimeBreakdown
 
 
 @dataclass(frozen=True)
@@ -43,13 +27,6 @@ class Candidate:
     segment_id: str | None
     segment_bytes: int
     costs: CostBreakdown
-
-
-# Bytes one small HTTP/1.1 exchange adds on the wire besides its bodies: request and response
-# headers, and TCP/IPv4 framing of its ~6 packets (66 B each on loopback). Measured with the
-# shaper's own counters (`tc -s qdisc`) for a tail request of this server from httpx: 1,854 B on
-# the wire for a 452 B packet and a 634 B answer.
-HTTP_EXCHANGE_BYTES = 768
 
 
 def coding_header_bytes(coding: str) -> int:
@@ -148,36 +125,22 @@ def price_upload(artifact: CalibrationArtifact, pattern: Pattern, segment_id: st
         raise TypeError("price_upload: a coded upload needs both its ratio and its coding")
     cut = artifact.cuts[pattern.cut]
     last = pattern.cut == len(artifact.cuts) - 1
-    t_local = (head_seconds(artifact, cut, inputs.device)
-               + (0.0 if last else encode_seconds(artifact, pattern, inputs.device) + extra_local_s)
-               ) * inputs.batch
+    local_s = (head_seconds(artifact, cut, inputs.device)
+               + (0.0 if last else encode_seconds(artifact, pattern, inputs.device) + extra_local_s))
     held = segment_id is not None and segment_id in inputs.held
-    z_w = 0 if held or segment_id is None else segment_bytes
-    activation = pattern.activation_bytes * (1.0 if ratio is None else ratio)
-    z_x = 0.0 if last else (activation + answer_bytes) * inputs.batch
-    exchanges = (1 if z_w else 0) + (0 if last else 1)
-    header = 0 if coding is None else coding_header_bytes(coding)
-    sent = z_w + z_x + exchanges * HTTP_EXCHANGE_BYTES + header
-    body = 0.0 if last else activation * inputs.batch
-    t_body = body * 8 / (inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps)
-    t_tran = ((sent - body) * 8 / inputs.rate_bps + max(0.0, t_body - inputs.upload_overlap_s)
-              + exchanges * inputs.rtt_s)
-    t_server = 0.0 if last else ((cut.server_tail_s if tail_s is None else tail_s) + decode_s) * inputs.batch
-    # An audited plan's device uploads one input after the answers (ADR 0024): bytes and energy, not
-    # time to the answer. Expected: that upload times the audit rate, on a plan with a tail.
-    audit = 0.0 if last else inputs.audit_bytes
-    sent += audit
-    e_local = inputs.device.compute_energy_j(t_local, cut.head_flops * inputs.batch)
-    audit_rate = inputs.rate_bps if inputs.upload_rate_bps is None else inputs.upload_rate_bps
-    e_tran = inputs.device.power_tx_w * (t_tran + audit * 8 / audit_rate)
-    cost = inputs.price_per_second * t_server
-    w = inputs.weights
-    total_t = t_local + t_tran + t_server
-    objective = w.time * total_t + w.energy * (e_local + e_tran) + w.cost * cost
+    terms = price_terms(
+        inputs, head_flops=cut.head_flops, last=last, local_s=local_s,
+        segment_bytes=0 if held or segment_id is None else segment_bytes,
+        activation_bytes=pattern.activation_bytes * (1.0 if ratio is None else ratio),
+        answer_bytes=answer_bytes, header_bytes=0 if coding is None else coding_header_bytes(coding),
+        tail_s=cut.server_tail_s if tail_s is None else tail_s, decode_s=decode_s)
+    total_t = terms.local_s + terms.transfer_s + terms.server_s
     return CostBreakdown(
-        time_s=TimeBreakdown(local=t_local, transfer=t_tran, server=t_server, total=total_t),
-        energy_j=EnergyBreakdown(local=e_local, transfer=e_tran, total=e_local + e_tran),
-        server_cost=cost, objective=objective, transfer_bytes=round(sent),
+        time_s=TimeBreakdown(local=terms.local_s, transfer=terms.transfer_s, server=terms.server_s,
+                             total=total_t),
+        energy_j=EnergyBreakdown(local=terms.local_j, transfer=terms.transfer_j,
+                                 total=terms.local_j + terms.transfer_j),
+        server_cost=terms.server_cost, objective=terms.objective, transfer_bytes=round(terms.sent_bytes),
         upload_encoding="identity" if coding is None else coding,
     )
 

@@ -22,8 +22,9 @@ from bench.e2e import (
     with_baselines,
 )
 from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.costs import PlanInputs
 from qpart.profiles.devices import get_device
-from qpart.server.planning.planner import PlanInputs, allowed_patterns
+from qpart.server.planning.planner import allowed_patterns
 from qpart.server.schemas import PRESETS, WeightPreset
 
 CODINGS = frozenset({"deflate", "zstd"})

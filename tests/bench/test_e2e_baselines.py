@@ -14,8 +14,8 @@ from bench.e2e.cell import forced_cuts
 from bench.e2e.config import DEMAND
 from bench.e2e.sitting import _key
 from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.costs import HTTP_EXCHANGE_BYTES, PlanInputs
 from qpart.profiles.devices import MeasuredHeads, get_device
-from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES, PlanInputs
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

@@ -66,11 +66,13 @@ KILLS = [
     (1, "prepare@start"),  # decoding the samples
     (1, "noise tables@1"),  # between the two batches of the tables
     (1, "accuracy mapping@3"),  # after three of six mapping points
-    (1, "validate + test patterns@4"),  # cut 0 done, cut 4's lossless pattern done, its levels not
+    (1, "choose cuts@9"),  # half of the cut choice's probes done (ADR 0025)
+    (1, "validate + test patterns@4"),  # cut 0 done, cut 8's lossless pattern done, its levels not
     (1, "upload coding@3"),
     (1, "input-image ladder@200"),  # the WebP ladder: its check samples read, its test samples not
     (1, "write@images.json"),  # its checkpoint torn half-way through its write
-    (1, "write@cut-4.json"),  # a checkpoint torn half-way through its write
+    (1, "write@cut-8.json"),  # a checkpoint torn half-way through its write
+    (1, "write@cut-choice.json"),
     (1, "write@validation.json"),  # the results half-written
     (1, "write@artifact.json"),
     (2, "validate + test patterns@5"),  # with two worker processes
@@ -211,7 +213,7 @@ def test_an_unwritable_output_folder_is_one_clear_error(tmp_path):
         calibrate(get_model("fmnist-cnn"), settings(1), blocker / "out")
 
 
-@pytest.mark.parametrize("failing", ["cut-4.json", "coding.json", "validation.json", "artifact.json"])
+@pytest.mark.parametrize("failing", ["cut-8.json", "coding.json", "validation.json", "artifact.json"])
 def test_a_full_disk_leaves_no_partial_artifact_and_resumable_checkpoints(tmp_path, monkeypatch, reference,
                                                                          failing):
     out = tmp_path / "out"

@@ -60,11 +60,12 @@ def test_artifact_round_trips_and_lists_lossless_patterns(small_run):
     lossless = [p for p in loaded.patterns if p.level == 0]
     assert {p.cut for p in lossless} == {0, 4, 8}
     assert all(p.test_drop == 0 for p in lossless)
-    # how far each cut's packets deflate, measured on calibration samples; the last cut uploads nothing
+    # how far each calibrated cut's packets deflate, measured on calibration samples; the last cut
+    # uploads nothing, and no plan uploads at a cut not calibrated (ADR 0025)
     every = [*range(1, 9), 32]
     for coding in Coding:
-        assert [sorted(c.coding_ratio[coding]) for c in loaded.cuts[:-1]] == [every] * (len(loaded.cuts) - 1)
-    assert loaded.cuts[-1].coding_ratio == {}
+        assert [sorted(loaded.cuts[c].coding_ratio[coding]) for c in (0, 4)] == [every] * 2
+    assert all(c.coding_ratio == {} for c in loaded.cuts if c.index not in (0, 4))
     assert 0 < loaded.cuts[0].coding_ratio[Coding.DEFLATE][32] < 0.6
     assert 0 < loaded.cuts[0].coding_ratio[Coding.ZSTD][32] < 0.7
 
@@ -74,7 +75,8 @@ def test_validation_json_has_the_documented_fields(small_run):
     doc = json.loads((out / "validation.json").read_text())
     assert {"model", "levels", "patterns", "baseline_qpart_paper"} <= set(doc)
     timing = json.loads((out / "timing.json").read_text())  # this run's seconds, not in the artifact
-    assert {"direct", "fast", "stage_validation"} <= set(timing["timing_s"])
+    assert {"fast", "stage_cut_choice", "stage_validation"} <= set(timing["timing_s"])
+    assert "direct" not in timing["timing_s"]  # the second estimator's tables: research, off by default
     row = doc["patterns"][0]
     assert {"cut", "level", "predicted_drop", "test_drop", "weight_bytes", "fp32_weight_bytes",
             "activation_bits"} <= set(row)
@@ -146,7 +148,7 @@ def test_a_labelled_run_records_each_patterns_test_disagreement_beside_its_drop(
     """Issue 49: the artifact carries the share of test samples whose top-1 changed (the live
     audit's reference), which bounds the top-1 drop measured on the same run."""
     artifact, _ = small_run
-    assert artifact.schema_version == 7 and artifact.metric == "top1-drop"
+    assert artifact.schema_version == 8 and artifact.metric == "top1-drop"
     for p in artifact.patterns:
         assert p.test_drop is not None and p.test_disagreement is not None
         assert p.test_drop <= p.test_disagreement + 1e-12

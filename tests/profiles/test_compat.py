@@ -68,7 +68,7 @@ def cnn(artifacts_dir, tmp_path):
 @pytest.mark.parametrize("older", [_schema1, _schema2])
 def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, older):
     committed = load_artifact(cnn)
-    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 7
+    assert committed.schema_version == ARTIFACT_SCHEMA_VERSION == 8
     doc = json.loads(committed.model_dump_json())
     old = older(doc)
     assert "promise" not in old and all("tightenings" in p for p in old["patterns"])
@@ -76,10 +76,10 @@ def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, old
     upgraded = load_artifact(cnn)
     assert upgraded == _without_promise(committed)
     assert upgraded.cuts[-1].coding_ratio == {}  # the last cut uploads nothing: no coding measured
-    save_artifact(upgraded, cnn)  # and it is written back as schema 7: its measurements beside it
+    save_artifact(upgraded, cnn)  # and it is written back as schema 8: its measurements beside it
     assert load_artifact(cnn) == upgraded
     written = json.loads((cnn / "artifact.json").read_text())
-    assert written["schema_version"] == 7 and "timing_s" not in written
+    assert written["schema_version"] == 8 and "timing_s" not in written
     assert all("server_tail_s" not in c for c in written["cuts"])
     timing = json.loads((cnn / "timing.json").read_text())
     assert timing["timing_s"] == committed.timing_s
@@ -111,7 +111,7 @@ def test_a_schema_3_artifact_loads_without_data_records(cnn):
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 3}))
     artifact = load_artifact(cnn)
     assert committed.data is not None  # the committed artifact records its sources (schema 4)
-    assert artifact == committed.model_copy(update=dict.fromkeys(newer)) and artifact.schema_version == 7
+    assert artifact == committed.model_copy(update=dict.fromkeys(newer)) and artifact.schema_version == 8
     assert artifact.splits["calibration"]["count"] == 10_000  # the Fashion-MNIST splits it recorded
 
 
@@ -134,8 +134,8 @@ def test_an_artifact_from_before_zstd_loads_with_deflate_alone(cnn):
 
 def test_a_newer_schema_is_refused_naming_the_ones_this_build_reads(cnn):
     doc = json.loads((cnn / "artifact.json").read_text())
-    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 8}))
-    with pytest.raises(SchemaVersionError, match="schema_version 1 to 7"):
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 9}))
+    with pytest.raises(SchemaVersionError, match="schema_version 1 to 8"):
         load_artifact(cnn)
 
 
@@ -179,6 +179,16 @@ def test_a_schema_6_artifact_promises_top1_drop_and_records_no_disagreement(cnn)
     assert "metric" not in (doc.get("promise") or {})  # the committed artifacts predate the metric
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 6}))
     artifact = load_artifact(cnn)
-    assert artifact.schema_version == 7 and artifact.metric == "top1-drop"
+    assert artifact.schema_version == 8 and artifact.metric == "top1-drop"
     assert artifact.promise is not None and artifact.promise.metric == "top1-drop"
     assert all(p.test_disagreement is None for p in artifact.patterns)
+
+
+def test_a_schema_7_artifact_loads_with_no_cut_choice_and_every_patterned_cut_calibrated(cnn):
+    doc = json.loads((cnn / "artifact.json").read_text())
+    (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 7}))
+    artifact = load_artifact(cnn)
+    assert artifact.schema_version == 8 and artifact.cut_choice is None
+    assert artifact.calibrated_cuts == list(range(len(artifact.cuts)))  # the committed ones: every cut
+    fewer = artifact.model_copy(update={"patterns": [p for p in artifact.patterns if p.cut in (0, 8)]})
+    assert fewer.calibrated_cuts == [0, 8]

@@ -229,7 +229,7 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
                  "--test-data", str(folders / "test"), *SMALL, "--json", cwd=folders, env=SMALL_ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads((out / "artifact.json").read_text())
-    assert doc["schema_version"] == 7 and doc["settings"]["data"] == str(folders / "cal")
+    assert doc["schema_version"] == 8 and doc["settings"]["data"] == str(folders / "cal")
     data = doc["data"]
     assert (data["calibration"]["kind"], data["calibration"]["count"], data["test"]["count"]) == (
         "image-folder", 200, 200)
@@ -242,7 +242,8 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
         1 for p in doc["patterns"] if p["level"] > 0 and p["test_drop"] > p["level"])
     assert summary["patterns"] == len(doc["patterns"]) and summary["graded_patterns"] >= 1
     # images: the WebP ladder of the input-image plan (ADR 0015), since the folders hold images
-    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "validation", "coding", "images"}
+    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "cut_choice", "validation", "coding",
+                                       "images"}
     assert 100 < summary["peak_rss_mib"]["job"] < 4096 and summary["peak_rss_mib"]["largest_worker"] >= 0
     timing = json.loads((out / "timing.json").read_text())
     assert timing["timing_s"]["peak_rss_mib_job"] == pytest.approx(summary["peak_rss_mib"]["job"], abs=0.1)

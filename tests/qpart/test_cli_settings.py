@@ -30,7 +30,8 @@ def seen(monkeypatch) -> list[object]:
     def calibrate(spec, settings, out, sink, *, fresh, executor):
         assert (fresh, executor) == (False, None)  # the defaults: resume, in local processes
         captured.append(settings)
-        return SimpleNamespace(patterns=[], lossless_levels=[])
+        return SimpleNamespace(patterns=[], lossless_levels=[], calibrated_cuts=[0], cuts=[None],
+                               cut_choice=None)
 
     job.calibrate = calibrate  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "qpart.server.api.main", server_main)

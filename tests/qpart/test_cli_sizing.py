@@ -66,7 +66,7 @@ def test_with_uncertified_lossless_the_levels_stay_float32_and_every_record_says
     kept = [0.001, 0.0025, 0.005, 0.01]
     assert "(8 of them lossless, untested: 0.1%, 0.25%, 0.5%, 1% kept float32" in done.stdout  # 4 at 2 cuts
     doc = json.loads((out / "artifact.json").read_text())
-    assert doc["schema_version"] == 7 and doc["lossless_levels"] == kept
+    assert doc["schema_version"] == 8 and doc["lossless_levels"] == kept
     assert (doc["settings"]["fit_samples"], doc["settings"]["check_samples"]) == (143, 216)
     assert (doc["data"]["fit_samples"], doc["data"]["check_samples"]) == (143, 216)
     for p in doc["patterns"]:

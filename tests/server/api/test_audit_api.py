@@ -184,7 +184,7 @@ def test_a_full_audit_queue_drops_and_counts(cnn_only):
 
 def test_a_consenting_request_is_priced_its_expected_audit_upload(cnn_only):
     from qpart.kernels.wire import float_packet_bytes
-    from qpart.server.planning.planner import HTTP_EXCHANGE_BYTES
+    from qpart.profiles.costs import HTTP_EXCHANGE_BYTES
 
     with make_client(cnn_only, audit_rate=0.25) as c:
         body = {**PLAN, "batch": 8, "device": "raspberry-pi-4"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.costs import PlanInputs
 from qpart.profiles.devices import get_device
 from qpart.server.errors import UnprocessableError
 from qpart.server.planning.choice import ServerPrices, plan_request
-from qpart.server.planning.planner import PlanInputs
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

@@ -9,14 +9,9 @@ import pytest
 
 from qpart.kernels.coding import Coding
 from qpart.profiles.artifacts import load_artifact
+from qpart.profiles.costs import HTTP_EXCHANGE_BYTES, PlanInputs
 from qpart.profiles.devices import get_device
-from qpart.server.planning.planner import (
-    HTTP_EXCHANGE_BYTES,
-    PlanInputs,
-    coding_header_bytes,
-    price,
-    price_upload,
-)
+from qpart.server.planning.planner import coding_header_bytes, price, price_upload
 from qpart.server.schemas import PRESETS, WeightPreset
 
 

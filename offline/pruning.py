@@ -1,0 +1,219 @@
+"""Which cuts to calibrate: each cut's predicted patterns priced by the planner's cost model
+(``profiles.costs``) over an envelope of requests; a cut no plan in the envelope would choose, or
+come within the margin of, is not validated (ADR 0025).
+
+The prediction (``offline.selection.predicted_bits``) is the allocation at each level's budget
+``D(a)``, where Learn then Test's search starts, or one or two octaves below when that pattern fails
+the level's test on a few fit samples, or float32 when those fail too: read from fit samples only,
+before any check or test sample. Every figure it prices is a function of the model, the data and
+the settings (FLOPs, bytes, the envelope), never a timing, so the decision is the same on any
+machine, and a resumed job reads it from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from qpart.kernels.onnx_format import HeadRuntime
+from qpart.offline.allocation import Item
+from qpart.offline.checkpoint import Checkpoints
+from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.patterns import sizes
+from qpart.offline.selection import Probe, predicted_bits
+from qpart.offline.settings import CalibrationSettings
+from qpart.offline.sizing import lossless_levels
+from qpart.offline.state import State
+from qpart.profiles import FLOAT_BITS, CutChoice, CutProfile
+from qpart.profiles.costs import PRESET_WEIGHTS, PlanInputs, PresetWeights, price_terms
+from qpart.profiles.devices import DeviceProfile, builtin_devices
+
+SizeOf = Callable[[int, dict[str, int]], tuple[int, int]]
+"""(weight bytes, activation bytes) of a pattern (its bits) at a cut."""
+
+Start = Callable[[str, int], Callable[[int], None]]
+"""A progress sink's ``start(label, total)``, returning ``advance(done)``."""
+
+Predict = Callable[[int, float], dict[str, int]]
+"""The bits a (cut, level) is expected to end with (``offline.selection.predicted_bits``)."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A predicted pattern: where, at which level (0: lossless), and its bytes."""
+
+    cut: int
+    level: float
+    weight_bytes: int
+    activation_bytes: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of the envelope, in words for the record, and its figures."""
+
+    label: str
+    inputs: PlanInputs
+    server_flops: float
+    held: bool
+
+
+def predicted_offers(cuts: Sequence[CutProfile], items: dict[int, list[Item]], levels: Sequence[float],
+                     predict: Predict, sizes: SizeOf) -> list[Offer]:
+    """Every cut's lossless pattern and, per level, the pattern ``predict`` expects there, as offers."""
+    out = []
+    for cut in cuts:
+        floats = {it.name: FLOAT_BITS for it in items[cut.index]}
+        out.append(Offer(cut.index, 0.0, *sizes(cut.index, floats)))
+        out += [Offer(cut.index, level, *sizes(cut.index, predict(cut.index, level))) for level in levels]
+    return out
+
+
+def envelope(s: CalibrationSettings) -> Iterator[Request]:
+    """The requests the decision prices over: every device of the envelope at every speed, every
+    rate, every objective preset, every server speed, with and without the head segment held."""
+    devices = _devices(s.envelope_devices)
+    lo, hi = s.envelope_rates_mbps
+    points = s.envelope_rate_points
+    rates = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)] if points > 1 else [lo]
+    grid = itertools.product(devices, s.envelope_speeds, rates, sorted(PRESET_WEIGHTS),
+                             s.envelope_server_flops, (False, True))
+    for device, speed, rate, preset, server, held in grid:
+        fast = device.model_copy(update={"flops_per_s": device.flops_per_s * speed})
+        inputs = PlanInputs(fast, PresetWeights(*PRESET_WEIGHTS[preset]), rate * 1e6, device.rtt_s, 1,
+                            s.envelope_price, frozenset())
+        label = (f"{device.name} at {speed:g}x, {rate:.3g} Mbit/s, {preset}, server {server:.2g} FLOP/s, "
+                 f"segment {'held' if held else 'downloaded'}")
+        yield Request(label, inputs, server, held)
+
+
+def _devices(names: Sequence[str]) -> list[DeviceProfile]:
+    """The shipped profiles named (the settings checked the names), or all of them."""
+    shipped = builtin_devices()
+    return [shipped[n] for n in names] if names else list(shipped.values())
+
+
+def _objectives(offers: Sequence[Offer], cuts: Sequence[CutProfile], request: Request) -> np.ndarray:
+    last = len(cuts) - 1
+    out = np.empty(len(offers))
+    for i, o in enumerate(offers):
+        cut = cuts[o.cut]
+        out[i] = price_terms(
+            request.inputs, head_flops=cut.head_flops, last=o.cut == last,
+            local_s=cut.head_flops / request.inputs.device.flops_per_s,
+            segment_bytes=0 if request.held or o.cut == 0 else o.weight_bytes,
+            activation_bytes=o.activation_bytes, answer_bytes=0, header_bytes=0,
+            tail_s=cut.tail_flops / request.server_flops, decode_s=0.0).objective
+    return out
+
+
+def closest(offers: Sequence[Offer], cuts: Sequence[CutProfile], levels: Sequence[float],
+            s: CalibrationSettings) -> dict[int, tuple[float, str]]:
+    """Per cut, the least ratio of its cheapest admissible offer's objective to the best plan's, over
+    the envelope's requests, demands (each level, and lossless) and device runtimes (a runtime is
+    never offered a cut it refuses), with the request where it was least."""
+    found: dict[int, tuple[float, str]] = {c.index: (math.inf, "") for c in cuts}
+    levels_of = np.array([o.level for o in offers])
+    cut_of = np.array([o.cut for o in offers])
+    runtimes = [np.array([r.value not in cuts[o.cut].runtimes_refused for o in offers])
+                for r in HeadRuntime]
+    masks = [(demand, runtime, (levels_of <= demand) & runtime)
+             for demand in (0.0, *levels) for runtime in _distinct(runtimes)]
+    for request in envelope(s):
+        objective = _objectives(offers, cuts, request)
+        for demand, _, mask in masks:
+            best = objective[mask].min()
+            for cut in np.unique(cut_of[mask]):
+                ratio = float(objective[mask & (cut_of == cut)].min() / best)
+                if ratio < found[int(cut)][0]:
+                    found[int(cut)] = (ratio, f"{request.label}, demand {demand:g}")
+    return found
+
+
+def _distinct(masks: list[np.ndarray]) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    for m in masks:
+        if not any(np.array_equal(m, o) for o in out):
+            out.append(m)
+    return out
+
+
+def choose_cuts(offers: Sequence[Offer], cuts: Sequence[CutProfile], s: CalibrationSettings) -> CutChoice:
+    """The cuts to calibrate, as the settings say: ``all``; the named ones (and cut 0, the
+    all-server plan every answer compares with); or (``auto``) those whose closest approach to the
+    best plan is within ``envelope_margin``, and cut 0.
+
+    Raises:
+        CalibrationConfigError: a named cut does not exist, or an envelope device is unknown.
+    """
+    legal = [c.index for c in cuts]
+    if s.cuts == "all":
+        return CutChoice(mode="all", calibrated=legal)
+    if s.cuts != "auto":
+        check_named_cuts(s.cuts, len(cuts))
+        kept = sorted({0, *s.cuts})
+        return CutChoice(mode="named", calibrated=kept,
+                         pruned={str(c): "not named by --cuts" for c in legal if c not in kept})
+    near = closest(offers, cuts, s.levels, s)
+    bar = 1.0 + s.envelope_margin
+    kept = sorted({0} | {c for c, (ratio, _) in near.items() if ratio <= bar})
+    pruned = {str(c): (f"at best {ratio:.3g}x the best plan's objective ({where}); the margin is "
+                       f"{bar:.3g}x" if math.isfinite(ratio) else "no runtime in the envelope is offered it")
+              for c, (ratio, where) in near.items() if c not in kept}
+    return CutChoice(mode="envelope", calibrated=kept, pruned=pruned,
+                     closest={str(c): round(r, 6) for c, (r, _) in near.items() if math.isfinite(r)},
+                     envelope=envelope_record(s))
+
+
+def check_named_cuts(named: Sequence[int], legal: int) -> None:
+    """Refuse (one line) a cut index the model does not have."""
+    missing = sorted(c for c in named if not 0 <= c < legal)
+    if missing:
+        raise CalibrationConfigError(
+            f"--cuts names cut {', '.join(map(str, missing))}, which this model does not have: its cuts "
+            f"are 0 to {legal - 1} (qpart models show <model> lists them); or pass --cuts all or auto")
+
+
+def envelope_record(s: CalibrationSettings) -> dict[str, object]:
+    """The envelope and margin as the artifact records them."""
+    return {"margin": s.envelope_margin, "devices": list(s.envelope_devices) or sorted(builtin_devices()),
+            "speeds": list(s.envelope_speeds), "rates_mbps": list(s.envelope_rates_mbps),
+            "rate_points": s.envelope_rate_points, "server_flops": list(s.envelope_server_flops),
+            "price_per_second": s.envelope_price, "presets": sorted(PRESET_WEIGHTS),
+            "segments": ["downloaded", "held"], "batch": 1}
+
+
+def decide_cuts(st: State, profiles: list[CutProfile], budgets: dict[str, float], start: Start,
+                ck: Checkpoints) -> CutChoice:
+    """The job's choice (:func:`choose_cuts`), from the patterns each (cut, level) is predicted to
+    end with (read on fit samples only), reporting to ``start``'s progress; checkpointed, since its
+    probes take a while and a resumed job must make the same choice."""
+    s = st.settings
+    saved = ck.load("cut-choice")
+    if saved is not None:
+        return CutChoice.model_validate(saved)
+    if s.cuts != "auto":
+        return choose_cuts([], profiles, s)
+    probe, kept_lossless = Probe.of(st, s.envelope_probe_samples), lossless_levels(s)
+    advance = start("choose cuts", len(profiles) * len(s.levels))
+    done = 0
+
+    def predict(cut: int, level: float) -> dict[str, int]:
+        nonlocal done
+        bits = ({it.name: FLOAT_BITS for it in st.items[cut]} if level in kept_lossless
+                else predicted_bits(st, cut, level, budgets[str(level)], probe))
+        done += 1
+        advance(done)
+        return bits
+
+    def size_of(cut: int, bits: dict[str, int]) -> tuple[int, int]:
+        weight_bytes, _, activation_bytes = sizes(st.runner, cut, bits)
+        return weight_bytes, activation_bytes
+
+    choice = choose_cuts(predicted_offers(profiles, st.items, s.levels, predict, size_of), profiles, s)
+    ck.save("cut-choice", choice.model_dump(mode="json"))
+    return choice

@@ -17,7 +17,7 @@ float head's; the ratio is measured once per (cut, bits), not per pattern.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,15 +39,15 @@ CODING_SAMPLES = 500
 CodingRatios = dict[Coding, list[dict[int, float]]]  # per coding, per cut, per bits
 
 
-def coding_ratios(runner: ModelRunner, images: np.ndarray, advance: Callable[[int], None] | None = None,
-                  only: Collection[int] | None = None) -> CodingRatios:
+def coding_ratios(runner: ModelRunner, images: np.ndarray,
+                  advance: Callable[[int], None] | None = None) -> CodingRatios:
     """Per coding, per cut, per bits: coded over raw packet bytes on ``images`` (the last cut:
-    empty, it uploads nothing; so is a cut not in ``only``, when given: no plan uploads there)."""
+    empty, it uploads nothing)."""
     out: CodingRatios = {coding: [] for coding in Coding}
     for cut in runner.cuts:
         if advance:
             advance(cut.index)
-        if cut.index == len(runner.cuts) - 1 or (only is not None and cut.index not in only):
+        if cut.index == len(runner.cuts) - 1:
             for per_cut in out.values():
                 per_cut.append({})
             continue

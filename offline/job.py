@@ -42,6 +42,7 @@ from qpart.offline.sizing import lossless_levels, size_job
 from qpart.offline.state import State, key, split_bits
 from qpart.offline.validation import PairedDrop, budget_for_level, paired_drop
 from qpart.profiles.artifacts import AccuracyPoint, CalibrationArtifact, WeightTensor
+from qpart.profiles.devices import builtin_devices
 
 
 class ProgressSink(Protocol):
@@ -243,7 +244,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
     if not fresh:
         Checkpoints.refuse_other_inputs(out_dir, inputs)
     # workers from the cuts the job may calibrate at most: the same for any choice (float rounding)
-    workers = resolve_workers(settings, len(settings.cuts) + 1 if isinstance(settings.cuts, tuple)
+    workers = resolve_workers(settings, len({0, *settings.cuts}) if isinstance(settings.cuts, tuple)
                               else len(runner.cuts))
     processes = 1 + workers if workers > 1 and executor is None else 1
     # one copy of the samples per process: the job's and each local validation worker's; an image
@@ -264,6 +265,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         lap("mapping")
         budgets = {str(a): budget_for_level(points, a) for a in settings.levels}
         profiles = runner.cut_profiles(spec.input_shape)
+        lap("cut_profiles")
         choice = decide_cuts(st, profiles, budgets, sink.start, ck)
         cuts = choice.calibrated
         lap("cut_choice")
@@ -273,7 +275,7 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
             sink.start("validate + test patterns", len(cuts) * (len(settings.levels) + 1)),
             records, lambda cut, rec: ck.save(f"cut-{cut}", rec), executor)
         lap("validation")
-        ratios = _coding(runner, data, sink, ck, cuts)
+        ratios = _coding(runner, data, sink, ck)
         lap("coding")
         if (ladder := job_ladder(spec, sources, settings, sink.start, ck.load, ck.save)) is not None:
             lap("images")
@@ -299,14 +301,13 @@ def calibrate(spec: ModelSpec, settings: CalibrationSettings, out_dir: Path,
         return artifact
 
 
-def _coding(runner: ModelRunner, data: Data, sink: ProgressSink, ck: Checkpoints,
-            cuts: list[int]) -> CodingRatios:
+def _coding(runner: ModelRunner, data: Data, sink: ProgressSink, ck: Checkpoints) -> CodingRatios:
     saved = ck.load("coding")
     if saved is not None:
         return {Coding(c): [{int(b): r for b, r in per_bits.items()} for per_bits in per_cut]
                 for c, per_cut in saved.items()}
     advance = sink.start("upload coding", len(runner.cuts))
-    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES], advance, only=cuts)
+    ratios = coding_ratios(runner, data.fit.images[:CODING_SAMPLES], advance)
     ck.save("coding", {c.value: per_cut for c, per_cut in ratios.items()})
     return ratios
 
@@ -341,6 +342,10 @@ def job_inputs(spec: ModelSpec, settings: CalibrationSettings, sources: Sources)
         "data": {"calibration": sources.calibration.describe().model_dump(mode="json"),
                  "test": sources.test.describe().model_dump(mode="json"), "order": sources.order},
         "settings": json.loads(settings.model_dump_json(exclude=settings.execution_only)),
+        # the cut choice prices the shipped device profiles (files, not code): a resumed job's choice
+        # must have been made with the same ones
+        "devices": ({d.name: d.model_dump(mode="json") for d in builtin_devices().values()}
+                    if settings.cuts == "auto" else {}),
         "versions": {"torch": torch.__version__, "numpy": np.__version__, "code_sha256": _code_sha256()},
     }
 

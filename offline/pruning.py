@@ -22,7 +22,7 @@ import numpy as np
 from qpart.kernels.onnx_format import HeadRuntime
 from qpart.offline.allocation import Item
 from qpart.offline.checkpoint import Checkpoints
-from qpart.offline.errors import CalibrationConfigError
+from qpart.offline.errors import CalibrationConfigError, CheckpointMismatchError
 from qpart.offline.patterns import sizes
 from qpart.offline.selection import Probe, predicted_bits
 from qpart.offline.settings import CalibrationSettings
@@ -31,6 +31,10 @@ from qpart.offline.state import State
 from qpart.profiles import FLOAT_BITS, CutChoice, CutProfile
 from qpart.profiles.costs import PRESET_WEIGHTS, PlanInputs, PresetWeights, price_terms
 from qpart.profiles.devices import DeviceProfile, builtin_devices
+
+OBJECTIVES = {**PRESET_WEIGHTS, "time-only": (1.0, 0.0, 0.0)}
+"""The request presets, and time alone: what a request with a deadline ranks by (the most accurate plan
+that meets it), approximated by the fastest plans."""
 
 SizeOf = Callable[[int, dict[str, int]], tuple[int, int]]
 """(weight bytes, activation bytes) of a pattern (its bits) at a cut."""
@@ -80,11 +84,11 @@ def envelope(s: CalibrationSettings) -> Iterator[Request]:
     lo, hi = s.envelope_rates_mbps
     points = s.envelope_rate_points
     rates = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)] if points > 1 else [lo]
-    grid = itertools.product(devices, s.envelope_speeds, rates, sorted(PRESET_WEIGHTS),
-                             s.envelope_server_flops, (False, True))
+    grid = itertools.product(devices, s.envelope_speeds, rates, sorted(OBJECTIVES), s.envelope_server_flops,
+                             (False, True))
     for device, speed, rate, preset, server, held in grid:
         fast = device.model_copy(update={"flops_per_s": device.flops_per_s * speed})
-        inputs = PlanInputs(fast, PresetWeights(*PRESET_WEIGHTS[preset]), rate * 1e6, device.rtt_s, 1,
+        inputs = PlanInputs(fast, PresetWeights(*OBJECTIVES[preset]), rate * 1e6, device.rtt_s, 1,
                             s.envelope_price, frozenset())
         label = (f"{device.name} at {speed:g}x, {rate:.3g} Mbit/s, {preset}, server {server:.2g} FLOP/s, "
                  f"segment {'held' if held else 'downloaded'}")
@@ -175,7 +179,7 @@ def check_named_cuts(named: Sequence[int], legal: int) -> None:
     if missing:
         raise CalibrationConfigError(
             f"--cuts names cut {', '.join(map(str, missing))}, which this model does not have: its cuts "
-            f"are 0 to {legal - 1} (qpart models show <model> lists them); or pass --cuts all or auto")
+            f"are 0 to {legal - 1} (qpart models lists each model's cut count); or pass --cuts all or auto")
 
 
 def envelope_record(s: CalibrationSettings) -> dict[str, object]:
@@ -183,7 +187,8 @@ def envelope_record(s: CalibrationSettings) -> dict[str, object]:
     return {"margin": s.envelope_margin, "devices": list(s.envelope_devices) or sorted(builtin_devices()),
             "speeds": list(s.envelope_speeds), "rates_mbps": list(s.envelope_rates_mbps),
             "rate_points": s.envelope_rate_points, "server_flops": list(s.envelope_server_flops),
-            "price_per_second": s.envelope_price, "presets": sorted(PRESET_WEIGHTS),
+            "price_per_second": s.envelope_price, "objectives": sorted(OBJECTIVES),
+            "probe_samples": s.envelope_probe_samples,
             "segments": ["downloaded", "held"], "batch": 1}
 
 
@@ -195,7 +200,11 @@ def decide_cuts(st: State, profiles: list[CutProfile], budgets: dict[str, float]
     s = st.settings
     saved = ck.load("cut-choice")
     if saved is not None:
-        return CutChoice.model_validate(saved)
+        choice = CutChoice.model_validate(saved)
+        if 0 not in choice.calibrated or not set(choice.calibrated) <= {c.index for c in profiles}:
+            raise CheckpointMismatchError(f"{ck.path('cut-choice')} names cuts {choice.calibrated}, not a "
+                                          "choice of this model's cuts with cut 0; run again with --fresh")
+        return choice
     if s.cuts != "auto":
         return choose_cuts([], profiles, s)
     probe, kept_lossless = Probe.of(st, s.envelope_probe_samples), lossless_levels(s)

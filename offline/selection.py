@@ -107,10 +107,12 @@ class Probe:
 
     @classmethod
     def of(cls, st: State, count: int) -> Probe:
-        """The first ``count`` fit samples; all of them, with the job's fit counts (the mapping's
-        and the search's, so that no pattern runs twice on them), when there are no more."""
+        """The first ``count`` fit samples; all of them when there are no more, reading the counts
+        the mapping measured but never adding to the job's: a count made here, with the job's
+        threads, must not stand in for the one a validation worker makes with its own (float
+        rounding can differ), or a cut's patterns could differ from ``--cuts all``'s."""
         fit, ref = st.data.fit, st.data.fit_ref
         if count >= len(fit):
-            return cls(fit, ref, st.fit_cache)
+            return cls(fit, ref, dict(st.fit_cache))
         return cls(Dataset(fit.images[:count], fit.labels[:count], fit.split, fit.indices_sha256),
                    Reference(ref.anchor[:count], ref.hits[:count]), {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, field_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from qpart.models.metrics import DEFAULT_METRIC, METRICS
@@ -17,6 +17,9 @@ LADDER = (-4, -2, -1, 0, 1, 2, 3)
 ADVANCED: dict[str, JsonValue] = {"advanced": True}
 """A setting's ``json_schema_extra`` when it is one of the job's internals, for those tuning the
 method rather than running it: shown apart in docs/configuration.md and ``qpart calibrate --help``."""
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is a number (no infinity or NaN: a price of those would price every plan alike)."""
 
 CutSelection = Literal["auto", "all"] | tuple[int, ...]
 """Which cuts a job calibrates (``offline.pruning``): auto (the envelope's), all, or these indices."""
@@ -116,23 +119,26 @@ class CalibrationSettings(BaseSettings):
         "Which cuts to calibrate: auto, the cuts a plan could choose (each cut's predicted patterns priced "
         "over the envelope_* requests; the others are pruned, and the artifact says why); all, every "
         "legal cut; or indices, comma-separated (e.g. 0,7,12). Cut 0, the all-server plan, always."))
-    envelope_margin: float = Field(0.02, ge=0, le=10, json_schema_extra=ADVANCED, description=(
+    envelope_margin: float = Field(0.02, ge=0, le=10, allow_inf_nan=False, json_schema_extra=ADVANCED,
+                                   description=(
         "cuts auto: a cut is calibrated when its cheapest predicted plan is within this fraction of the "
         "best plan's objective for some request of the envelope (docs/guide/cut-pruning.md)."))
     envelope_devices: tuple[str, ...] = Field((), json_schema_extra=ADVANCED, description=(
         "cuts auto: the shipped device profiles the envelope prices (empty: all of them)."))
-    envelope_speeds: tuple[float, ...] = Field((0.1, 0.3, 1.0, 3.0, 10.0), min_length=1,
+    envelope_speeds: tuple[Finite, ...] = Field((0.1, 0.3, 1.0, 3.0, 10.0), min_length=1,
                                                json_schema_extra=ADVANCED, description=(
         "cuts auto: each device's FLOP/s times each of these."))
-    envelope_rates_mbps: tuple[float, float] = Field((0.1, 1000.0), json_schema_extra=ADVANCED, description=(
+    envelope_rates_mbps: tuple[Finite, Finite] = Field((0.1, 1000.0), json_schema_extra=ADVANCED,
+                                                       description=(
         "cuts auto: the lowest and highest link rate, Mbit/s."))
     envelope_rate_points: int = Field(17, ge=1, le=1000, json_schema_extra=ADVANCED, description=(
         "cuts auto: link rates priced, evenly spaced on a log scale between the two."))
-    envelope_server_flops: tuple[float, ...] = Field((1e10,), min_length=1, json_schema_extra=ADVANCED,
+    envelope_server_flops: tuple[Finite, ...] = Field((1e10,), min_length=1, json_schema_extra=ADVANCED,
                                                      description=(
         "cuts auto: the server's FLOP/s running a tail, each priced (a tail's FLOPs over it); 1e10 is "
         "between what this project's reference models' whole tails reach on a 2-core Xeon (4e9-3e10)."))
-    envelope_price: float = Field(1.0, ge=0, json_schema_extra=ADVANCED, description=(
+    envelope_price: float = Field(1.0, ge=0, allow_inf_nan=False, json_schema_extra=ADVANCED,
+                                  description=(
         "cuts auto: the server's price per second of tail compute (the server's price_per_second)."))
     envelope_probe_samples: int = Field(1000, ge=100, json_schema_extra=ADVANCED, description=(
         "cuts auto: fit samples each predicted pattern is tested on (offline.selection.predicted_bits)."))
@@ -166,14 +172,18 @@ class CalibrationSettings(BaseSettings):
     @field_validator("cuts", mode="before")
     @classmethod
     def _cut_list(cls, cuts: object) -> object:
-        if isinstance(cuts, str) and cuts.strip() not in ("auto", "all"):
-            text = cuts.strip().removeprefix("[").removesuffix("]")  # a JSON list, as other lists are given
-            try:
-                return tuple(int(v) for v in text.split(","))
-            except ValueError:
-                raise ValueError(f"cuts {cuts!r}: give auto, all, or cut indices separated by commas, "
-                                 "e.g. 0,7,12") from None
-        return cuts.strip() if isinstance(cuts, str) else cuts
+        if not isinstance(cuts, str):
+            return cuts
+        text = cuts.strip()
+        if text.lower() in ("auto", "all"):
+            return text.lower()
+        if text.startswith("[") and text.endswith("]"):  # a JSON list, as other lists are given
+            text = text[1:-1]
+        try:
+            return tuple(int(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"cuts {cuts!r}: give auto, all, or cut indices separated by commas, "
+                             "e.g. 0,7,12") from None
 
     @field_validator("cuts")
     @classmethod
@@ -200,6 +210,14 @@ class CalibrationSettings(BaseSettings):
         if not 0 < rates[0] <= rates[1]:
             raise ValueError("envelope_rates_mbps: two positive rates, lowest first, e.g. [0.1, 1000]")
         return rates
+
+    @model_validator(mode="after")
+    def _rates_spanned(self) -> CalibrationSettings:
+        lo, hi = self.envelope_rates_mbps
+        if self.envelope_rate_points == 1 and lo != hi:
+            raise ValueError(f"envelope_rate_points 1 prices one rate, but envelope_rates_mbps spans {lo:g} "
+                             f"to {hi:g}: give 2 points or more, or the same rate twice")
+        return self
 
     @field_validator("envelope_speeds", "envelope_server_flops")
     @classmethod

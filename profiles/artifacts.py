@@ -280,6 +280,11 @@ class CalibrationArtifact(_Frozen):
                 raise ValueError(f"pattern {p.pattern_id} names unknown cut {p.cut}")
             if not set(p.weight_bits) <= names:
                 raise ValueError(f"pattern {p.pattern_id} names unknown tensors")
+        planned = {p.cut for p in self.patterns}
+        if self.patterns and 0 not in planned:  # every plan answers beside the all-server one
+            raise ValueError("no pattern at cut 0, the all-server plan: calibrate again (cut 0 always is)")
+        if self.cut_choice is not None and not set(self.cut_choice.calibrated) <= planned:
+            raise ValueError(f"cut_choice names {self.cut_choice.calibrated}; patterns: {sorted(planned)}")
         return self
 
     @property

@@ -107,7 +107,7 @@ import time
 from pathlib import Path
 
 from bench import REPO, provenance, write_json
-from bench.e2e.artifacts import with_baselines, write_artifacts
+from bench.e2e.artifacts import FLOAT_ID, is_float, with_baselines, write_artifacts
 from bench.e2e.baselines import AUTOENCODERS
 from bench.e2e.cell import (
     Choice,
@@ -165,6 +165,7 @@ __all__ = [
     "DEVICES",
     "EXTRA_LEVEL",
     "FILLER_PORT",
+    "FLOAT_ID",
     "MODELS",
     "PORT",
     "PRESET_NAMES",
@@ -190,6 +191,7 @@ __all__ = [
     "gated_summary",
     "host_flops_per_s",
     "implied_rtt",
+    "is_float",
     "main",
     "markdown",
     "measure_link",

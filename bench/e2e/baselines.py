@@ -44,7 +44,7 @@ import torch
 from PIL import Image
 
 from bench import REPO
-from bench.e2e.artifacts import packet_bytes
+from bench.e2e.artifacts import is_float, packet_bytes
 from bench.e2e.config import DEMAND
 from bench.e2e.device import Link, ModelView, server_parts, server_timing
 from bench.harness import autoencoder
@@ -213,7 +213,7 @@ def _timed(fn: Any) -> float:
 def predict(b: Baseline, model: ModelView, device: DeviceProfile, inputs: PlanInputs, ratio: float,
             segment: dict[str, Any] | None) -> dict[str, Any]:
     """The cost model's price of the baseline (see the module's docstring)."""
-    lossless = next(p for p in model.artifact.patterns if p.level == 0 and p.cut == b.cut)
+    lossless = next(p for p in model.artifact.patterns if is_float(p.model_dump()) and p.cut == b.cut)
     pseudo = lossless.model_copy(update={"activation_bits": 8, "activation_bytes": b.upload_bytes})
     measured = device.measured[model.name]
     encode_s = list(measured.encode_s)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.e2e.artifacts import is_float
 from bench.e2e.baselines import ENCODER_PREFIX, Baseline, product_quality, profile
 from bench.e2e.baselines import predict as predict_baseline
 from bench.e2e.config import CLOCK, DEMAND
@@ -69,7 +70,7 @@ def is_image_plan(pattern_id: str) -> bool:
 def choose_fixed(model: ModelView, strategy: str, inputs: PlanInputs) -> dict[str, Any]:
     """The fixed strategy's pattern (its best cut by predicted objective where it has a choice)."""
     last = model.cuts - 1
-    lossless = [p for p in model.patterns if p["level"] == 0]
+    lossless = [p for p in model.patterns if is_float(p)]  # every cut's, pruned ones too
     if strategy == "all-server":
         options = [p for p in lossless if p["cut"] == 0]
     elif strategy == "all-device":
@@ -242,7 +243,7 @@ def _results(model: ModelView, device: DeviceProfile, preset: str, inputs: PlanI
                          meets_demand=meets_demand(s, p), test_drop=p.get("test_drop"),
                          download_s=download_s[s])
     for b in baselines:
-        lossless = next(p for p in model.patterns if p["level"] == 0 and p["cut"] == b.cut)
+        lossless = next(p for p in model.patterns if is_float(p) and p["cut"] == b.cut)
         predicted = predict_baseline(b, model, device, inputs, ratio,
                                      lossless["segment"] if b.kind == "ae" else None)
         measured = measured_j(device, preset, flops(b.cut), download_s[b.name], runs[b.name])

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from bench import cpu_ticks, steal_fraction
-from bench.e2e.artifacts import write_artifacts
+from bench.e2e.artifacts import is_float, write_artifacts
 from bench.e2e.baselines import Baseline, load_baselines
 from bench.e2e.config import (
     DEMAND,
@@ -62,7 +62,7 @@ def _view(client: httpx.Client, url: str, name: str, artifacts: Path, image: np.
                      load_artifact(artifacts / name), [], [], info["answer_bytes"], runtime=runtime,
                      decode_s=info["server_decode_s"])
     if runtime is HeadRuntime.ONNX:
-        lossless = {p["cut"]: p for p in info["patterns"] if p["level"] == 0}
+        lossless = {p["cut"]: p for p in info["patterns"] if is_float(p)}
         view.onnx_heads = [OrtHead(client.get(url + lossless[k]["segment"]["url"]).content)
                            for k in range(1, view.cuts)]
     reprofile(view, image, clock)

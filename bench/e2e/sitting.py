@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.e2e.artifacts import is_float
 from bench.e2e.baselines import ENCODER_PREFIX, Baseline, profile
 from bench.e2e.baselines import run_once as run_baseline
 from bench.e2e.cell import (
@@ -122,7 +123,7 @@ class Downloads:
             if b.kind != "ae":
                 download_s[b.name] = 0.0
                 continue
-            lossless = model.plan_of(next(p for p in model.patterns if p["level"] == 0 and p["cut"] == b.cut))
+            lossless = model.plan_of(next(p for p in model.patterns if is_float(p) and p["cut"] == b.cut))
             download_s[b.name] = self.segment(lossless["segment"], cell.held)
             segment = model.segments[lossless["segment"]["id"]]
             model.heads[f"ae-head-{b.cut}"] = _head(model, lossless, segment)

@@ -175,7 +175,10 @@ class TailPool:
         times = dict(zip((c.index for c in timed),
                          interleaved_medians(fns, warmup=warmup, repeats=repeats, min_seconds=min_seconds),
                          strict=True))
-        return [times.get(c.index, 0.0) for c in model.cuts]  # the last cut has no tail
+        # the last cut has no tail; a cut without patterns keeps the calibration's figure (never priced)
+        last = len(model.cuts) - 1
+        return [times.get(c.index, 0.0 if c.index == last else model.artifact.cuts[c.index].server_tail_s)
+                for c in model.cuts]
 
     def _record_batch(self, report: BatchReport[TailKey]) -> None:
         model, version, cut = report.key.model, report.key.version, report.key.cut

@@ -8,12 +8,14 @@ import pytest
 
 from bench.e2e import (
     EXTRA_LEVEL,
+    FLOAT_ID,
     STRATEGIES,
     ModelView,
     _predict,
     first_attempts,
     gated_summary,
     implied_rtt,
+    is_float,
     markdown,
     meets_demand,
     sitting_cells,
@@ -43,6 +45,24 @@ def test_baseline_patterns_cover_every_cut_and_no_demand_admits_them(artifacts_d
     assert len(set(ids)) == len(ids) and not set(ids) & {p.pattern_id for p in artifact.patterns}
     for demand in (0.0, 0.01, 0.5, 0.999):
         assert allowed_patterns(extended, demand) == allowed_patterns(artifact, demand)
+
+
+def test_a_pruned_calibration_keeps_every_baseline_at_every_cut_through_float_patterns(artifacts_dir):
+    # a calibration that kept cuts 0, 1 and 8 (ADR 0025): the baselines stay at all nine
+    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    pruned = artifact.model_copy(update={"patterns": [p for p in artifact.patterns if p.cut in (0, 1, 8)]})
+    extended = with_baselines(pruned)
+    floats = {p.cut: p for p in extended.patterns if p.pattern_id.startswith(FLOAT_ID)}
+    assert sorted(floats) == [2, 3, 4, 5, 6, 7]  # the pruned cuts, each with the float head every cut had
+    for cut, made in floats.items():
+        was = next(p for p in artifact.patterns if p.cut == cut and p.level == 0)
+        assert made.level == EXTRA_LEVEL and is_float(made.model_dump()) and not is_float(
+            {"level": 0.01, "pattern_id": was.pattern_id})
+        assert (made.weight_bytes, made.activation_bytes, made.group_size, made.weight_bits) == (
+            was.weight_bytes, was.activation_bytes, was.group_size, was.weight_bits)
+    assert sorted(p.cut for p in extended.patterns if p.pattern_id.startswith("u8-")) == list(range(9))
+    for demand in (0.0, 0.01, 0.5, 0.999):  # the planner is offered what the pruned artifact holds
+        assert allowed_patterns(extended, demand) == allowed_patterns(pruned, demand)
 
 
 def test_a_published_pattern_competes_only_if_its_test_drop_keeps_the_demand():

@@ -32,7 +32,11 @@ def runs(tmp_path_factory):
     mp.setattr(ModelRunner, "run_pattern", counted)
     try:
         auto_dir = tmp_path_factory.mktemp("auto")
-        auto = calibrate(get_model("fmnist-cnn"), settings(1), auto_dir)
+        # probes on 100 of the 200 fit samples: a set of their own (on all of them, the probes read the
+        # mapping's counts but make their own, so that no count of the job's threads stands in for a
+        # validation worker's)
+        probing = settings(1).model_copy(update={"envelope_probe_samples": 100})
+        auto = calibrate(get_model("fmnist-cnn"), probing, auto_dir)
     finally:
         mp.undo()
     every = calibrate(get_model("fmnist-cnn"), settings(1).model_copy(update={"cuts": "all"}),
@@ -52,13 +56,9 @@ def test_only_the_chosen_cuts_are_validated_each_as_every_cut_would_be(runs):
     assert every.cut_choice is not None and every.cut_choice.mode == "all"
     assert every.calibrated_cuts == list(range(len(every.cuts))) and not every.cut_choice.pruned
     # every legal cut still described (the server indexes them), measured alike (not timed alike)
-    untimed = {"server_head_s", "server_tail_s", "coding_ratio"}
+    untimed = {"server_head_s", "server_tail_s"}
     assert [c.model_dump(exclude=untimed) for c in auto.cuts] == [
         c.model_dump(exclude=untimed) for c in every.cuts]
-    # the upload codings measured at the calibrated cuts only (no plan uploads at the others)
-    assert [c.coding_ratio for c in auto.cuts if c.index in choice.calibrated] == [
-        c.coding_ratio for c in every.cuts if c.index in choice.calibrated]
-    assert all(not c.coding_ratio for c in auto.cuts if c.index not in choice.calibrated)
 
 
 def test_the_report_names_each_pruned_cut_with_its_reason(runs):
@@ -73,7 +73,6 @@ def test_the_report_names_each_pruned_cut_with_its_reason(runs):
 
 
 def test_no_pattern_runs_twice_on_one_sample_set(runs):
-    # the small job's probes read all its 200 fit samples: they share the fit samples' counts
     *_, seen = runs
     assert seen, "the job ran no pattern"
     twice = {k: n for k, n in seen.items() if n > 1}

@@ -81,7 +81,7 @@ def test_a_cut_a_runtime_refuses_is_priced_without_it_for_that_runtime(cuts):
 def test_the_envelope_prices_every_combination_of_its_settings():
     s = _settings(envelope_speeds=(1.0, 2.0), envelope_rate_points=3, envelope_server_flops=(1e9, 1e10))
     requests = list(envelope(s))
-    assert len(requests) == len(builtin_devices()) * 2 * 3 * 3 * 2 * 2  # devices, speeds, rates, presets,
+    assert len(requests) == len(builtin_devices()) * 2 * 3 * 4 * 2 * 2  # devices, speeds, rates, objectives,
     rates = sorted({r.inputs.rate_bps for r in requests})  # servers, segments held or not
     assert rates == pytest.approx([1e5, 1e5 * math.sqrt(1e4), 1e9])
     only = list(envelope(_settings(envelope_devices=("phone-soc",))))
@@ -112,3 +112,24 @@ def test_a_named_cut_the_model_lacks_is_one_line_naming_the_legal_ones():
 def test_cuts_that_are_not_a_selection_are_refused(given, error):
     with pytest.raises(ValueError, match=error):
         CalibrationSettings(cuts=given)
+
+
+@pytest.mark.parametrize(("changes", "error"), [
+    ({"envelope_price": math.inf}, "finite number"),
+    ({"envelope_speeds": (1.0, math.nan)}, "finite number"),
+    ({"envelope_server_flops": (math.inf,)}, "finite number"),
+    ({"envelope_rates_mbps": (10.0, 1.0)}, "two positive rates, lowest first"),
+    ({"envelope_rate_points": 1}, "envelope_rate_points 1 prices one rate, but envelope_rates_mbps spans"),
+    ({"cuts": "[0,4"}, "give auto, all, or cut indices"),
+])
+def test_an_envelope_that_would_price_nothing_is_refused(changes, error):
+    # an infinite price made every ratio NaN, and every cut but 0 pruned with a false reason
+    with pytest.raises(ValueError, match=error):
+        CalibrationSettings(**changes)
+
+
+def test_cuts_take_json_lists_and_keywords_in_any_case():
+    assert CalibrationSettings(cuts="[0, 4, 8]").cuts == (0, 4, 8)
+    assert CalibrationSettings(cuts=" ALL ").cuts == "all" and CalibrationSettings(cuts="Auto").cuts == "auto"
+    one = CalibrationSettings(envelope_rate_points=1, envelope_rates_mbps=(5.0, 5.0))
+    assert one.envelope_rate_points == 1

@@ -192,3 +192,16 @@ def test_a_schema_7_artifact_loads_with_no_cut_choice_and_every_patterned_cut_ca
     assert artifact.calibrated_cuts == list(range(len(artifact.cuts)))  # the committed ones: every cut
     fewer = artifact.model_copy(update={"patterns": [p for p in artifact.patterns if p.cut in (0, 8)]})
     assert fewer.calibrated_cuts == [0, 8]
+
+
+def test_an_artifact_without_cut_0_or_whose_cut_choice_names_cuts_without_patterns_is_refused(cnn):
+    doc = json.loads((cnn / "artifact.json").read_text())
+    no_cut_0 = {**doc, "patterns": [p for p in doc["patterns"] if p["cut"] != 0]}
+    (cnn / "artifact.json").write_text(json.dumps(no_cut_0))
+    with pytest.raises(ProfileFormatError, match="no pattern at cut 0, the all-server plan"):
+        load_artifact(cnn)  # it loaded before, and every plan request then failed on the server
+    kept = {**doc, "patterns": [p for p in doc["patterns"] if p["cut"] in (0, 8)],
+            "cut_choice": {"mode": "envelope", "calibrated": [0, 4, 8]}}
+    (cnn / "artifact.json").write_text(json.dumps(kept))
+    with pytest.raises(ProfileFormatError, match=r"cut_choice names \[0, 4, 8\]; patterns: \[0, 8\]"):
+        load_artifact(cnn)

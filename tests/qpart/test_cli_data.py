@@ -242,8 +242,8 @@ def test_calibrate_from_image_folders_records_both_sources(folders, tmp_path):
         1 for p in doc["patterns"] if p["level"] > 0 and p["test_drop"] > p["level"])
     assert summary["patterns"] == len(doc["patterns"]) and summary["graded_patterns"] >= 1
     # images: the WebP ladder of the input-image plan (ADR 0015), since the folders hold images
-    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "cut_choice", "validation", "coding",
-                                       "images"}
+    assert set(summary["stage_s"]) == {"prepare", "tables", "mapping", "cut_profiles", "cut_choice",
+                                       "validation", "coding", "images"}
     assert 100 < summary["peak_rss_mib"]["job"] < 4096 and summary["peak_rss_mib"]["largest_worker"] >= 0
     timing = json.loads((out / "timing.json").read_text())
     assert timing["timing_s"]["peak_rss_mib_job"] == pytest.approx(summary["peak_rss_mib"]["job"], abs=0.1)

@@ -96,6 +96,8 @@ def test_metadata_parameters_carry_the_cards_preprocessing_and_labels(client, na
     assert json.loads(parameters.pop("metric")) == "top1-drop"  # what the levels bound (issue 49)
     qualities = json.loads(parameters.pop("image_qualities")) if name == "fmnist-cnn" else None
     runtimes = json.loads(parameters.pop("runtimes")) if name == "fmnist-cnn" else None
+    calibrated = json.loads(parameters.pop("calibrated_cuts")) if name == "fmnist-cnn" else None
+    assert calibrated in (None, list(range(9)))  # the cuts plans are made at (issue 51): every one here
     assert {k: json.loads(v) for k, v in parameters.items()} == _card()
     if runtimes is not None:  # the runtime table: a device's, so not the tail's
         assert set(runtimes) == {"torch", "onnx"}

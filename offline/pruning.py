@@ -125,11 +125,11 @@ def closest(offers: Sequence[Offer], cuts: Sequence[CutProfile], levels: Sequenc
     cut_of = np.array([o.cut for o in offers])
     runtimes = [np.array([r.value not in cuts[o.cut].runtimes_refused for o in offers])
                 for r in HeadRuntime]
-    masks = [(demand, runtime, (levels_of <= demand) & runtime)
+    masks = [(demand, (levels_of <= demand) & runtime)
              for demand in (0.0, *levels) for runtime in _distinct(runtimes)]
     for request in envelope(s):
         objective = _objectives(offers, cuts, request)
-        for demand, _, mask in masks:
+        for demand, mask in masks:
             best = objective[mask].min()
             for cut in np.unique(cut_of[mask]):
                 ratio = float(objective[mask & (cut_of == cut)].min() / best)
@@ -152,7 +152,7 @@ def choose_cuts(offers: Sequence[Offer], cuts: Sequence[CutProfile], s: Calibrat
     best plan is within ``envelope_margin``, and cut 0.
 
     Raises:
-        CalibrationConfigError: a named cut does not exist, or an envelope device is unknown.
+        CalibrationConfigError: a named cut does not exist (the settings refuse an unknown device).
     """
     legal = [c.index for c in cuts]
     if s.cuts == "all":

@@ -1,7 +1,9 @@
 """The lossy input-image plan's quality ladder (ADR 0015), promised as a pattern is (ADR 0011).
 
 The device holds an image before the card's preprocessing; the plan uploads it as a lossy WebP at
-some quality, and the server decodes it, preprocesses it and runs the whole model. A quality's
+some quality, and the server decodes it, preprocesses it and runs the whole model. The model is
+run as every other count of the job runs it (:func:`offline.runner.float_graph`: batch norm
+folded, channels-last), not as written: the same up to float rounding, and a third less time. A quality's
 drop is the float model's net top-1 drop on the decoded images against the same images unencoded
 (:class:`~offline.validation.PairedDrop`).
 
@@ -41,6 +43,7 @@ from qpart.offline.data import Sources, recorded_source
 from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.ltt import BOUNDS, ONE_SAMPLE, REFERENCE, Bound, Test, chance, fixed_sequence
 from qpart.offline.report import markdown
+from qpart.offline.runner import float_graph
 from qpart.offline.samples import sample_positions
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.validation import PairedDrop, paired_drop
@@ -241,7 +244,8 @@ def measure_artifact_images(directory: Path, qualities: Sequence[int] | None = N
     levels = artifact.settings.get("levels")
     if not isinstance(levels, list) or not levels:
         raise CalibrationConfigError(f"{directory}: the artifact does not record its levels")
-    ladder = measure_ladder(spec.load(), spec.preprocess, role_samples(calibration, check_pos),
+    ladder = measure_ladder(float_graph(spec.load(), spec.input_shape), spec.preprocess,
+                            role_samples(calibration, check_pos),
                             role_samples(test, test_pos), [float(v) for v in levels], 1 - promise.delta,
                             "exact" if promise.bound == "exact" else "newcombe", qualities, tick,
                             get_metric(promise.metric))
@@ -277,7 +281,8 @@ def job_ladder(spec: ModelSpec, sources: Sources, settings: CalibrationSettings,
         done[0] += n
         tick(done[0])
 
-    ladder = measure_ladder(spec.load(), spec.preprocess, role_samples(sources.calibration, check_pos),
+    ladder = measure_ladder(float_graph(spec.load(), spec.input_shape), spec.preprocess,
+                            role_samples(sources.calibration, check_pos),
                             role_samples(sources.test, test_pos), settings.levels, settings.confidence,
                             settings.bound, settings.image_qualities, advance, get_metric(settings.metric))
     save("images", ladder.model_dump(mode="json"))

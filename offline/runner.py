@@ -49,6 +49,13 @@ def _channels_last(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def float_graph(model: nn.Module, input_shape: tuple[int, ...]) -> fx.GraphModule:
+    """The float model as the job runs it (traced, batch norm folded, convolution weights
+    channels-last), on the CPU: what every count's reference is computed with, and 1.5x faster
+    than the module as written (fmnist-cnn, one thread, the input-image ladder)."""
+    return _channels_last(prepare(model, input_shape))
+
+
 class ModelRunner:
     """A traced model (batch norm folded) with its cuts, heads and tails."""
 
@@ -59,7 +66,7 @@ class ModelRunner:
                 f"device cuda: this torch ({torch.__version__}) sees no CUDA GPU; install a CUDA build "
                 "of torch on a machine with one, or use the default device cpu")
         self.device = torch.device(device)
-        self.gm: fx.GraphModule = _channels_last(prepare(model, input_shape)).to(self.device)
+        self.gm: fx.GraphModule = float_graph(model, input_shape).to(self.device)
         self.cuts: list[Cut] = cuts_of(self.gm)
         self.parts = [split(self.gm, c) for c in self.cuts]
         self.batch_size = batch_size

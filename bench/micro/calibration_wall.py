@@ -15,6 +15,7 @@ pattern count and violations it printed, and where its artifact went (``--out-ro
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,40 @@ def start(name: str, root: Path, model: str, threads: int, out: Path,
 def git_commit(root: Path) -> str | None:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False)
     return done.stdout.strip() or None
+
+
+def stages(out: Path) -> dict[str, float]:
+    """The job's seconds per stage, from the ``timing.json`` it wrote (empty if it wrote none)."""
+    path = out / "timing.json"
+    if not path.is_file():
+        return {}
+    timing = json.loads(path.read_text())["timing_s"]
+    return {k.removeprefix("stage_"): round(v, 1) for k, v in timing.items() if k.startswith("stage_")}
+
+
+def patterns(new: Path, baseline: Path) -> dict[str, Any]:
+    """The two artifacts' served patterns side by side: counts, the new one's calibrated cuts,
+    patterns over their level on the test split, and, at each (cut, level) both serve, whether
+    the new pattern is the baseline's or at least as conservative (no tensor with fewer bits)."""
+    arts = {name: json.loads((d / "artifact.json").read_text())
+            for name, d in (("new", new), ("baseline", baseline))}
+    served = {name: {(p["cut"], p["level"]): p for p in a["patterns"]} for name, a in arts.items()}
+    both = sorted(set(served["new"]) & set(served["baseline"]))
+    same = sum(served["new"][k]["pattern_id"] == served["baseline"][k]["pattern_id"] for k in both)
+
+    def conservative(k: tuple[int, float]) -> bool:
+        n, b = served["new"][k], served["baseline"][k]
+        return n["activation_bits"] >= b["activation_bits"] and all(
+            n["weight_bits"][t] >= bits for t, bits in b["weight_bits"].items())
+
+    choice = arts["new"].get("cut_choice") or {}
+    return {"served": {name: len(a["patterns"]) for name, a in arts.items()},
+            "calibrated_cuts_new": choice.get("calibrated"), "legal_cuts": len(arts["new"]["cuts"]),
+            "at_same_cut_and_level": len(both), "identical": same,
+            "as_conservative_or_more": sum(map(conservative, both)),
+            "over_level_on_test_split": {
+                name: sum(1 for p in a["patterns"] if p["level"] > 0 and p["test_drop"] is not None
+                          and p["test_drop"] > p["level"]) for name, a in arts.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +117,10 @@ def main(argv: list[str] | None = None) -> None:
                   / (results["baseline"]["user_s"] + results["baseline"]["system_s"]), 4),
               "host_cpus": os.cpu_count(), "load_at_end": os.getloadavg(),
               "rusage_note": "user, system and peak RSS (KiB) of each job count the processes it waited for",
+              "stage_s": {name: stages(out / name) for name in results},
               }
+    if all(r["exit_status"] == 0 for r in results.values()):
+        report["patterns"] = patterns(out / "new", out / "baseline")
     write_json(a.json, report)
     print(f"wall new/baseline = {ratio:.3f}; wrote {a.json}")
 

@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 # pip at -qq says only errors: at -q it repeats a warning per package for each index mirror
 # that lacks it (hundreds of lines on a machine with file:// mirrors) before the demo's table.
-$(VENV)/.installed: pyproject.toml setup.py kernels/_native.c
+$(VENV)/.installed: pyproject.toml setup.py kernels/_native.c kernels/_native_loops.h
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -qq --upgrade pip
 	# torch is pinned to the CPU build on local disk; an unpinned torch pulls CUDA.

@@ -7,6 +7,7 @@ setup(
         Extension(
             "qpart.kernels._native",
             sources=["kernels/_native.c"],
+            depends=["kernels/_native_loops.h"],  # included once per instruction-set level
             # -ffp-contract=off: no FMA fusion, so float results match the numpy reference bit for bit.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"],
             optional=True,

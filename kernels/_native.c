@@ -20,171 +20,12 @@
 #define COLS 512            /* columns of a full block; a full block holds 8 * COLS codes */
 #define BLOCK (8 * COLS)
 
-/* ---- packing of one block of 8*M codes into b*M bytes ------------------------------------ */
-
-static inline __attribute__((always_inline)) void
-pack_block_b(const uint8_t *restrict c, uint8_t *restrict out, Py_ssize_t M, const int b)
-{
-#pragma GCC unroll 8
-    for (int t = 0; t < b; t++) {
-        uint8_t *restrict o = out + (Py_ssize_t)t * M;
-        for (Py_ssize_t m = 0; m < M; m++) {
-            uint8_t acc = 0;
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) {
-                const int lo = r * b - 8 * t;
-                if (lo >= 8 || lo + b <= 0)
-                    continue;
-                const uint8_t v = c[(Py_ssize_t)r * M + m];
-                acc |= (lo >= 0) ? (uint8_t)(v << lo) : (uint8_t)(v >> (-lo));
-            }
-            o[m] = acc;
-        }
-    }
-}
-
-static inline __attribute__((always_inline)) void
-unpack_block_b(const uint8_t *restrict in, uint8_t *restrict c, Py_ssize_t M, const int b)
-{
-    const uint8_t mask = (uint8_t)((1u << b) - 1u);
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) {
-        const int start = r * b;
-        const int t0 = start >> 3, o = start & 7;
-        const uint8_t *restrict lo = in + (Py_ssize_t)t0 * M;
-        uint8_t *restrict dst = c + (Py_ssize_t)r * M;
-        if (o + b > 8) {
-            const uint8_t *restrict hi = lo + M;
-            for (Py_ssize_t m = 0; m < M; m++)
-                dst[m] = (uint8_t)(((lo[m] >> o) | (uint8_t)(hi[m] << (8 - o))) & mask);
-        } else {
-            for (Py_ssize_t m = 0; m < M; m++)
-                dst[m] = (uint8_t)((lo[m] >> o) & mask);
-        }
-    }
-}
-
-static void pack_block(const uint8_t *c, uint8_t *out, Py_ssize_t M, int b)
-{
-    switch (b) {
-    case 1: pack_block_b(c, out, M, 1); break;
-    case 2: pack_block_b(c, out, M, 2); break;
-    case 3: pack_block_b(c, out, M, 3); break;
-    case 4: pack_block_b(c, out, M, 4); break;
-    case 5: pack_block_b(c, out, M, 5); break;
-    case 6: pack_block_b(c, out, M, 6); break;
-    case 7: pack_block_b(c, out, M, 7); break;
-    default: memcpy(out, c, (size_t)(8 * M)); break;
-    }
-}
-
-static void unpack_block(const uint8_t *in, uint8_t *c, Py_ssize_t M, int b)
-{
-    switch (b) {
-    case 1: unpack_block_b(in, c, M, 1); break;
-    case 2: unpack_block_b(in, c, M, 2); break;
-    case 3: unpack_block_b(in, c, M, 3); break;
-    case 4: unpack_block_b(in, c, M, 4); break;
-    case 5: unpack_block_b(in, c, M, 5); break;
-    case 6: unpack_block_b(in, c, M, 6); break;
-    case 7: unpack_block_b(in, c, M, 7); break;
-    default: memcpy(c, in, (size_t)(8 * M)); break;
-    }
-}
-
 static Py_ssize_t packed_size(Py_ssize_t n, int b) { return (Py_ssize_t)b * ((n + 7) / 8); }
 
-/* Walk the blocks of n codes: full blocks of BLOCK codes, then one tail block of ceil(rem/8)
- * columns, zero padded. Returns 0, or 1 if a code does not fit in b bits. */
-static int pack_all(const uint8_t *codes, Py_ssize_t n, int b, uint8_t *out)
+/* Number of groups without the signed overflow of n + group - 1 (group may be huge). */
+static Py_ssize_t group_count(Py_ssize_t n, Py_ssize_t group)
 {
-    uint8_t over = 0;
-    Py_ssize_t i = 0;
-    for (; i + BLOCK <= n; i += BLOCK) {
-        const uint8_t *c = codes + i;
-        for (Py_ssize_t k = 0; k < BLOCK; k++)
-            over |= c[k];
-        pack_block(c, out, COLS, b);
-        out += (Py_ssize_t)b * COLS;
-    }
-    if (i < n) {
-        uint8_t tail[BLOCK];
-        const Py_ssize_t rem = n - i, M = (rem + 7) / 8;
-        memset(tail, 0, sizeof tail);
-        memcpy(tail, codes + i, (size_t)rem);
-        for (Py_ssize_t k = 0; k < rem; k++)
-            over |= tail[k];
-        pack_block(tail, out, M, b);
-    }
-    return b < 8 && (over >> b) != 0;
-}
-
-static void unpack_all(const uint8_t *in, Py_ssize_t n, int b, uint8_t *codes)
-{
-    Py_ssize_t i = 0;
-    for (; i + BLOCK <= n; i += BLOCK) {
-        unpack_block(in, codes + i, COLS, b);
-        in += (Py_ssize_t)b * COLS;
-    }
-    if (i < n) {
-        uint8_t tail[BLOCK];
-        const Py_ssize_t rem = n - i, M = (rem + 7) / 8;
-        unpack_block(in, tail, M, b);
-        memcpy(codes + i, tail, (size_t)rem);
-    }
-}
-
-/* ---- group parameters and the fused kernels ------------------------------------------------ */
-
-/* min, scale of one group; returns 0 on success, 1 on a non-finite value or range.
- * The SSE2 path keeps min/max exact without -ffast-math (minps/maxps), and finds non-finite
- * values on the exponent bits; other machines take the scalar loop. */
-static int group_params(const float *x, Py_ssize_t len, int qmax, float *mn_out, float *scale_out)
-{
-    float mn = x[0], mx = x[0];
-    int any_bad = 0;
-    Py_ssize_t k = 0;
-#if defined(__SSE2__)
-    if (len >= 8) {
-        const __m128i expo = _mm_set1_epi32(0x7f800000);
-        __m128 mn0 = _mm_set1_ps(x[0]), mn1 = mn0, mx0 = mn0, mx1 = mn0;
-        __m128i bad = _mm_setzero_si128();
-        for (; k + 8 <= len; k += 8) {
-            const __m128 a = _mm_loadu_ps(x + k), b = _mm_loadu_ps(x + k + 4);
-            mn0 = _mm_min_ps(mn0, a);
-            mn1 = _mm_min_ps(mn1, b);
-            mx0 = _mm_max_ps(mx0, a);
-            mx1 = _mm_max_ps(mx1, b);
-            const __m128i ea = _mm_and_si128(_mm_castps_si128(a), expo);
-            const __m128i eb = _mm_and_si128(_mm_castps_si128(b), expo);
-            bad = _mm_or_si128(bad, _mm_or_si128(_mm_cmpeq_epi32(ea, expo), _mm_cmpeq_epi32(eb, expo)));
-        }
-        float lanes[4];
-        _mm_storeu_ps(lanes, _mm_min_ps(mn0, mn1));
-        for (int j = 0; j < 4; j++)
-            mn = lanes[j] < mn ? lanes[j] : mn;
-        _mm_storeu_ps(lanes, _mm_max_ps(mx0, mx1));
-        for (int j = 0; j < 4; j++)
-            mx = lanes[j] > mx ? lanes[j] : mx;
-        any_bad = _mm_movemask_epi8(bad) != 0;
-    }
-#endif
-    for (; k < len; k++) {
-        const float v = x[k];
-        mn = v < mn ? v : mn;
-        mx = v > mx ? v : mx;
-        any_bad |= !isfinite(v);
-    }
-    mn = mn + 0.0f; /* -0.0 -> +0.0, as the numpy reference does */
-    const float range = mx - mn;
-    if (any_bad || !isfinite(range))
-        return 1;
-    float scale = range / (float)qmax;
-    if (!(scale >= FLT_MIN))
-        scale = FLT_MIN;
-    *mn_out = mn;
-    *scale_out = scale;
-    return 0;
+    return n > 0 ? (n - 1) / group + 1 : 0;
 }
 
 typedef struct {
@@ -195,81 +36,65 @@ typedef struct {
     uint8_t *out;
 } qp_args;
 
-/* Number of groups without the signed overflow of n + group - 1 (group may be huge). */
-static Py_ssize_t group_count(Py_ssize_t n, Py_ssize_t group)
-{
-    return n > 0 ? (n - 1) / group + 1 : 0;
-}
+/* ---- one copy of the loops per instruction-set level, chosen at import ----------------------
+ * One portable build (no -march): the loops are compiled for the x86-64 baseline and, on x86-64
+ * with GCC or clang, again for x86-64-v3 (AVX2, BMI2) and x86-64-v4 (AVX-512); the widest level
+ * the CPU supports is chosen when the module loads (isa(), isas(), use_isa()). */
 
-static int quantize_pack_run(qp_args *a)
-{
-    const int qmax = (1 << a->b) - 1;
-    const float fqmax = (float)qmax;
-    uint8_t codes[BLOCK];
-    Py_ssize_t ready = 0; /* groups whose parameters are computed */
-    const Py_ssize_t ngroups = group_count(a->n, a->group);
-    uint8_t *out = a->out;
-    for (Py_ssize_t s = 0; s < a->n; s += BLOCK) {
-        const Py_ssize_t e = s + BLOCK < a->n ? s + BLOCK : a->n;
-        while (ready < ngroups && ready * a->group < e) {
-            const Py_ssize_t g0 = ready * a->group;
-            const Py_ssize_t glen = g0 + a->group <= a->n ? a->group : a->n - g0;
-            if (group_params(a->x + g0, glen, qmax, &a->mins[ready], &a->scales[ready]))
-                return 1;
-            ready++;
-        }
-        for (Py_ssize_t i = s; i < e;) {
-            const Py_ssize_t g = i / a->group;
-            const Py_ssize_t ge = (g + 1) * a->group < e ? (g + 1) * a->group : e;
-            const float mn = a->mins[g], inv = 1.0f / a->scales[g];
-            const float *restrict xs = a->x + i;
-            uint8_t *restrict cs = codes + (i - s);
-            const Py_ssize_t len = ge - i;
-            for (Py_ssize_t k = 0; k < len; k++) {
-                float t = (xs[k] - mn) * inv + 0.5f;
-                t = t < fqmax + 0.5f ? t : fqmax;
-                cs[k] = (uint8_t)(int32_t)t;
-            }
-            i = ge;
-        }
-        const Py_ssize_t cnt = e - s;
-        if (cnt == BLOCK) {
-            pack_block(codes, out, COLS, a->b);
-            out += (Py_ssize_t)a->b * COLS;
-        } else {
-            const Py_ssize_t M = (cnt + 7) / 8;
-            memset(codes + cnt, 0, (size_t)(8 * M - cnt));
-            pack_block(codes, out, M, a->b);
-        }
-    }
-    return 0;
-}
+#define QP(name) name##_base
+#define QP_TARGET
+#include "_native_loops.h"
+#undef QP
+#undef QP_TARGET
 
-static void unpack_dequantize_run(const uint8_t *in, Py_ssize_t n, int b, Py_ssize_t group,
-                                  const float *scales, const float *mins, float *outx)
+#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+#define QP_LEVELS 1
+#define QP(name) name##_v3
+#define QP_TARGET __attribute__((target("arch=x86-64-v3")))
+#include "_native_loops.h"
+#undef QP
+#undef QP_TARGET
+#define QP(name) name##_v4
+#define QP_TARGET __attribute__((target("arch=x86-64-v4")))
+#include "_native_loops.h"
+#undef QP
+#undef QP_TARGET
+#else
+#define QP_LEVELS 0
+#endif
+
+typedef struct {
+    const char *name;
+    int (*pack_all)(const uint8_t *, Py_ssize_t, int, uint8_t *);
+    void (*unpack_all)(const uint8_t *, Py_ssize_t, int, uint8_t *);
+    int (*quantize_pack_run)(qp_args *);
+    void (*unpack_dequantize_run)(const uint8_t *, Py_ssize_t, int, Py_ssize_t, const float *,
+                                  const float *, float *);
+} isa_t;
+
+static const isa_t ISAS[] = {
+#if QP_LEVELS
+    {"x86-64-v4", pack_all_v4, unpack_all_v4, quantize_pack_run_v4, unpack_dequantize_run_v4},
+    {"x86-64-v3", pack_all_v3, unpack_all_v3, quantize_pack_run_v3, unpack_dequantize_run_v3},
+#endif
+    {"baseline", pack_all_base, unpack_all_base, quantize_pack_run_base, unpack_dequantize_run_base},
+};
+#define NISAS ((int)(sizeof ISAS / sizeof ISAS[0]))
+
+static const isa_t *ACTIVE = &ISAS[NISAS - 1];
+
+/* Whether this CPU runs level i (the baseline always). */
+static int isa_supported(int i)
 {
-    uint8_t codes[BLOCK];
-    for (Py_ssize_t s = 0; s < n; s += BLOCK) {
-        const Py_ssize_t e = s + BLOCK < n ? s + BLOCK : n;
-        const Py_ssize_t cnt = e - s;
-        if (cnt == BLOCK) {
-            unpack_block(in, codes, COLS, b);
-            in += (Py_ssize_t)b * COLS;
-        } else {
-            unpack_block(in, codes, (cnt + 7) / 8, b);
-        }
-        for (Py_ssize_t i = s; i < e;) {
-            const Py_ssize_t g = i / group;
-            const Py_ssize_t ge = (g + 1) * group < e ? (g + 1) * group : e;
-            const float sc = scales[g], mn = mins[g];
-            const uint8_t *restrict cs = codes + (i - s);
-            float *restrict o = outx + i;
-            const Py_ssize_t len = ge - i;
-            for (Py_ssize_t k = 0; k < len; k++)
-                o[k] = (float)cs[k] * sc + mn;
-            i = ge;
-        }
-    }
+#if QP_LEVELS
+    __builtin_cpu_init();
+    if (strcmp(ISAS[i].name, "x86-64-v4") == 0)
+        return __builtin_cpu_supports("x86-64-v4");
+    if (strcmp(ISAS[i].name, "x86-64-v3") == 0)
+        return __builtin_cpu_supports("x86-64-v3");
+#endif
+    (void)i;
+    return 1;
 }
 
 /* ---- Python bindings ------------------------------------------------------------------------ */
@@ -302,7 +127,7 @@ static PyObject *py_pack(PyObject *self, PyObject *args)
     PyObject *ret = NULL;
     if (check_bits(b) && check_len("output", out.len, packed_size(codes.len, b))) {
         Py_BEGIN_ALLOW_THREADS
-        bad = pack_all((const uint8_t *)codes.buf, codes.len, b, (uint8_t *)out.buf);
+        bad = ACTIVE->pack_all((const uint8_t *)codes.buf, codes.len, b, (uint8_t *)out.buf);
         Py_END_ALLOW_THREADS
         if (bad)
             PyErr_Format(PyExc_ValueError, "a code does not fit in %d bits", b);
@@ -324,7 +149,7 @@ static PyObject *py_unpack(PyObject *self, PyObject *args)
     PyObject *ret = NULL;
     if (check_bits(b) && check_len("packed input", in.len, packed_size(out.len, b))) {
         Py_BEGIN_ALLOW_THREADS
-        unpack_all((const uint8_t *)in.buf, out.len, b, (uint8_t *)out.buf);
+        ACTIVE->unpack_all((const uint8_t *)in.buf, out.len, b, (uint8_t *)out.buf);
         Py_END_ALLOW_THREADS
         ret = Py_NewRef(Py_None);
     }
@@ -355,7 +180,7 @@ static PyObject *py_quantize_pack(PyObject *self, PyObject *args)
         qp_args a = {(const float *)x.buf, n, group, b, (float *)mins.buf, (float *)scales.buf,
                      (uint8_t *)out.buf};
         Py_BEGIN_ALLOW_THREADS
-        bad = quantize_pack_run(&a);
+        bad = ACTIVE->quantize_pack_run(&a);
         Py_END_ALLOW_THREADS
         if (bad)
             PyErr_SetString(PyExc_ValueError,
@@ -390,7 +215,7 @@ static PyObject *py_unpack_dequantize(PyObject *self, PyObject *args)
                check_len("scales", scales.len, ng * (Py_ssize_t)sizeof(float)) &&
                check_len("mins", mins.len, ng * (Py_ssize_t)sizeof(float))) {
         Py_BEGIN_ALLOW_THREADS
-        unpack_dequantize_run((const uint8_t *)in.buf, n, b, group, (const float *)scales.buf,
+        ACTIVE->unpack_dequantize_run((const uint8_t *)in.buf, n, b, group, (const float *)scales.buf,
                               (const float *)mins.buf, (float *)out.buf);
         Py_END_ALLOW_THREADS
         ret = Py_NewRef(Py_None);
@@ -402,6 +227,52 @@ static PyObject *py_unpack_dequantize(PyObject *self, PyObject *args)
     return ret;
 }
 
+static PyObject *py_isa(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(ACTIVE->name);
+}
+
+static PyObject *py_isas(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out != NULL && i < NISAS; i++) {
+        if (!isa_supported(i))
+            continue;
+        PyObject *name = PyUnicode_FromString(ISAS[i].name);
+        if (name == NULL || PyList_Append(out, name) < 0) {
+            Py_XDECREF(name);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(name);
+    }
+    return out;
+}
+
+static PyObject *py_use_isa(PyObject *self, PyObject *args)
+{
+    const char *name;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "s", &name))
+        return NULL;
+    for (int i = 0; i < NISAS; i++) {
+        if (strcmp(ISAS[i].name, name) != 0)
+            continue;
+        if (!isa_supported(i)) {
+            PyErr_Format(PyExc_ValueError, "this CPU does not run the %s kernels", name);
+            return NULL;
+        }
+        ACTIVE = &ISAS[i];
+        return Py_NewRef(Py_None);
+    }
+    PyErr_Format(PyExc_ValueError, "no %s kernels in this build", name);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"pack", py_pack, METH_VARARGS, "pack(codes, bits, out): pack uint8 codes into out."},
     {"unpack", py_unpack, METH_VARARGS, "unpack(packed, bits, out): unpack into uint8 out."},
@@ -409,6 +280,9 @@ static PyMethodDef methods[] = {
      "quantize_pack(x, bits, group, out, scales, mins): fused group quantize + pack."},
     {"unpack_dequantize", py_unpack_dequantize, METH_VARARGS,
      "unpack_dequantize(packed, bits, group, scales, mins, out): fused unpack + dequantize."},
+    {"isa", py_isa, METH_NOARGS, "isa(): the instruction-set level the kernels run at."},
+    {"isas", py_isas, METH_NOARGS, "isas(): the levels this build has and this CPU runs, widest first."},
+    {"use_isa", py_use_isa, METH_VARARGS, "use_isa(name): run the kernels at that level."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -419,6 +293,12 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
+    for (int i = 0; i < NISAS; i++) { /* the widest level this CPU runs */
+        if (isa_supported(i)) {
+            ACTIVE = &ISAS[i];
+            break;
+        }
+    }
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "BLOCK_COLUMNS", COLS) < 0) {
         Py_DECREF(m);

@@ -3,13 +3,20 @@
 The backend is chosen once at import: ``QPART_KERNELS=numpy`` forces the reference,
 ``QPART_KERNELS=native`` makes a missing extension an error, and the default ``auto`` falls back
 to numpy with one visible warning.
+
+The native extension is one portable build holding its loops at several x86-64 levels (baseline,
+x86-64-v3 with AVX2, x86-64-v4 with AVX-512; ADR 0026) and runs the widest this CPU supports;
+``QPART_KERNELS_ISA`` names another (``baseline`` always works), and :func:`native_isa` says which
+runs. Every level gives the same bytes (``tests/kernels/test_dispatch.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from types import ModuleType
@@ -33,6 +40,7 @@ from qpart.kernels.quantization import (
 )
 
 BACKEND_ENV = "QPART_KERNELS"
+ISA_ENV = "QPART_KERNELS_ISA"
 
 
 class Backend(StrEnum):
@@ -61,6 +69,13 @@ def _load_native() -> ModuleType | None:
             stacklevel=2,
         )
         return None
+    isa = os.environ.get(ISA_ENV, "auto")
+    if isa != "auto":
+        try:
+            _native.use_isa(isa)
+        except ValueError as exc:
+            raise KernelError(f"{ISA_ENV}={isa}: {exc}; this machine runs: "
+                              f"{', '.join(_native.isas())} (or auto)") from exc
     return _native  # type: ignore[no-any-return]
 
 
@@ -70,6 +85,35 @@ _NATIVE = _load_native()
 def active_backend() -> Backend:
     """The backend chosen at import."""
     return Backend.NATIVE if _NATIVE is not None else Backend.NUMPY
+
+
+def native_isa() -> str | None:
+    """The instruction-set level the native kernels run at (``x86-64-v4``, ``x86-64-v3`` or
+    ``baseline``), or ``None`` on the numpy reference."""
+    return str(_NATIVE.isa()) if _NATIVE is not None else None
+
+
+@contextlib.contextmanager
+def native_isa_used(level: str | None) -> Iterator[None]:
+    """Run the native kernels at ``level`` inside the block (process-wide), then at the level
+    they ran at before; ``None``, or the numpy reference, changes nothing. For benchmarks and
+    tests that compare levels.
+
+    Raises:
+        KernelError: this build or this CPU has no such level.
+    """
+    if level is None or _NATIVE is None:
+        yield
+        return
+    before = _NATIVE.isa()
+    try:
+        _NATIVE.use_isa(level)
+    except ValueError as exc:
+        raise KernelError(f"{exc}; this machine runs: {', '.join(_NATIVE.isas())}") from exc
+    try:
+        yield
+    finally:
+        _NATIVE.use_isa(before)
 
 
 def native_module() -> ModuleType | None:

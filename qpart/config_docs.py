@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings
 
 from qpart.client.settings import DeviceSettings
 from qpart.flags import is_advanced
-from qpart.kernels.ops import BACKEND_ENV, Backend
+from qpart.kernels.ops import BACKEND_ENV, ISA_ENV, Backend
 from qpart.models.data import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from qpart.models.registry import REGISTRY_ENV
 from qpart.offline.settings import CalibrationSettings
@@ -159,6 +159,9 @@ def render_other() -> str:
     rows = [
         (BACKEND_ENV, kernels, "`auto`", "Kernel implementation: the C extension, the numpy "
          "reference, or auto (the extension when built, else numpy with a warning)."),
+        (ISA_ENV, '"auto" | "x86-64-v4" | "x86-64-v3" | "baseline"', "`auto`",
+         "Instruction-set level of the C extension's loops: auto, the widest this CPU runs; another "
+         "level this CPU runs (every level gives the same bytes); an unknown one is an error."),
         (DATA_DIR_ENV, "path", f"`{show_path(DEFAULT_DATA_DIR)}`",
          "Folder holding Fashion-MNIST (Debian package `dataset-fashion-mnist`)."),
         (REGISTRY_ENV, "path", "unset", "Registry file of your own models (`qpart models register`)."),

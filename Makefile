@@ -87,7 +87,7 @@ bench: setup wrk  ## kernel and serving benchmarks (JSON in bench/results/)
 bench-e2e: setup  ## QPART vs fixed strategies over a shaped private link, as issue 27's acceptance grid (root; about 85 min, more while the host steals CPU)
 	OMP_NUM_THREADS=1 $(PY) -m bench.e2e --cell-seconds 10 --repetitions 5  # raw grid in bench/runs/ (ignored); commit only its bench.e2e.summary
 
-bench-peer: setup wrk  ## /v2 infer vs KServe in its own venv, private namespace (root)
+bench-peer: setup wrk  ## /v2 infer vs Triton (Python backend, PyTriton), KServe and LitServe, each in its own venv, private namespace (root)
 	$(PY) -m bench.micro.peer --json bench/results/peer.json
 
 bench-load: setup  ## 64 simulated devices for 3 minutes: errors, RSS, segment cache

@@ -11,10 +11,12 @@ Servers under test run pinned to core 0 (:func:`start_server`), the generator to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,8 +70,22 @@ class Server:
     url: str
 
     def cpu_seconds(self) -> float:
-        """User + system CPU the process has used so far (Linux /proc)."""
-        return _cpu_seconds(Path(f"/proc/{self.proc.pid}/stat"))
+        """User + system CPU the server has used so far (Linux /proc): its own, its children's that
+        it waited for, and, when it leads a process group (:func:`start_server` makes it one), every
+        other live process of the group: what a server starts, such as Triton's Python backend
+        stub, which runs the model."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        total = ticks / os.sysconf("SC_CLK_TCK")
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            if stat.parent.name == str(self.proc.pid):
+                continue
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == self.proc.pid:  # its group
+                    total += _cpu_seconds(stat)
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                continue  # the process ended meanwhile
+        return total
 
     def thread_cpu_seconds(self) -> dict[int, float]:
         """User + system CPU per thread so far (thread id -> seconds; the main thread's id is the
@@ -83,13 +99,19 @@ class Server:
         return out
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 30 s."""
-        self.proc.terminate()
+        """SIGTERM to the server's process group (the server is its leader: what it started goes
+        too, such as LitServe's workers or Triton's backend stubs), then SIGKILL after 30 s."""
+        self._signal(signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal(signal.SIGKILL)
             self.proc.wait()
+        self._signal(signal.SIGKILL)  # anything of the group still running after its leader exited
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone
+            os.killpg(self.proc.pid, sig)
 
 
 def start_server(cmd: list[str], url: str, ready_path: str, env: dict[str, str] | None = None,
@@ -97,10 +119,11 @@ def start_server(cmd: list[str], url: str, ready_path: str, env: dict[str, str] 
     """Start ``cmd`` pinned to the server core and wait until ``url + ready_path`` answers 200."""
     out = log.open("wb") if log else subprocess.DEVNULL
     proc = subprocess.Popen(pinned(cmd, SERVER_CORE), env={**os.environ, **(env or {})},
-                            stdout=out, stderr=subprocess.STDOUT)
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            Server(proc, url).stop()  # what it started, if anything
             raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
         try:
             if httpx.get(url + ready_path, timeout=1).status_code == 200:
@@ -108,7 +131,7 @@ def start_server(cmd: list[str], url: str, ready_path: str, env: dict[str, str] 
         except httpx.TransportError:
             pass
         time.sleep(0.3)
-    proc.kill()
+    Server(proc, url).stop()
     raise RuntimeError(f"server not ready after {timeout_s:g} s: {' '.join(cmd)}")
 
 

@@ -5,10 +5,8 @@ dependency of this project), from the repository root or with it on ``PYTHONPATH
 
     .venv-kserve/bin/python -m bench.micro.kserve_model --name fmnist-cnn --port 8080
 
-It serves exactly the graph ``qpart serve`` runs for ``/v2/models/{m}/infer``: the model from
-``models.registry`` traced and batch-norm-folded by ``models.partition.prepare``, the tail of
-cut 0 with its 4-D weights in channels-last memory format, one torch thread, under
-``torch.inference_mode`` (``server/store/catalog.py`` ``_load_one``, ``server/engine.py`` ``_runner``).
+It serves exactly the graph ``qpart serve`` runs for ``/v2/models/{m}/infer``
+(:class:`bench.micro.peers.graph.ServedGraph`).
 
 KServe 0.21 has no bind-address option (``RESTServer`` hard-codes ``0.0.0.0``) and starts a gRPC
 server on 8081 unless told otherwise. :class:`LoopbackModelServer` starts only a
@@ -22,27 +20,21 @@ ships no type information); ``mypy --strict --python-executable .venv-kserve/bin
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer  # type: ignore[import-untyped]
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING  # type: ignore[import-untyped]
 from kserve.errors import InvalidInput  # type: ignore[import-untyped]
 from kserve.protocol.rest.server import RESTServer  # type: ignore[import-untyped]
 from kserve.utils.utils import generate_uuid  # type: ignore[import-untyped]
-from torch import nn
 
-from qpart.models.partition import cuts_of, prepare, split
-from qpart.models.registry import get_model
+from bench.micro.peers.graph import ServedGraph, model_parser
 
 LOOPBACK = "127.0.0.1"
-TORCH_THREADS = 1
 
 
 class LoopbackRESTServer(RESTServer):  # type: ignore[misc]
@@ -71,42 +63,22 @@ class LoopbackModelServer(ModelServer):  # type: ignore[misc]
         asyncio.run(self._serve())
 
 
-def _channels_last_tail(name: str, weights: Path | None) -> tuple[nn.Module, bool]:
-    """The cut-0 tail of ``name`` as qpart serves it, and whether it takes 4-D inputs."""
-    spec = get_model(name)
-    if weights is not None:
-        spec = replace(spec, weights=weights)
-    gm = prepare(spec.load(), spec.input_shape)
-    cut = cuts_of(gm)[0]
-    tail = split(gm, cut)[1].eval()
-    four_d = len(cut.shape) == 3
-    for param in tail.parameters():
-        param.requires_grad_(False)
-        if four_d and param.dim() == 4:
-            param.data = param.data.contiguous(memory_format=torch.channels_last)
-    return tail, four_d
-
-
 class FullModel(Model):  # type: ignore[misc]
     """A registered QPART model, whole (cut 0): input ``input`` FP32 ``[-1, *shape]`` -> ``logits``."""
 
     def __init__(self, name: str, weights: Path | None = None) -> None:
         super().__init__(name)
-        self._input_shape = get_model(name).input_shape
-        self._tail, self._four_d = _channels_last_tail(name, weights)
+        self._graph = ServedGraph.load(name, weights)
         self.ready = True
 
     def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> InferResponse:
         """Logits for a batch; binary outputs when the request asks (``binary_data_output``)."""
         x = payload.inputs[0].as_numpy()
-        if x.dtype != np.float32 or tuple(x.shape[1:]) != self._input_shape or not np.isfinite(x).all():
-            want = ", ".join(map(str, self._input_shape))
+        shape = self._graph.input_shape
+        if x.dtype != np.float32 or tuple(x.shape[1:]) != shape or not np.isfinite(x).all():
+            want = ", ".join(map(str, shape))
             raise InvalidInput(f"input must be finite FP32 [batch, {want}], got {x.dtype} {list(x.shape)}")
-        t = torch.from_numpy(x)
-        if self._four_d:
-            t = t.contiguous(memory_format=torch.channels_last)
-        with torch.inference_mode():
-            logits = self._tail(t).numpy()
+        logits = self._graph.logits(x)
         output = InferOutput(name="logits", shape=list(logits.shape), datatype="FP32")
         output.set_data_from_numpy(logits, binary_data=payload.use_binary_outputs)
         return InferResponse(model_name=self.name, infer_outputs=[output],
@@ -128,15 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     """Command-line entry point."""
     # Option names must not be prefixes of KServe's own: kserve.model_server parses sys.argv with
     # parse_known_args (abbreviations allowed) when it is imported.
-    parser = argparse.ArgumentParser(prog="python -m bench.micro.kserve_model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--name", default="fmnist-cnn", help="registered model (models.registry)")
-    parser.add_argument("--port", type=int, default=8080, help="HTTP port on 127.0.0.1")
-    parser.add_argument("--weights", type=Path, help="safetensors file (default: the registry's)")
+    parser = model_parser("python -m bench.micro.kserve_model", __doc__, 8080)
     parser.add_argument("--request-logs", action="store_true",
                         help="keep KServe's per-request access and latency log lines")
     args = parser.parse_args(argv)
-    torch.set_num_threads(TORCH_THREADS)
     model = FullModel(args.name, args.weights)
     server = LoopbackModelServer(http_port=args.port, workers=1, enable_grpc=False,
                                  enable_latency_logging=args.request_logs)

@@ -1,29 +1,41 @@
-"""The whole float model served by KServe's Python model server and by ``qpart serve``, side by side.
+"""The whole float model served by ``qpart serve`` and by four peers, side by side (issue 54).
 
-``python -m bench.micro.peer --json PATH [--seconds S] [--rounds R] [--model fmnist-cnn]`` (as root)
+``python -m bench.micro.peer --json PATH [--seconds S] [--rounds R] [--model fmnist-cnn] [--server NAME ...]``
+(as root)
 
-The peer is KServe (PyPI ``kserve``, pinned below) in its own virtualenv ``.venv-kserve``, created
-on first use with torch pinned first (the CPU build on local disk; an unpinned torch resolves to
-CUDA). kserve is never a dependency of the project. It serves ``bench/micro/kserve_model.py``: the same
-weights, the same batch-norm-folded graph, channels-last, one torch thread as qpart's
-``/v2/models/{m}/infer``; before any timing, both servers must give the same top-1 on real test
-images, as JSON and as binary tensors.
+The peers (:mod:`bench.micro.peers`), each in its own virtualenv made on first use with torch
+pinned first (the CPU build on local disk), none of them a dependency of this project:
+
+- ``triton``: Triton Inference Server 2.51 (the ``tritonserver`` binary shipped in PyPI's
+  ``nvidia-pytriton`` wheel) running its Python backend, with a generated model repository:
+  ``max_batch_size`` 32, dynamic batching, one CPU instance; what Triton users deploy for a torch
+  model without a C++ backend;
+- ``pytriton``: the same Triton through PyTriton (one bound Python function, ``@batch``);
+- ``kserve``: KServe's Python model server (``bench/micro/kserve_model.py``);
+- ``litserve``: LitServe with a LitAPI that takes the same v2 JSON body (batches of up to 32);
+  it speaks no binary tensors.
+
+Every server runs the same graph (:class:`bench.micro.peers.graph.ServedGraph`: what ``qpart
+serve`` runs for ``/v2/models/{m}/infer``) with one torch thread; before any timing, every server
+must give the same top-1 on real test images, with every payload it speaks.
 
 Everything runs in a private network namespace: the command re-executes itself under
-``unshare -n``, brings ``lo`` up, and starts both servers (pinned to core 0; qpart with its default
-settings and one torch thread) and the load generator (wrk, pinned to core 1; each client is its
-own keep-alive connection) inside, all on 127.0.0.1. For each payload and client count (1, 8, 32)
-the two servers are measured back to back, ``S`` seconds each, with a batch-1 Open Inference
-Protocol v2 infer request of one test image:
+``unshare -n``, brings ``lo`` up, and starts the servers (pinned to core 0, with everything they
+start; qpart with its default settings) and the load generator (wrk, pinned to core 1; each client
+is its own keep-alive connection) inside, all on 127.0.0.1. Each round measures, for each payload
+and client count (1, 8, 32), every server back to back, ``S`` seconds each, with a batch-1 Open
+Inference Protocol v2 infer request of one test image:
 
 - ``json``: the tensor as a JSON list of 784 floats, JSON logits back;
 - ``binary``: the binary tensor extension, a JSON header then the raw little-endian bytes
   (``Inference-Header-Content-Length``), with ``binary_data_output`` asking for binary logits.
 
 Reported per run: throughput, p50/p99 latency, errors (non-2xx and socket errors), the server's
-CPU share of one core and its CPU seconds per request, the share of the server's core busy with
-anything else (kernel loopback work, other processes, steal: a disturbed run shows here) and wrk's
-own CPU share; and the qpart/kserve throughput ratio at 32 clients for each payload.
+CPU share of one core and its CPU seconds per request (its whole process group), the share of the
+server's core busy with anything else (a disturbed run shows here), wrk's own CPU share, and the
+mean batch the server formed where it counts them (qpart's ``qpart_tail_batch_size``, Triton's
+statistics). Then, per payload, client count and peer, qpart's throughput over the peer's: the
+median of the rounds and the lowest round, and at 32 clients the CPU per request over the peer's.
 """
 
 from __future__ import annotations
@@ -32,75 +44,40 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import httpx
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from bench import REPO, write_json
+from bench import write_json
 from bench.harness.loadgen import (
     PRIVATE_NETWORK_FLAG,
     SERVER_CORE,
-    Server,
     core_busy_seconds,
     enter_private_network,
     require_wrk,
-    start_server,
     wrk,
 )
+from bench.micro.peers.servers import SERVERS, SPEAKS, Payload, ServerName, Started, batch_counts, start
+from bench.micro.peers.venvs import KSERVE, LITSERVE, TRITON, Venv
 from qpart.models import METRICS, hits_of
 
-KSERVE_VENV = REPO / ".venv-kserve"
-KSERVE_PYTHON = KSERVE_VENV / "bin" / "python"
-TORCH_PIN = "torch==2.13.0"
-KSERVE_PIN = "kserve==0.21.0"
-KSERVE_EXTRA = ("safetensors>=0.4",)  # what models.registry needs besides torch and numpy
-
-Payload: TypeAlias = Literal["json", "binary"]
-ServerName: TypeAlias = Literal["qpart", "kserve"]
 Body: TypeAlias = tuple[bytes, str, dict[str, str]]  # body, content type, extra headers
 
 CLIENTS = (1, 8, 32)
 PAYLOADS: tuple[Payload, ...] = ("json", "binary")
-SERVERS: tuple[ServerName, ...] = ("qpart", "kserve")
-PORTS: dict[ServerName, int] = {"qpart": 18310, "kserve": 18311}
+VENVS: dict[ServerName, Venv] = {"kserve": KSERVE, "triton": TRITON, "pytriton": TRITON, "litserve": LITSERVE}
+PACKAGES: dict[ServerName, str] = {"kserve": "kserve", "triton": "nvidia-pytriton",
+                                   "pytriton": "nvidia-pytriton", "litserve": "litserve"}
 VERIFY_IMAGES = 16
 BINARY = "application/octet-stream"
 HEADER = "Inference-Header-Content-Length"
-
-
-def _pip(*args: str) -> None:
-    subprocess.run([str(KSERVE_VENV / "bin" / "pip"), "install", "-q", *args], check=True)
-
-
-def _installed(package: str) -> str | None:
-    """The version of ``package`` in the KServe venv, or None."""
-    out = subprocess.run([str(KSERVE_PYTHON), "-c", f"from importlib.metadata import version; "
-                          f"print(version('{package}'))"], capture_output=True, text=True, check=False)
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def ensure_kserve_venv() -> str:
-    """Create or complete ``.venv-kserve`` (torch first, then kserve); the kserve version."""
-    if not KSERVE_PYTHON.exists():
-        print(f"creating {KSERVE_VENV}", file=sys.stderr)
-        subprocess.run(["python3", "-m", "venv", str(KSERVE_VENV)], check=True)
-    if _installed("torch") is None:
-        _pip(TORCH_PIN)
-    if _installed("kserve") != KSERVE_PIN.split("==")[1]:
-        # The torch already installed satisfies kserve's requirement, so pip leaves it alone.
-        _pip(KSERVE_PIN, *KSERVE_EXTRA)
-    torch_version = _installed("torch") or ""
-    if not torch_version.startswith(TORCH_PIN.split("==")[1]):
-        raise SystemExit(f"{KSERVE_VENV} holds torch {torch_version}, not {TORCH_PIN}: remove the folder")
-    return _installed("kserve") or "unknown"
 
 
 def infer_bodies(image: npt.NDArray[np.float32]) -> dict[Payload, Body]:
@@ -127,7 +104,8 @@ def decode_logits(response: httpx.Response) -> npt.NDArray[np.float32]:
 
 
 def verify_same_model(urls: dict[ServerName, str], n: int = VERIFY_IMAGES) -> dict[str, Any]:
-    """Both servers, both payloads, ``n`` test images: the same top-1 everywhere, or SystemExit."""
+    """Every server, every payload it speaks, ``n`` test images: the same top-1 everywhere, or
+    SystemExit."""
     from qpart.models.data import Split, load_split
 
     data = load_split(Split.TEST, limit=n)
@@ -137,117 +115,132 @@ def verify_same_model(urls: dict[ServerName, str], n: int = VERIFY_IMAGES) -> di
         for image, label in zip(data.images, data.labels, strict=True):
             logits: dict[tuple[ServerName, Payload], npt.NDArray[np.float32]] = {}
             for payload, (body, content_type, headers) in infer_bodies(image[None]).items():
-                for server in SERVERS:
-                    r = client.post(urls[server], content=body,
-                                    headers={"content-type": content_type, **headers})
-                    logits[(server, payload)] = decode_logits(r)
-            top1 = {k: int(v.argmax()) for k, v in logits.items()}
+                for server, url in urls.items():
+                    if payload in SPEAKS[server]:
+                        r = client.post(url, content=body,
+                                        headers={"content-type": content_type, **headers})
+                        logits[(server, payload)] = decode_logits(r)
+            top1 = {f"{k[0]}/{k[1]}": int(v.argmax()) for k, v in logits.items()}
             if len(set(top1.values())) != 1:
                 raise SystemExit(f"the servers disagree on a test image (label {label}): {top1}")
             ours = torch.from_numpy(logits[("qpart", "json")]).reshape(1, -1)
             correct += int(hits_of(METRICS["top1-drop"], ours, np.array([label]))[0])
-            diff = max(diff, *(float(np.abs(logits[("qpart", p)] - logits[("kserve", p)]).max())
-                               for p in PAYLOADS))
-    return {"test_images": n, "top1_agree": True, "top1_correct": correct, "max_abs_logit_diff": diff}
+            diff = max(diff, *(float(np.abs(v - logits[("qpart", k[1])]).max()) for k, v in logits.items()))
+    return {"test_images": n, "servers": list(urls), "top1_agree": True, "top1_correct": correct,
+            "max_abs_logit_diff": diff}
 
 
-def _start(name: ServerName, model: str, logs: Path) -> Server:
-    port = PORTS[name]
-    weights = REPO / "artifacts" / model / "weights.safetensors"
-    if name == "qpart":
-        # Only this model's artifact folder: the server loads nothing else.
-        cmd = [sys.executable, "-m", "qpart", "serve", "--artifacts", str(weights.parent)]
-        env = {"QPART_HOST": "127.0.0.1", "QPART_PORT": str(port), "QPART_TORCH_THREADS": "1"}
-    else:
-        cmd = [str(KSERVE_PYTHON), "-m", "bench.micro.kserve_model", "--name", model, "--port", str(port),
-               "--weights", str(weights)]
-        env = {"PYTHONPATH": str(REPO)}
-    log = logs / f"{name}.log"
-    try:
-        return start_server(cmd, f"http://127.0.0.1:{port}", f"/v2/models/{model}/ready", env, log=log)
-    except RuntimeError as exc:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise SystemExit(f"{exc}\n--- {log} ---\n{tail}") from exc
-
-
-def _measured(server: Server, url: str, body: Body, clients: int, seconds: int) -> dict[str, Any]:
+def _measured(name: ServerName, started: Started, url: str, body: Body, clients: int, seconds: int,
+              model: str) -> dict[str, Any]:
     content, content_type, headers = body
+    server = started.server
+    before = batch_counts(name, started.stats_url, model)
     cpu0, core0, t0 = server.cpu_seconds(), core_busy_seconds(SERVER_CORE), time.perf_counter()
     result = wrk(url, content, content_type, clients, seconds, headers=headers)
     wall = time.perf_counter() - t0
     cpu = server.cpu_seconds() - cpu0
+    after = batch_counts(name, started.stats_url, model)
     result["server_cpu_share"] = cpu / wall
     result["server_cpu_s_per_request"] = cpu / max(1, result["requests"])
     # Busy time of the server's core that is not the server: loopback kernel work, other processes,
     # steal. Large values mean the run was disturbed (the machine is shared).
     result["server_core_other_share"] = (core_busy_seconds(SERVER_CORE) - core0) / wall - cpu / wall
+    result["mean_batch"] = ((after[0] - before[0]) / (after[1] - before[1])
+                            if before is not None and after is not None and after[1] > before[1] else None)
     return result
 
 
-def run(model: str, seconds: int, kserve_version: str, rounds: int = 3) -> dict[str, Any]:
-    """Start both servers, verify them, measure every payload and client count; the JSON document."""
+def run(model: str, seconds: int, versions: dict[str, str], servers: tuple[ServerName, ...],
+        rounds: int = 3) -> dict[str, Any]:
+    """Start the servers, verify them, measure every payload and client count in ``rounds``
+    interleaved rounds; the JSON document."""
     from qpart.models.data import Split, load_split
 
     require_wrk()
     bodies = infer_bodies(load_split(Split.TEST, limit=1).images)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qpart-peer-") as tmp:
-        servers: dict[ServerName, Server] = {}
+        started: dict[ServerName, Started] = {}
         try:
-            for name in SERVERS:
-                servers[name] = _start(name, model, Path(tmp))
-            urls = {name: f"{s.url}/v2/models/{model}/infer" for name, s in servers.items()}
+            for name in servers:
+                started[name] = start(name, model, Path(tmp))
+            urls = {name: f"{s.server.url}/v2/models/{model}/infer" for name, s in started.items()}
             verification = verify_same_model(urls)
-            for name in SERVERS:  # warm-up: allocator, first batches, lazy imports
-                for content, content_type, headers in bodies.values():
+            for name in servers:  # warm-up: allocator, first batches, lazy imports
+                for payload in SPEAKS[name]:
+                    content, content_type, headers = bodies[payload]
                     wrk(urls[name], content, content_type, 4, 1, headers=headers)
             for rnd in range(rounds):
                 for payload in PAYLOADS:
                     for clients in CLIENTS:
-                        for name in SERVERS:  # back to back, so the shared machine's drift hits both
-                            r = _measured(servers[name], urls[name], bodies[payload], clients, seconds)
+                        for name in servers:  # back to back, so the shared machine's drift hits all
+                            if payload not in SPEAKS[name]:
+                                continue
+                            r = _measured(name, started[name], urls[name], bodies[payload], clients, seconds,
+                                          model)
                             runs.append({"server": name, "payload": payload, "round": rnd, **r})
                             print(_row(runs[-1]), file=sys.stderr)
         finally:
-            for s in servers.values():
-                s.stop()
-    per_round = {p: [_pick(runs, "qpart", p, 32, r)["throughput_rps"]
-                     / _pick(runs, "kserve", p, 32, r)["throughput_rps"] for r in range(rounds)]
-                 for p in PAYLOADS}
-    ratio = {p: statistics.median(v) for p, v in per_round.items()}
-    return {"kserve_version": kserve_version, "model": model, "runs": runs, "ratio_at_32": ratio,
-            "ratio_at_32_per_round": per_round, "rounds": rounds,
-            "verification": verification, "seconds_per_run": seconds, "batch": 1,
-            "setup": "private network namespace (unshare -n), all on 127.0.0.1; both servers pinned to core "
-                     "0 with 1 torch thread, one uvicorn worker each, wrk pinned to core 1; qpart with its "
-                     "default settings (dynamic batching up to 32, access log off); KServe REST only (gRPC "
-                     "off), per-request log lines off; each pair measured back to back"}
+            for s in started.values():
+                s.server.stop()
+    return {"versions": versions, "model": model, "runs": runs, "rounds": rounds,
+            "ratios": ratios(runs, rounds), "verification": verification, "seconds_per_run": seconds,
+            "batch": 1,
+            "setup": "private network namespace (unshare -n), all on 127.0.0.1; every server pinned to core "
+                     "0 with everything it starts, 1 torch thread, batches of at most 32 (qpart's default, "
+                     "Triton's max_batch_size with dynamic batching, LitServe's max_batch_size with a 1 ms "
+                     "batch timeout; KServe forms none); wrk pinned to core 1; qpart with its default "
+                     "settings; KServe REST only, per-request log lines off; each round measures every "
+                     "server back to back at each payload and client count"}
 
 
-def _pick(runs: list[dict[str, Any]], server: ServerName, payload: Payload, clients: int,
+def ratios(runs: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    """Per payload, peer and client count: qpart's throughput over the peer's (median and lowest of
+    the rounds), and at 32 clients qpart's CPU per request over the peer's (median)."""
+    out: dict[str, Any] = {}
+    for payload in PAYLOADS:
+        for peer in sorted({r["server"] for r in runs if r["payload"] == payload} - {"qpart"}):
+            entry: dict[str, Any] = {}
+            for clients in CLIENTS:
+                per_round = [_pick(runs, "qpart", payload, clients, r)["throughput_rps"]
+                             / _pick(runs, peer, payload, clients, r)["throughput_rps"]
+                             for r in range(rounds)]
+                entry[str(clients)] = {"median": statistics.median(per_round), "lowest": min(per_round),
+                                       "rounds": per_round}
+            cpu = [_pick(runs, "qpart", payload, 32, r)["server_cpu_s_per_request"]
+                   / _pick(runs, peer, payload, 32, r)["server_cpu_s_per_request"] for r in range(rounds)]
+            entry["cpu_per_request_at_32"] = statistics.median(cpu)
+            out[f"{payload}/{peer}"] = entry
+    return out
+
+
+def _pick(runs: list[dict[str, Any]], server: str, payload: Payload, clients: int,
           rnd: int) -> dict[str, Any]:
     return next(r for r in runs
                 if (r["server"], r["payload"], r["clients"], r["round"]) == (server, payload, clients, rnd))
 
 
 def _row(r: dict[str, Any]) -> str:
-    return (f"{r['server']:<7} {r['payload']:<7} {r['clients']:>7} {r['throughput_rps']:8.1f} "
+    batch = f"{r['mean_batch']:6.1f}" if r.get("mean_batch") is not None else "     -"
+    return (f"{r['server']:<9} {r['payload']:<7} {r['clients']:>7} {r['throughput_rps']:8.1f} "
             f"{r['p50_s'] * 1e3:8.2f} {r['p99_s'] * 1e3:8.2f} {r['server_cpu_share']:8.0%} "
             f"{r['server_cpu_s_per_request'] * 1e3:11.2f} {r['server_core_other_share']:10.0%} "
-            f"{r['generator_cpu_share']:8.0%} {r['errors']:>6}")
+            f"{r['generator_cpu_share']:8.0%} {batch} {r['errors']:>6}")
 
 
 def print_table(doc: dict[str, Any]) -> None:
     """The runs as a table, then the ratios."""
-    print(f"{doc['model']}, kserve {doc['kserve_version']}, {doc['seconds_per_run']} s per run; "
+    print(f"{doc['model']}, {doc['versions']}, {doc['seconds_per_run']} s per run; "
           f"verification: {doc['verification']}")
-    print(f"{'server':<7} {'payload':<7} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'srv CPU':>8} {'srv ms/req':>11} {'core other':>10} {'wrk CPU':>8} {'errors':>6}")
+    print(f"{'server':<9} {'payload':<7} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'srv CPU':>8} {'srv ms/req':>11} {'core other':>10} {'wrk CPU':>8} {'batch':>6} {'errors':>6}")
     for r in doc["runs"]:
         print(_row(r))
-    for payload, ratio in doc["ratio_at_32"].items():
-        rounds = ", ".join(f"{r:.2f}" for r in doc["ratio_at_32_per_round"][payload])
-        print(f"qpart/kserve throughput at 32 clients, {payload}: {ratio:.2f}x (rounds: {rounds})")
+    print("qpart's throughput over the peer's, median (lowest) of the rounds; CPU per request at 32")
+    for key, entry in doc["ratios"].items():
+        cells = "  ".join(f"{c}: {entry[c]['median']:.2f} ({entry[c]['lowest']:.2f})"
+                          for c in map(str, CLIENTS))
+        print(f"{key:<18} {cells}  cpu/req: {entry['cpu_per_request_at_32']:.2f}")
     errors = sum(r["errors"] for r in doc["runs"])
     if errors:
         print(f"WARNING: {errors} failed requests (see 'errors' per run)")
@@ -260,19 +253,26 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
     parser.add_argument("--seconds", type=int, default=5, help="duration of each load run (default 5)")
-    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the grid; the ratio is "
-                        "the median of the per-round ratios (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of the grid; a ratio "
+                        "is the median of the per-round ratios (default 3)")
     parser.add_argument("--model", default="fmnist-cnn", choices=("fmnist-cnn", "fmnist-resnet"),
-                        help="model to serve on both (default fmnist-cnn)")
+                        help="model to serve on every server (default fmnist-cnn)")
+    parser.add_argument("--server", action="append", choices=[s for s in SERVERS if s != "qpart"],
+                        help="peer(s) to measure beside qpart (default: all four)")
     args = parser.parse_args(args_in)
+    servers: tuple[ServerName, ...] = ("qpart", *(args.server or [s for s in SERVERS if s != "qpart"]))
     if os.environ.get(PRIVATE_NETWORK_FLAG) != "1":
-        ensure_kserve_venv()  # needs the package index: before the namespace cuts the network
+        for name in servers[1:]:  # needs the package index: before the namespace cuts the network
+            VENVS[name].ensure()
     enter_private_network("bench.micro.peer", args_in)
-    kserve_version = _installed("kserve")
-    if kserve_version is None:
-        raise SystemExit(f"kserve is not installed in {KSERVE_VENV}: run bench.micro.peer outside a "
-                         f"namespace once to create it")
-    doc = run(args.model, args.seconds, kserve_version, args.rounds)
+    versions: dict[str, str] = {}
+    for name in servers[1:]:
+        version = VENVS[name].installed(PACKAGES[name])
+        if version is None:
+            raise SystemExit(f"{PACKAGES[name]} is not installed in {VENVS[name].path}: run bench.micro.peer "
+                             "outside a namespace once to create it")
+        versions[name] = version
+    doc = run(args.model, args.seconds, versions, servers, args.rounds)
     print_table(doc)
     write_json(args.json, doc, indent=2)
 

@@ -36,6 +36,41 @@ typedef struct {
     uint8_t *out;
 } qp_args;
 
+/* ---- streaming stores for large outputs ------------------------------------------------------ */
+
+#if defined(__SSE2__)
+#define STREAMING 1
+#define STREAM_MIN ((Py_ssize_t)1 << 21) /* 8 MiB of floats: larger than a core's share of the caches */
+
+/* dst[0:len] = src[0:len], the 16-byte-aligned middle with non-temporal stores (no read of dst). */
+static void stream_copy(float *dst, const float *src, Py_ssize_t len)
+{
+    Py_ssize_t k = 0;
+    while (k < len && ((uintptr_t)(dst + k) & 15) != 0) {
+        dst[k] = src[k];
+        k++;
+    }
+    for (; k + 16 <= len; k += 16) {
+        _mm_stream_ps(dst + k, _mm_loadu_ps(src + k));
+        _mm_stream_ps(dst + k + 4, _mm_loadu_ps(src + k + 4));
+        _mm_stream_ps(dst + k + 8, _mm_loadu_ps(src + k + 8));
+        _mm_stream_ps(dst + k + 12, _mm_loadu_ps(src + k + 12));
+    }
+    for (; k + 4 <= len; k += 4)
+        _mm_stream_ps(dst + k, _mm_loadu_ps(src + k));
+    for (; k < len; k++)
+        dst[k] = src[k];
+}
+
+/* Streaming stores are weakly ordered: fence them before the caller (and any thread) reads. */
+static void stream_fence(void) { _mm_sfence(); }
+#else
+#define STREAMING 0
+#define STREAM_MIN PY_SSIZE_T_MAX
+static void stream_copy(float *dst, const float *src, Py_ssize_t len) { memcpy(dst, src, (size_t)len * sizeof *dst); }
+static void stream_fence(void) {}
+#endif
+
 /* ---- one copy of the loops per instruction-set level, chosen at import ----------------------
  * One portable build (no -march): the loops are compiled for the x86-64 baseline and, on x86-64
  * with GCC or clang, again for x86-64-v3 (AVX2, BMI2) and x86-64-v4 (AVX-512); the widest level

@@ -84,3 +84,19 @@ def test_the_level_is_named_by_its_variable():
     assert bad.returncode != 0
     expected = "QPART_KERNELS_ISA=avx9000: no avx9000 kernels in this build; this machine runs: "
     assert expected + ", ".join(LEVELS) in bad.stderr
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_large_output_streamed_to_memory_holds_the_references_values(level, offset):
+    # 2^21 values and more go out with streaming stores; offset 1: an output 4 bytes past a
+    # 16-byte boundary, whose head and tail are written one float at a time
+    n = (1 << 21) + 1237
+    x = np.random.default_rng(offset).standard_normal(n).astype(np.float32)
+    packed = quantize_pack(x, QuantScheme(3, 256), backend=Backend.NUMPY)
+    reference = unpack_dequantize(packed, backend=Backend.NUMPY)
+    buffer = np.full(n + offset, np.nan, np.float32)
+    with native_isa_used(level):
+        unpack_dequantize(packed, out=buffer[offset:], backend=Backend.NATIVE)
+    np.testing.assert_array_equal(buffer[offset:], reference)
+    assert np.isnan(buffer[:offset]).all()  # nothing written before the output

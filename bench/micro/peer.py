@@ -64,7 +64,16 @@ from bench.harness.loadgen import (
     require_wrk,
     wrk,
 )
-from bench.micro.peers.servers import SERVERS, SPEAKS, Payload, ServerName, Started, batch_counts, start
+from bench.micro.peers.servers import (
+    SERVERS,
+    SPEAKS,
+    Payload,
+    ServerName,
+    Started,
+    batch_counts,
+    server_versions,
+    start,
+)
 from bench.micro.peers.venvs import KSERVE, LITSERVE, TRITON, Venv
 from qpart.models import METRICS, hits_of
 
@@ -165,6 +174,7 @@ def run(model: str, seconds: int, versions: dict[str, str], servers: tuple[Serve
             for name in servers:
                 started[name] = start(name, model, Path(tmp))
             urls = {name: f"{s.server.url}/v2/models/{model}/infer" for name, s in started.items()}
+            versions = {**versions, **server_versions(started)}
             verification = verify_same_model(urls)
             for name in servers:  # warm-up: allocator, first batches, lazy imports
                 for payload in SPEAKS[name]:

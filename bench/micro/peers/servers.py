@@ -131,6 +131,17 @@ def start(name: ServerName, model: str, logs: Path) -> Started:
         raise SystemExit(f"{exc}\n--- {log} ---\n{tail}") from exc
 
 
+def server_versions(started: dict[ServerName, Started]) -> dict[str, str]:
+    """The Triton servers' own versions (``GET /v2``), beside the wheels' versions the caller has."""
+    out = {}
+    for name, running in started.items():
+        if name not in ("triton", "pytriton"):
+            continue
+        meta = httpx.get(f"{running.server.url}/v2", timeout=10)
+        out[f"{name}-server"] = str(meta.json().get("version")) if meta.status_code == 200 else "?"
+    return out
+
+
 def batch_counts(name: ServerName, url: str | None, model: str) -> tuple[float, float] | None:
     """(requests, batches) the server has run so far, from its statistics (Triton's
     ``/v2/models/{m}/stats``, qpart's ``qpart_tail_batch_size`` histogram); None where it reports none."""

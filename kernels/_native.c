@@ -67,14 +67,18 @@ static void stream_fence(void) { _mm_sfence(); }
 #else
 #define STREAMING 0
 #define STREAM_MIN PY_SSIZE_T_MAX
-static void stream_copy(float *dst, const float *src, Py_ssize_t len) { memcpy(dst, src, (size_t)len * sizeof *dst); }
+static void stream_copy(float *dst, const float *src, Py_ssize_t len)
+{
+    memcpy(dst, src, (size_t)len * sizeof *dst);
+}
 static void stream_fence(void) {}
 #endif
 
 /* ---- one copy of the loops per instruction-set level, chosen at import ----------------------
  * One portable build (no -march): the loops are compiled for the x86-64 baseline and, on x86-64
- * with GCC or clang, again for x86-64-v3 (AVX2, BMI2) and x86-64-v4 (AVX-512); the widest level
- * the CPU supports is chosen when the module loads (isa(), isas(), use_isa()). */
+ * with GCC 12+ or clang 16+ (which know these levels), again for x86-64-v3 (AVX2, BMI2) and
+ * x86-64-v4 (AVX-512); the widest level the CPU supports is chosen when the module loads (isa(),
+ * isas(), use_isa()). */
 
 #define QP(name) name##_base
 #define QP_TARGET
@@ -82,7 +86,14 @@ static void stream_fence(void) {}
 #undef QP
 #undef QP_TARGET
 
-#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+#if defined(__clang__)
+#define QP_COMPILER_KNOWS_LEVELS (__clang_major__ >= 16)
+#elif defined(__GNUC__)
+#define QP_COMPILER_KNOWS_LEVELS (__GNUC__ >= 12)
+#else
+#define QP_COMPILER_KNOWS_LEVELS 0
+#endif
+#if defined(__x86_64__) && QP_COMPILER_KNOWS_LEVELS
 #define QP_LEVELS 1
 #define QP(name) name##_v3
 #define QP_TARGET __attribute__((target("arch=x86-64-v3")))

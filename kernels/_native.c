@@ -76,7 +76,7 @@ static void stream_fence(void) {}
 
 /* ---- one copy of the loops per instruction-set level, chosen at import ----------------------
  * One portable build (no -march): the loops are compiled for the x86-64 baseline and, on x86-64
- * with GCC 12+ or clang 16+ (which know these levels), again for x86-64-v3 (AVX2, BMI2) and
+ * with GCC 12+ or clang 18+ (which know these levels), again for x86-64-v3 (AVX2, BMI2) and
  * x86-64-v4 (AVX-512); the widest level the CPU supports is chosen when the module loads (isa(),
  * isas(), use_isa()). */
 
@@ -87,7 +87,7 @@ static void stream_fence(void) {}
 #undef QP_TARGET
 
 #if defined(__clang__)
-#define QP_COMPILER_KNOWS_LEVELS (__clang_major__ >= 16)
+#define QP_COMPILER_KNOWS_LEVELS (__clang_major__ >= 18) /* __builtin_cpu_supports of levels */
 #elif defined(__GNUC__)
 #define QP_COMPILER_KNOWS_LEVELS (__GNUC__ >= 12)
 #else
@@ -172,8 +172,9 @@ static PyObject *py_pack(PyObject *self, PyObject *args)
         return NULL;
     PyObject *ret = NULL;
     if (check_bits(b) && check_len("output", out.len, packed_size(codes.len, b))) {
+        const isa_t *isa = ACTIVE; /* read under the GIL: use_isa writes it under the GIL */
         Py_BEGIN_ALLOW_THREADS
-        bad = ACTIVE->pack_all((const uint8_t *)codes.buf, codes.len, b, (uint8_t *)out.buf);
+        bad = isa->pack_all((const uint8_t *)codes.buf, codes.len, b, (uint8_t *)out.buf);
         Py_END_ALLOW_THREADS
         if (bad)
             PyErr_Format(PyExc_ValueError, "a code does not fit in %d bits", b);
@@ -194,8 +195,9 @@ static PyObject *py_unpack(PyObject *self, PyObject *args)
         return NULL;
     PyObject *ret = NULL;
     if (check_bits(b) && check_len("packed input", in.len, packed_size(out.len, b))) {
+        const isa_t *isa = ACTIVE;
         Py_BEGIN_ALLOW_THREADS
-        ACTIVE->unpack_all((const uint8_t *)in.buf, out.len, b, (uint8_t *)out.buf);
+        isa->unpack_all((const uint8_t *)in.buf, out.len, b, (uint8_t *)out.buf);
         Py_END_ALLOW_THREADS
         ret = Py_NewRef(Py_None);
     }
@@ -225,8 +227,9 @@ static PyObject *py_quantize_pack(PyObject *self, PyObject *args)
                check_len("mins", mins.len, ng * (Py_ssize_t)sizeof(float))) {
         qp_args a = {(const float *)x.buf, n, group, b, (float *)mins.buf, (float *)scales.buf,
                      (uint8_t *)out.buf};
+        const isa_t *isa = ACTIVE;
         Py_BEGIN_ALLOW_THREADS
-        bad = ACTIVE->quantize_pack_run(&a);
+        bad = isa->quantize_pack_run(&a);
         Py_END_ALLOW_THREADS
         if (bad)
             PyErr_SetString(PyExc_ValueError,
@@ -260,8 +263,9 @@ static PyObject *py_unpack_dequantize(PyObject *self, PyObject *args)
     } else if (check_len("packed input", in.len, packed_size(n, b)) &&
                check_len("scales", scales.len, ng * (Py_ssize_t)sizeof(float)) &&
                check_len("mins", mins.len, ng * (Py_ssize_t)sizeof(float))) {
+        const isa_t *isa = ACTIVE;
         Py_BEGIN_ALLOW_THREADS
-        ACTIVE->unpack_dequantize_run((const uint8_t *)in.buf, n, b, group, (const float *)scales.buf,
+        isa->unpack_dequantize_run((const uint8_t *)in.buf, n, b, group, (const float *)scales.buf,
                               (const float *)mins.buf, (float *)out.buf);
         Py_END_ALLOW_THREADS
         ret = Py_NewRef(Py_None);

@@ -230,7 +230,7 @@ QP_TARGET static void QP(unpack_dequantize_run)(const uint8_t *in, Py_ssize_t n,
     /* A large output goes through a block in L1 and on to memory with streaming stores: written
      * in place, each cache line of it would be read first (write-allocate), as much memory traffic
      * as a memcpy; the values are the same either way. */
-    const int stream = STREAMING && n >= STREAM_MIN;
+    const int stream = STREAMING && n >= STREAM_MIN && ((uintptr_t)outx & 3) == 0;
     for (Py_ssize_t s = 0; s < n; s += BLOCK) {
         const Py_ssize_t e = s + BLOCK < n ? s + BLOCK : n;
         const Py_ssize_t cnt = e - s;
@@ -240,13 +240,12 @@ QP_TARGET static void QP(unpack_dequantize_run)(const uint8_t *in, Py_ssize_t n,
         } else {
             QP(unpack_block)(in, codes, (cnt + 7) / 8, b);
         }
-        float *const dst = stream ? vals - s : outx;
         for (Py_ssize_t i = s; i < e;) {
             const Py_ssize_t g = i / group;
             const Py_ssize_t ge = (g + 1) * group < e ? (g + 1) * group : e;
             const float sc = scales[g], mn = mins[g];
             const uint8_t *restrict cs = codes + (i - s);
-            float *restrict o = dst + i;
+            float *restrict o = stream ? vals + (i - s) : outx + i;
             const Py_ssize_t len = ge - i;
             for (Py_ssize_t k = 0; k < len; k++)
                 o[k] = (float)cs[k] * sc + mn;

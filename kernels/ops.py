@@ -7,7 +7,8 @@ to numpy with one visible warning.
 The native extension is one portable build holding its loops at several x86-64 levels (baseline,
 x86-64-v3 with AVX2, x86-64-v4 with AVX-512; ADR 0026) and runs the widest this CPU supports;
 ``QPART_KERNELS_ISA`` names another (``baseline`` always works), and :func:`native_isa` says which
-runs. Every level gives the same bytes (``tests/kernels/test_dispatch.py``).
+runs. Every level gives the same bytes (``tests/kernels/test_dispatch.py``). It has no effect on the
+numpy reference (``QPART_KERNELS=numpy``, or no extension built).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _load_native() -> ModuleType | None:
             stacklevel=2,
         )
         return None
-    isa = os.environ.get(ISA_ENV, "auto")
+    isa = os.environ.get(ISA_ENV, "auto").lower()  # ignored with the numpy reference
     if isa != "auto":
         try:
             _native.use_isa(isa)
@@ -95,9 +96,9 @@ def native_isa() -> str | None:
 
 @contextlib.contextmanager
 def native_isa_used(level: str | None) -> Iterator[None]:
-    """Run the native kernels at ``level`` inside the block (process-wide), then at the level
-    they ran at before; ``None``, or the numpy reference, changes nothing. For benchmarks and
-    tests that compare levels.
+    """Run the native kernels at ``level`` inside the block, then at the level they ran at before;
+    ``None``, or the numpy reference, changes nothing. Process-wide and not thread-safe: for
+    benchmarks and tests that compare levels, never while other threads call the kernels.
 
     Raises:
         KernelError: this build or this CPU has no such level.

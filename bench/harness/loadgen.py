@@ -57,9 +57,12 @@ def core_busy_seconds(core: str) -> float:
     raise RuntimeError(f"no cpu{core} line in /proc/stat")
 
 
-def _cpu_seconds(stat: Path) -> float:
+def _cpu_seconds(stat: Path, children: bool = False) -> float:
+    """User + system seconds of a process (or a thread), with ``children`` those of the children
+    it waited for too (a reaped child leaves /proc; its time stays counted in its parent's)."""
     fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -74,15 +77,13 @@ class Server:
         it waited for, and, when it leads a process group (:func:`start_server` makes it one), every
         other live process of the group: what a server starts, such as Triton's Python backend
         stub, which runs the model."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-        total = ticks / os.sysconf("SC_CLK_TCK")
+        total = _cpu_seconds(Path(f"/proc/{self.proc.pid}/stat"), children=True)
         for stat in Path("/proc").glob("[0-9]*/stat"):
             if stat.parent.name == str(self.proc.pid):
                 continue
             try:
                 if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == self.proc.pid:  # its group
-                    total += _cpu_seconds(stat)
+                    total += _cpu_seconds(stat, children=True)
             except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
                 continue  # the process ended meanwhile
         return total

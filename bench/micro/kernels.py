@@ -177,8 +177,8 @@ def run(elements: int, repeats: int) -> dict[str, object]:
     results = []
     peers_missing = []
     native = native_module()
-    # the native kernels at the level they loaded at, and at each narrower level this CPU runs
-    # (the baseline is the portable build's own code before run-time dispatch, ADR 0026)
+    # the native kernels at the level they loaded at, and at every level this CPU runs but the
+    # widest (the baseline: the portable code of the build before run-time dispatch, ADR 0026)
     levels = list(native.isas()) if native is not None else []
     for bits in BITS:
         codes = rng.integers(0, 1 << bits, elements, dtype=np.uint8)

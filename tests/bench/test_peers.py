@@ -80,10 +80,14 @@ def test_a_servers_cpu_counts_what_it_started_and_stopping_it_stops_them():
             "subprocess.Popen([sys.executable, '-c', 'while True: pass']); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     server = Server(proc, "http://unused")
-    time.sleep(1.5)
-    assert server.cpu_seconds() > 0.5  # the busy child, not the sleeping leader
-    assert len(_running(proc.pid)) == 2
-    server.stop()
+    try:
+        deadline = time.monotonic() + 20
+        while server.cpu_seconds() <= 0.5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.cpu_seconds() > 0.5  # the busy child's, not the sleeping leader's
+        assert len(_running(proc.pid)) == 2
+    finally:
+        server.stop()
     time.sleep(0.3)
     assert _running(proc.pid) == []
 

@@ -35,6 +35,19 @@ def artifacts_dir() -> Path:
     return ARTIFACTS
 
 
+EVERY_CUT = REPO / "tests" / "fixtures" / "every-cut"
+"""fmnist-cnn as calibrated at every legal cut (schema 5, committed as the demo's artifact before
+calibration pruned cuts, ADR 0025): for tests that name a cut a plan would never choose."""
+
+
+@pytest.fixture(scope="session")
+def every_cut(tmp_path_factory) -> Path:
+    """An artifacts folder holding :data:`EVERY_CUT`'s fmnist-cnn: patterns at every cut and level."""
+    root = tmp_path_factory.mktemp("every-cut")
+    shutil.copytree(EVERY_CUT / "fmnist-cnn", root / "fmnist-cnn")
+    return root
+
+
 @pytest.fixture(scope="session")
 def cnn_only(tmp_path_factory, artifacts_dir) -> Path:
     """An artifacts folder holding only fmnist-cnn (quicker to load)."""

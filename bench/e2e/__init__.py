@@ -34,10 +34,11 @@ Strategies per cell (model, device, rate, weight preset, cache state):
 - ``all-device``: the last cut, the float32 model downloaded and run on the device;
 - ``neurosurgeon``: the cut with the smallest predicted objective, float32 weights and activation;
 - ``uniform-int8``: the best cut with every weight tensor and the activation at 8 bits;
-- ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut;
-- ``cut-k``, for every legal cut k: the planner's own cheapest pattern at cut k among those it may
-  offer for the demand (:func:`bench.e2e.cell.forced_cuts`), so that every cut's prediction is
-  checked, the cuts the planner never chooses included;
+- ``qpart-paper``: QPART as published (its bit allocation, at the 1% level), best cut among those
+  the calibration kept (``--baseline`` measures it there only);
+- ``cut-k``, for every cut k the calibration kept (ADR 0025): the planner's own cheapest pattern at
+  cut k among those it may offer for the demand (:func:`bench.e2e.cell.forced_cuts`), so that every
+  calibrated cut's prediction is checked, those the planner never chooses included;
 - ``input-png``, ``input-webp@75``, ``input-webp@90``, ``input-jpeg@90``: the input image as the
   device holds it, compressed (SC2's naive baseline; :mod:`bench.e2e.baselines`);
 - ``autoencoder@k``: an encoder on the device and a decoder on the server at cut k

@@ -165,7 +165,7 @@ def run_rounds(once: Callable[[str, int], dict[str, float]], patterns: list[str]
 
 
 def forced_cuts(model: ModelView, inputs: PlanInputs) -> dict[str, dict[str, Any]]:
-    """``cut-k``: at every legal cut k, the planner's own cheapest pattern there among those it may
+    """``cut-k``: at every calibrated cut k, the planner's own cheapest pattern there among those it may
     offer for the demand (level at most :data:`DEMAND`), so that every cut's prediction is checked."""
     allowed = [p for p in model.patterns if p["level"] <= DEMAND]
     out = {}

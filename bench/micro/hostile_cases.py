@@ -31,7 +31,7 @@ from bench.micro.hostile_payloads import (
 )
 
 MODEL = "fmnist-cnn"
-CUT = 5
+CUT = 1  # a middle cut the committed artifact calibrates (ADR 0025 keeps 0, 1 and 8 of its 9)
 LEVEL = 0.01
 RUNTIMES = ("torch", "onnx")
 DRIP = {"transfer_deadline_s": 5.0, "timeout_s": 3.0}

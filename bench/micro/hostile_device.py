@@ -9,7 +9,7 @@ against stated bounds.
 A real ``qpart serve`` (the committed fmnist-cnn artifact) answers behind a loopback origin
 (:class:`bench.harness.hostile_origin.Origin`) that the device is pointed at; a second origin stands
 for another host that a plan may name, and records what reaches it. The origin's plan is the real
-server's pattern at cut 5 (level 1%) for the device's runtime, so a normal run plans, downloads a
+server's pattern at cut 1 (level 1%) for the device's runtime, so a normal run plans, downloads a
 segment, runs a head and uploads: that is the benign case, whose peak RSS and wall time are the
 device's idle figures. Every other case changes one answer
 (:data:`bench.micro.hostile_cases.CASES`).

@@ -40,16 +40,18 @@ def test_baseline_patterns_cover_every_cut_and_no_demand_admits_them(artifacts_d
     assert sorted(p.cut for p in u8) == [c.index for c in artifact.cuts]
     assert all(set(p.weight_bits.values()) <= {8} for p in u8)
     assert all(p.activation_bits == 8 for p in u8 if p.cut < len(artifact.cuts) - 1)
-    assert len(paper) == len(artifact.cuts) and all(p.level == EXTRA_LEVEL for p in extra)
+    # QPART as published at the cuts the calibration measured it at (--baseline): those it calibrated
+    assert sorted(p.cut for p in paper) == artifact.calibrated_cuts
+    assert all(p.level == EXTRA_LEVEL for p in extra)
     ids = [p.pattern_id for p in extra]
     assert len(set(ids)) == len(ids) and not set(ids) & {p.pattern_id for p in artifact.patterns}
     for demand in (0.0, 0.01, 0.5, 0.999):
         assert allowed_patterns(extended, demand) == allowed_patterns(artifact, demand)
 
 
-def test_a_pruned_calibration_keeps_every_baseline_at_every_cut_through_float_patterns(artifacts_dir):
+def test_a_pruned_calibration_keeps_every_baseline_at_every_cut_through_float_patterns(every_cut):
     # a calibration that kept cuts 0, 1 and 8 (ADR 0025): the baselines stay at all nine
-    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    artifact = load_artifact(every_cut / "fmnist-cnn")
     pruned = artifact.model_copy(update={"patterns": [p for p in artifact.patterns if p.cut in (0, 1, 8)]})
     extended = with_baselines(pruned)
     floats = {p.cut: p for p in extended.patterns if p.pattern_id.startswith(FLOAT_ID)}

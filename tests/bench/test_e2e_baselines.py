@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench.e2e import ModelView, _predict
+from bench.e2e.artifacts import with_baselines
 from bench.e2e.baselines import Baseline, predict
 from bench.e2e.cell import forced_cuts
 from bench.e2e.config import DEMAND
@@ -20,7 +21,8 @@ from qpart.server.schemas import PRESETS, WeightPreset
 
 
 def _view(artifacts_dir) -> ModelView:
-    artifact = load_artifact(artifacts_dir / "fmnist-cnn")
+    # as the grid serves it: the baselines' patterns added, a float head at each cut the calibration pruned
+    artifact = with_baselines(load_artifact(artifacts_dir / "fmnist-cnn"))
     cuts = len(artifact.cuts)
     patterns = [{"pattern_id": p.pattern_id, "cut": p.cut, "level": p.level, "test_drop": p.test_drop,
                  "segment": None if p.cut == 0 else {"id": f"seg-{p.pattern_id}", "size_bytes": 1000 * p.cut}}
@@ -70,7 +72,9 @@ def test_every_cut_is_forced_with_the_planners_own_cheapest_pattern_for_the_dema
     model = _view(artifacts_dir)
     inputs = _inputs(model)
     forced = forced_cuts(model, inputs)
-    assert sorted(forced) == sorted(f"cut-{k}" for k in range(model.cuts))
+    # every cut the calibration kept (the float heads the baselines add at the others: no demand admits them)
+    calibrated = load_artifact(artifacts_dir / "fmnist-cnn").calibrated_cuts
+    assert sorted(forced) == sorted(f"cut-{k}" for k in calibrated)
     for name, plan in forced.items():
         k = int(name.removeprefix("cut-"))
         options = [p for p in model.patterns if p["cut"] == k and p["level"] <= DEMAND]
@@ -121,7 +125,7 @@ def test_the_planners_webp_plan_is_priced_as_its_qualitys_baseline_and_shares_it
     assert _key(plan) == codec.name
 
 
-def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safetensors_one(cnn_only):
+def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safetensors_one(every_cut):
     import numpy as np
     import torch
 
@@ -130,7 +134,7 @@ def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safet
     from tests.server.conftest import make_client
 
     x = torch.from_numpy(np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32))
-    with make_client(cnn_only) as client:
+    with make_client(every_cut) as client:
         outs = {}
         for runtime in HeadRuntime:
             info = client.get("/v1/models/fmnist-cnn", params={"runtime": runtime.value}).json()

@@ -27,7 +27,7 @@ from tests.client.test_browser_device import (  # noqa: F401 (the browser and im
 from tests.conftest import LiveServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-CUT = 5  # a robust plan the server answers (as test_browser_device's)
+CUT = 5  # a robust plan the server answers (as test_browser_device's), on the every-cut artifact
 AUDIT_ENV = {"QPART_AUDIT_RATE": "1"}
 
 
@@ -82,9 +82,9 @@ def _plan_bodies(sent: list[Any]) -> list[dict[str, Any]]:
 
 
 def test_an_opted_in_page_uploads_its_first_input_after_the_answers(
-        browser, cnn_only, live_server_factory, images):  # noqa: F811 (the imported fixtures)
+        browser, every_cut, live_server_factory, images):  # noqa: F811 (the imported fixtures)
     x, files = images
-    live, version, cuts = _audit_server(live_server_factory, cnn_only)
+    live, version, cuts = _audit_server(live_server_factory, every_cut)
     page, errors, sent = _open(browser, live.url, "?audit=1")
     assert page.is_checked("#audit")  # ?audit=1 ticks the box; the box alone decides
     run = run_page(page, files[:2], device=profile_for_cut(version, CUT, cuts), rate_mbps=1e5)
@@ -123,9 +123,9 @@ def test_an_opted_in_page_uploads_its_first_input_after_the_answers(
 
 
 def test_a_page_not_opted_in_never_uploads_its_input(
-        browser, cnn_only, live_server_factory, images):  # noqa: F811 (the imported fixtures)
+        browser, every_cut, live_server_factory, images):  # noqa: F811 (the imported fixtures)
     _, files = images
-    live, version, cuts = _audit_server(live_server_factory, cnn_only)
+    live, version, cuts = _audit_server(live_server_factory, every_cut)
     page, errors, sent = _open(browser, live.url)
     assert not page.is_checked("#audit")  # off by default
     run = run_page(page, files[:2], device=profile_for_cut(version, CUT, cuts), rate_mbps=1e5)

@@ -25,6 +25,7 @@ from qpart.client.settings import DeviceSettings
 from qpart.client.uploads import encode_for_plan
 from qpart.models.registry import get_model
 from qpart.server.api.device_page import VENDOR_FILES, WEB_DIR
+from tests.conftest import LiveServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
@@ -121,6 +122,16 @@ def images(tmp_path_factory) -> tuple[np.ndarray, list[Path]]:
         Image.fromarray(np.rint(image[0] * 255).astype(np.uint8), "L").save(path)
         files.append(path)
     return x, files
+
+
+@pytest.fixture(scope="module")
+def server(every_cut: Path) -> Iterator[LiveServer]:
+    """A live server on fmnist-cnn calibrated at every cut: the page's heads are checked at middle
+    cuts (5 and 7) that the committed artifact's calibration left out (ADR 0025)."""
+    live = LiveServer(every_cut)
+    live.wait_ready()
+    yield live
+    live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,7 @@ def test_a_refused_segment_is_never_cached(server, tmp_path):
     assert not list((tmp_path / "cache").glob("*.seg")) and not list((tmp_path / "cache").glob("*.part"))
 
 
-def test_onnx_head_codes_equal_the_torch_heads_at_every_cut(artifacts_dir):
+def test_onnx_head_codes_equal_the_torch_heads_at_every_cut(every_cut):
     """Acceptance 2: at every cut of fmnist-cnn at the 1% level, the ONNX head's activation codes
     equal the torch head's on at least 99.9% of values, on 500 test images."""
     import onnxruntime as ort
@@ -106,7 +106,7 @@ def test_onnx_head_codes_equal_the_torch_heads_at_every_cut(artifacts_dir):
     from qpart.server.store.catalog import Catalog
     from qpart.server.store.segments import build_onnx_segment, build_segment
 
-    model = next(e.model for e in Catalog.load(artifacts_dir).entries if e.name == "fmnist-cnn")
+    model = next(e.model for e in Catalog.load(every_cut).entries if e.name == "fmnist-cnn")
     x = load_split(Split.TEST, limit=500).images
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

@@ -65,6 +65,14 @@ def cnn(artifacts_dir, tmp_path):
     return folder
 
 
+@pytest.fixture
+def cnn5(every_cut, tmp_path):
+    """fmnist-cnn as a schema 5 calibration wrote it, at every cut (tests/fixtures/every-cut)."""
+    folder = tmp_path / "fmnist-cnn"
+    shutil.copytree(every_cut / "fmnist-cnn", folder)
+    return folder
+
+
 @pytest.mark.parametrize("older", [_schema1, _schema2])
 def test_an_older_artifact_loads_as_the_committed_one_without_a_promise(cnn, older):
     committed = load_artifact(cnn)
@@ -115,9 +123,10 @@ def test_a_schema_3_artifact_loads_without_data_records(cnn):
     assert artifact.splits["calibration"]["count"] == 10_000  # the Fashion-MNIST splits it recorded
 
 
-def test_a_schema_5_artifact_loads_with_no_lossless_levels_and_a_schema_6_one_keeps_them(cnn):
+def test_a_schema_5_artifact_loads_with_no_lossless_levels_and_a_schema_6_one_keeps_them(cnn5):
+    cnn = cnn5
     doc = json.loads((cnn / "artifact.json").read_text())
-    assert doc["schema_version"] == 5 and "lossless_levels" not in doc  # the committed artifacts
+    assert doc["schema_version"] == 5 and "lossless_levels" not in doc  # the artifacts before ADR 0025
     assert load_artifact(cnn).lossless_levels == []
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 6, "lossless_levels": [0.001]}))
     assert load_artifact(cnn).lossless_levels == [0.001]
@@ -174,9 +183,10 @@ def test_times_of_one_coding_in_both_spellings_are_refused():
                                       "deflate_s": [{"4": 1e-5}], "coding_s": {"deflate": [{"4": 2e-5}]}})
 
 
-def test_a_schema_6_artifact_promises_top1_drop_and_records_no_disagreement(cnn):
+def test_a_schema_6_artifact_promises_top1_drop_and_records_no_disagreement(cnn5):
+    cnn = cnn5
     doc = json.loads((cnn / "artifact.json").read_text())
-    assert "metric" not in (doc.get("promise") or {})  # the committed artifacts predate the metric
+    assert "metric" not in (doc.get("promise") or {})  # a schema 5 artifact predates the metric
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 6}))
     artifact = load_artifact(cnn)
     assert artifact.schema_version == 8 and artifact.metric == "top1-drop"
@@ -184,12 +194,13 @@ def test_a_schema_6_artifact_promises_top1_drop_and_records_no_disagreement(cnn)
     assert all(p.test_disagreement is None for p in artifact.patterns)
 
 
-def test_a_schema_7_artifact_loads_with_no_cut_choice_and_every_patterned_cut_calibrated(cnn):
+def test_a_schema_7_artifact_loads_with_no_cut_choice_and_every_patterned_cut_calibrated(cnn5):
+    cnn = cnn5
     doc = json.loads((cnn / "artifact.json").read_text())
     (cnn / "artifact.json").write_text(json.dumps({**doc, "schema_version": 7}))
     artifact = load_artifact(cnn)
     assert artifact.schema_version == 8 and artifact.cut_choice is None
-    assert artifact.calibrated_cuts == list(range(len(artifact.cuts)))  # the committed ones: every cut
+    assert artifact.calibrated_cuts == list(range(len(artifact.cuts)))  # patterns at every cut
     fewer = artifact.model_copy(update={"patterns": [p for p in artifact.patterns if p.cut in (0, 8)]})
     assert fewer.calibrated_cuts == [0, 8]
 

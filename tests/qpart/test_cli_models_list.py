@@ -9,8 +9,8 @@ import shutil
 from tests.qpart.test_cli_errors import qpart
 
 
-def test_models_lists_the_levels_an_artifact_keeps_lossless(artifacts_dir, tmp_path):
-    shutil.copytree(artifacts_dir / "fmnist-cnn", tmp_path / "fmnist-cnn")
+def test_models_lists_the_levels_an_artifact_keeps_lossless(every_cut, tmp_path):
+    shutil.copytree(every_cut / "fmnist-cnn", tmp_path / "fmnist-cnn")
     doc = json.loads((tmp_path / "fmnist-cnn" / "artifact.json").read_text())
     doc.update(schema_version=6, lossless_levels=[0.001, 0.0025])
     doc["cuts"][5]["runtimes_refused"] = {"onnx": "operator 'Resize' is not in the allow-list"}

@@ -113,9 +113,9 @@ def test_requests_sharing_a_batch_each_get_their_own_rows_and_errors(engine):
         assert answer.rows.order[:, :1].tolist() == single.rows.order[:, :1].tolist()
 
 
-def test_warm_up_skips_a_cut_the_torch_runtime_cannot_run_and_the_server_starts(cnn_only, tmp_path):
+def test_warm_up_skips_a_cut_the_torch_runtime_cannot_run_and_the_server_starts(every_cut, tmp_path):
     root = tmp_path / "artifacts"
-    shutil.copytree(cnn_only, root)
+    shutil.copytree(every_cut, root)
     path = root / "fmnist-cnn" / "artifact.json"
     doc = json.loads(path.read_text())
     doc["cuts"][3]["runtimes_refused"] = {"torch": "tensor 'x' comes back as (1,), not ()"}

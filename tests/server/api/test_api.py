@@ -183,8 +183,19 @@ def _pattern_as_plan(client, cut, level=0.01):
     return {**p, "model": info["model"], "version": info["version"], "cuts": info["cuts"]}
 
 
-@pytest.mark.parametrize("cut", [0, 3, 6])
-def test_tail_inference_matches_the_split_model(client, cut):
+@pytest.fixture(scope="module")
+def every_cut_client(every_cut):
+    with make_client(every_cut) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("artifacts", "cut"), [("committed", 0), ("committed", "middle"),
+                                                ("every-cut", 3), ("every-cut", 6)])
+def test_tail_inference_matches_the_split_model(client, every_cut_client, artifacts, cut):
+    client = client if artifacts == "committed" else every_cut_client
+    if cut == "middle":  # the committed artifact's first calibrated cut between the input and the output
+        info = client.get("/v1/models/fmnist-cnn").json()
+        cut = min(p["cut"] for p in info["patterns"] if 0 < p["cut"] < info["cuts"] - 1)
     plan = _pattern_as_plan(client, cut)
     segment = client.get(plan["segment"]["url"]).content if plan["segment"] else None
     head = load_head(HeadSpec.model_validate(plan), segment)

@@ -20,6 +20,13 @@ def artifact(artifacts_dir):
     return load_artifact(artifacts_dir / "fmnist-cnn")
 
 
+def _middle(artifact):
+    """The 1% pattern at the first calibrated cut between the input and the output: it downloads a
+    head and uploads an activation."""
+    cut = min(p.cut for p in artifact.patterns if 0 < p.cut < len(artifact.cuts) - 1)
+    return next(p for p in artifact.patterns if p.cut == cut and p.level == 0.01)
+
+
 def _inputs(held=frozenset(), overlap=0.0, batch=1):
     return PlanInputs(get_device("phone-soc"), PRESETS[WeightPreset.LATENCY_FIRST], 8e6, 0.01, batch, 1.0,
                       frozenset(held), overlap)
@@ -27,7 +34,7 @@ def _inputs(held=frozenset(), overlap=0.0, batch=1):
 
 @pytest.mark.parametrize("held", [False, True])
 def test_a_middle_cut_downloads_unless_held_and_always_uploads(artifact, held):
-    p = next(p for p in artifact.patterns if p.cut == 3 and p.level == 0.01)
+    p = _middle(artifact)
     costs = price(artifact, p, "seg", 5000, _inputs({"seg"} if held else set()), 0.001, answer_bytes=600)
     exchanges = 1 if held else 2
     sent = (0 if held else 5000) + p.activation_bytes + 600 + exchanges * HTTP_EXCHANGE_BYTES
@@ -49,7 +56,7 @@ def test_the_last_cut_only_downloads(artifact, held):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_overlap_hides_only_the_activation_body_and_never_more(artifact, batch):
-    p = next(p for p in artifact.patterns if p.cut == 3 and p.level == 0.01)
+    p = _middle(artifact)
     body_s = p.activation_bytes * batch * 8 / 8e6
     base = price(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, answer_bytes=600)
     part = price(artifact, p, "seg", 5000, _inputs(overlap=body_s / 4, batch=batch), 0.001, answer_bytes=600)
@@ -70,7 +77,7 @@ def test_the_overlap_changes_nothing_without_an_upload(artifact):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_an_upload_rate_prices_only_the_activation_body(artifact, batch):
-    p = next(p for p in artifact.patterns if p.cut == 3 and p.level == 0.01)
+    p = _middle(artifact)
     body = p.activation_bytes * batch
     base = price(artifact, p, "seg", 5000, _inputs(batch=batch), 0.001, answer_bytes=600)
     faster = price(artifact, p, "seg", 5000, replace(_inputs(batch=batch), upload_rate_bps=32e6), 0.001,

@@ -45,10 +45,10 @@ def test_the_model_answer_shows_the_runtime_table_and_the_lossless_levels(cnn_on
     assert info["runtimes"]["onnx"]["refused"] == {"5": "operator 'Resize' is not in the allow-list"}
 
 
-def test_a_pruned_calibration_shows_its_calibrated_cuts_and_plans_only_there(cnn_only, tmp_path):
+def test_a_pruned_calibration_shows_its_calibrated_cuts_and_plans_only_there(every_cut, tmp_path):
     # a calibration that kept cuts 0, 1 and 8 (ADR 0025): the others have no patterns
     root = tmp_path / "artifacts"
-    shutil.copytree(cnn_only, root)
+    shutil.copytree(every_cut, root)
     path = root / "fmnist-cnn" / "artifact.json"
     doc = json.loads(path.read_text())
     doc["patterns"] = [p for p in doc["patterns"] if p["cut"] in (0, 1, 8)]
@@ -68,7 +68,7 @@ def test_a_pruned_calibration_shows_its_calibrated_cuts_and_plans_only_there(cnn
             assert plan.status_code == 200, plan.text
             assert plan.json()["cut"] in (0, 1, 8)
         # a pattern at a pruned cut (cut 4's of the every-cut calibration) is not served
-        every = json.loads((cnn_only / "fmnist-cnn" / "artifact.json").read_text())["patterns"]
+        every = json.loads((every_cut / "fmnist-cnn" / "artifact.json").read_text())["patterns"]
         missing = next(p["pattern_id"] for p in every if p["cut"] == 4)
         body = {"inputs": [{"name": TAIL_INPUT, "datatype": "UINT8", "shape": [1], "data": [0]}],
                 "parameters": {"pattern_id": missing}}

@@ -63,10 +63,10 @@ def _metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_more_segments_than_the_budget_holds_over_http(cnn_only):
-    # A budget of ~2 mid-size segments; walk every pattern's segment twice, in two orders.
+def test_more_segments_than_the_budget_holds_over_http(every_cut):
+    # A budget of ~2 mid-size segments; walk every pattern's segment (at every cut) twice, in two orders.
     budget = 120_000
-    with make_client(cnn_only, segment_cache_bytes=budget) as client:
+    with make_client(every_cut, segment_cache_bytes=budget) as client:
         info = client.get("/v1/models/fmnist-cnn").json()
         segments = [p["segment"] for p in info["patterns"] if p["segment"]]
         assert sum(s["size_bytes"] for s in segments) > budget

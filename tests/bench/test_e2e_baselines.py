@@ -125,7 +125,9 @@ def test_the_planners_webp_plan_is_priced_as_its_qualitys_baseline_and_shares_it
     assert _key(plan) == codec.name
 
 
-def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safetensors_one(every_cut):
+@pytest.mark.parametrize("which", ["every-cut", "committed"])
+def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safetensors_one(
+        every_cut, cnn_only, which):
     import numpy as np
     import torch
 
@@ -134,13 +136,16 @@ def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safet
     from tests.server.conftest import make_client
 
     x = torch.from_numpy(np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32))
-    with make_client(every_cut) as client:
+    with make_client(every_cut if which == "every-cut" else cnn_only) as client:
         outs = {}
         for runtime in HeadRuntime:
             info = client.get("/v1/models/fmnist-cnn", params={"runtime": runtime.value}).json()
             view = ModelView("fmnist-cnn", info["version"], info["cuts"], [], info["patterns"], None, [], [],
                              0, runtime=runtime)
-            p = next(p for p in info["patterns"] if p["level"] == 0 and p["cut"] == 3)
+            # cut 3 of the every-cut artifact; the committed one's first calibrated middle cut
+            cut = 3 if which == "every-cut" else min(p["cut"] for p in info["patterns"]
+                                                       if 0 < p["cut"] < info["cuts"] - 1)
+            p = next(p for p in info["patterns"] if p["level"] == 0 and p["cut"] == cut)
             head = load_device_head(view, view.plan_of(p), client.get(p["segment"]["url"]).content)
             with torch.inference_mode():
                 outs[runtime] = head(x).numpy()

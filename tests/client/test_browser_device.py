@@ -125,7 +125,7 @@ def images(tmp_path_factory) -> tuple[np.ndarray, list[Path]]:
 
 
 @pytest.fixture(scope="module")
-def server(every_cut: Path) -> Iterator[LiveServer]:
+def every_cut_server(every_cut: Path) -> Iterator[LiveServer]:
     """A live server on fmnist-cnn calibrated at every cut: the page's heads are checked at middle
     cuts (5 and 7) that the committed artifact's calibration left out (ADR 0025)."""
     live = LiveServer(every_cut)
@@ -134,19 +134,31 @@ def server(every_cut: Path) -> Iterator[LiveServer]:
     live.stop()
 
 
-@pytest.fixture(scope="module")
-def model_version(server) -> tuple[str, int]:
+def _version(server: LiveServer) -> tuple[str, int]:
     import httpx
 
     info = httpx.get(f"{server.url}/v1/models/fmnist-cnn", timeout=30).json()
     return info["version"], info["cuts"]
 
 
-@pytest.mark.parametrize("cut", [5, 7])  # tails a third and a tenth of the whole model's: robust plans
-def test_the_page_classifies_20_images_as_the_python_onnx_device(browser, server, images, model_version,
-                                                                 cut, tmp_path):
+@pytest.fixture(scope="module")
+def model_version(server) -> tuple[str, int]:
+    return _version(server)
+
+
+# cuts 5 and 7 (every-cut artifact): tails a third and a tenth of the whole model's, robust plans;
+# and the committed artifact's first calibrated cut between the input and the output
+@pytest.mark.parametrize(("artifacts", "cut"), [("every-cut", 5), ("every-cut", 7), ("committed", "middle")])
+def test_the_page_classifies_20_images_as_the_python_onnx_device(browser, server, every_cut_server, images,
+                                                                 artifacts, cut, tmp_path):
     x, files = images
-    version, cuts = model_version
+    server = every_cut_server if artifacts == "every-cut" else server
+    version, cuts = _version(server)
+    if cut == "middle":
+        import httpx
+
+        patterns = httpx.get(f"{server.url}/v1/models/fmnist-cnn", timeout=30).json()["patterns"]
+        cut = min(p["cut"] for p in patterns if 0 < p["cut"] < cuts - 1)
     page, errors = open_page(browser, server.url)
     run = run_page(page, files, device=profile_for_cut(version, cut, cuts), rate_mbps=1e5)
     assert "error" not in run, run
@@ -222,9 +234,11 @@ def _packet_in_page(page: Any, cases: list[dict[str, Any]]) -> list[bytes]:
     return [base64.b64decode(e) for e in encoded]
 
 
-def test_the_pages_packets_are_the_kernels_bytes(browser, server, images, model_version, tmp_path):
+def test_the_pages_packets_are_the_kernels_bytes(browser, every_cut_server, images, tmp_path):
     """JS quantize + pack + header against kernels.wire for the same float32 activations: random
-    ones of every width, block boundary and group size, and the real heads' activations."""
+    ones of every width, block boundary and group size, and the real heads' activations (at every
+    middle cut: the every-cut artifact)."""
+    server = every_cut_server
     x, _ = images
     rng = np.random.default_rng(25)
     cases: list[tuple[np.ndarray, int, int]] = []
@@ -243,7 +257,7 @@ def test_the_pages_packets_are_the_kernels_bytes(browser, server, images, model_
         edges = np.concatenate([[0, qmax * scale], mids, np.nextafter(mids, np.float32(0)),
                                 np.nextafter(mids, np.float32(9))]).astype(np.float32)
         cases.append((edges[None], bits, edges.size))
-    version, cuts = model_version
+    version, cuts = _version(server)
     real = 0
     with OnnxDeviceRuntime(DeviceSettings(server=server.url, cache_dir=tmp_path / "c"), threads=1) as device:
         for cut in range(1, cuts - 1):

@@ -26,6 +26,7 @@ from qpart.models.registry import ModelSpec
 from qpart.offline.allocation import Item, allocate, pattern_noise
 from qpart.offline.checkpoint import Checkpoints, check_writable, output_error
 from qpart.offline.coding import CODING_SAMPLES, CodingRatios, coding_ratios, with_coding_ratios
+from qpart.offline.cut_probing import decide_cuts
 from qpart.offline.data import Sources, align_labels, check_metric_fits, check_model_fits, open_sources
 from qpart.offline.errors import CheckpointMismatchError
 from qpart.offline.image_ladder import job_ladder
@@ -33,7 +34,7 @@ from qpart.offline.ltt import make_promise
 from qpart.offline.memory import keep_freed_memory, peak_rss_mib
 from qpart.offline.noise import BITS, Tables, direct_tables, fast_tables, timed
 from qpart.offline.patterns import Executor, Plan, all_patterns, resolve_workers
-from qpart.offline.pruning import check_named_cuts, decide_cuts
+from qpart.offline.pruning import check_named_cuts
 from qpart.offline.records import data_record, splits
 from qpart.offline.runner import ModelRunner
 from qpart.offline.samples import Data, held_samples

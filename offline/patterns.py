@@ -77,6 +77,19 @@ def sizes(runner: ModelRunner, cut: int, bits: dict[str, int]) -> tuple[int, int
     return weight_bytes, fp32, act_bytes
 
 
+def fewest_sizes(runner: ModelRunner, cut: int, min_bits: int) -> tuple[int, int]:
+    """The fewest (head segment payload bytes, activation bytes per sample) any pattern at ``cut``
+    can have: each tensor and the activation at ``min_bits`` or float32, whichever takes fewer bytes
+    (a small tensor's scales can outweigh its float values). A lower bound of :func:`sizes`."""
+    weight_bytes = 4 * runner.float_params(cut)
+    for t in runner.head_tensors(cut):
+        weight_bytes += min(4 * t.params, packed_size(t.params, min_bits) + 8 * t.shape[0])
+    n = runner.cuts[cut].numel
+    act_bytes = 0 if cut == len(runner.cuts) - 1 else min(
+        4 * n, packed_size(n, min_bits) + 8 * (n // runner.groups[cut]))
+    return weight_bytes, act_bytes
+
+
 def pattern_id(cut: int, bits: dict[str, int]) -> str:
     """A pattern's id: its cut and a digest of its cut and bits."""
     return f"c{cut}-" + hashlib.sha256(key(cut, bits).encode()).hexdigest()[:16]

@@ -7,44 +7,30 @@ The prediction (``offline.selection.predicted_bits``) is the allocation at each 
 the level's test on a few fit samples, or float32 when those fail too: read from fit samples only,
 before any check or test sample. Every figure it prices is a function of the model, the data and
 the settings (FLOPs, bytes, the envelope), never a timing, so the decision is the same on any
-machine, and a resumed job reads it from its checkpoint.
+machine, and a resumed job reads it from its checkpoint. The job predicts only the cuts a bound
+cannot rule out (``offline.cut_probing``); :func:`choose_cuts` is the choice given every prediction,
+which that module's result equals.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from qpart.kernels.onnx_format import HeadRuntime
-from qpart.offline.allocation import Item
-from qpart.offline.checkpoint import Checkpoints
-from qpart.offline.errors import CalibrationConfigError, CheckpointMismatchError
-from qpart.offline.patterns import sizes
-from qpart.offline.selection import Probe, predicted_bits
+from qpart.offline.errors import CalibrationConfigError
 from qpart.offline.settings import CalibrationSettings
-from qpart.offline.sizing import lossless_levels
-from qpart.offline.state import State
-from qpart.profiles import FLOAT_BITS, CutChoice, CutProfile
+from qpart.profiles import CutChoice, CutProfile
 from qpart.profiles.costs import PRESET_WEIGHTS, PlanInputs, PresetWeights, price_terms
 from qpart.profiles.devices import DeviceProfile, builtin_devices
 
 OBJECTIVES = {**PRESET_WEIGHTS, "time-only": (1.0, 0.0, 0.0)}
 """The request presets, and time alone: what a request with a deadline ranks by (the most accurate plan
 that meets it), approximated by the fastest plans."""
-
-SizeOf = Callable[[int, dict[str, int]], tuple[int, int]]
-"""(weight bytes, activation bytes) of a pattern (its bits) at a cut."""
-
-Start = Callable[[str, int], Callable[[int], None]]
-"""A progress sink's ``start(label, total)``, returning ``advance(done)``."""
-
-Predict = Callable[[int, float], dict[str, int]]
-"""The bits a (cut, level) is expected to end with (``offline.selection.predicted_bits``)."""
-
 
 @dataclass(frozen=True)
 class Offer:
@@ -64,17 +50,6 @@ class Request:
     inputs: PlanInputs
     server_flops: float
     held: bool
-
-
-def predicted_offers(cuts: Sequence[CutProfile], items: dict[int, list[Item]], levels: Sequence[float],
-                     predict: Predict, sizes: SizeOf) -> list[Offer]:
-    """Every cut's lossless pattern and, per level, the pattern ``predict`` expects there, as offers."""
-    out = []
-    for cut in cuts:
-        floats = {it.name: FLOAT_BITS for it in items[cut.index]}
-        out.append(Offer(cut.index, 0.0, *sizes(cut.index, floats)))
-        out += [Offer(cut.index, level, *sizes(cut.index, predict(cut.index, level))) for level in levels]
-    return out
 
 
 def envelope(s: CalibrationSettings) -> Iterator[Request]:
@@ -101,7 +76,7 @@ def _devices(names: Sequence[str]) -> list[DeviceProfile]:
     return [shipped[n] for n in names] if names else list(shipped.values())
 
 
-def _objectives(offers: Sequence[Offer], cuts: Sequence[CutProfile], request: Request) -> np.ndarray:
+def objectives(offers: Sequence[Offer], cuts: Sequence[CutProfile], request: Request) -> np.ndarray:
     last = len(cuts) - 1
     out = np.empty(len(offers))
     for i, o in enumerate(offers):
@@ -126,9 +101,9 @@ def closest(offers: Sequence[Offer], cuts: Sequence[CutProfile], levels: Sequenc
     runtimes = [np.array([r.value not in cuts[o.cut].runtimes_refused for o in offers])
                 for r in HeadRuntime]
     masks = [(demand, (levels_of <= demand) & runtime)
-             for demand in (0.0, *levels) for runtime in _distinct(runtimes)]
+             for demand in (0.0, *levels) for runtime in distinct_masks(runtimes)]
     for request in envelope(s):
-        objective = _objectives(offers, cuts, request)
+        objective = objectives(offers, cuts, request)
         for demand, mask in masks:
             best = objective[mask].min()
             for cut in np.unique(cut_of[mask]):
@@ -138,7 +113,7 @@ def closest(offers: Sequence[Offer], cuts: Sequence[CutProfile], levels: Sequenc
     return found
 
 
-def _distinct(masks: list[np.ndarray]) -> list[np.ndarray]:
+def distinct_masks(masks: list[np.ndarray]) -> list[np.ndarray]:
     out: list[np.ndarray] = []
     for m in masks:
         if not any(np.array_equal(m, o) for o in out):
@@ -190,39 +165,3 @@ def envelope_record(s: CalibrationSettings) -> dict[str, object]:
             "price_per_second": s.envelope_price, "objectives": sorted(OBJECTIVES),
             "probe_samples": s.envelope_probe_samples,
             "segments": ["downloaded", "held"], "batch": 1}
-
-
-def decide_cuts(st: State, profiles: list[CutProfile], budgets: dict[str, float], start: Start,
-                ck: Checkpoints) -> CutChoice:
-    """The job's choice (:func:`choose_cuts`), from the patterns each (cut, level) is predicted to
-    end with (read on fit samples only), reporting to ``start``'s progress; checkpointed, since its
-    probes take a while and a resumed job must make the same choice."""
-    s = st.settings
-    saved = ck.load("cut-choice")
-    if saved is not None:
-        choice = CutChoice.model_validate(saved)
-        if 0 not in choice.calibrated or not set(choice.calibrated) <= {c.index for c in profiles}:
-            raise CheckpointMismatchError(f"{ck.path('cut-choice')} names cuts {choice.calibrated}, not a "
-                                          "choice of this model's cuts with cut 0; run again with --fresh")
-        return choice
-    if s.cuts != "auto":
-        return choose_cuts([], profiles, s)
-    probe, kept_lossless = Probe.of(st, s.envelope_probe_samples), lossless_levels(s)
-    advance = start("choose cuts", len(profiles) * len(s.levels))
-    done = 0
-
-    def predict(cut: int, level: float) -> dict[str, int]:
-        nonlocal done
-        bits = ({it.name: FLOAT_BITS for it in st.items[cut]} if level in kept_lossless
-                else predicted_bits(st, cut, level, budgets[str(level)], probe))
-        done += 1
-        advance(done)
-        return bits
-
-    def size_of(cut: int, bits: dict[str, int]) -> tuple[int, int]:
-        weight_bytes, _, activation_bytes = sizes(st.runner, cut, bits)
-        return weight_bytes, activation_bytes
-
-    choice = choose_cuts(predicted_offers(profiles, st.items, s.levels, predict, size_of), profiles, s)
-    ck.save("cut-choice", choice.model_dump(mode="json"))
-    return choice

@@ -22,7 +22,8 @@ class CutChoice(BaseModel):
     pruned: dict[str, str] = Field(default_factory=dict, description="Each cut left out (index) and why.")
     closest: dict[str, float] = Field(default_factory=dict, description=(
         "envelope: per cut, the least ratio of its cheapest predicted plan's objective to the best "
-        "plan's over the envelope (1: the best somewhere)."))
+        "plan's over the envelope (1: the best somewhere); a cut pruned unprobed (its bound ruled it "
+        "out: offline.cut_probing) is not listed, its reason gives the bound."))
     envelope: dict[str, object] | None = Field(None, description=(
         "envelope: the requests priced (devices, speeds, rates, presets, server speeds and price, "
         "segments held or not) and the margin."))

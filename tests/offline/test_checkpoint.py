@@ -66,7 +66,7 @@ KILLS = [
     (1, "prepare@start"),  # decoding the samples
     (1, "noise tables@1"),  # between the two batches of the tables
     (1, "accuracy mapping@3"),  # after three of six mapping points
-    (1, "choose cuts@9"),  # half of the cut choice's probes done (ADR 0025)
+    (1, "choose cuts@1"),  # cut 0 probed, the other cuts not yet (offline.cut_probing)
     (1, "validate + test patterns@4"),  # cut 0 done, cut 8's lossless pattern done, its levels not
     (1, "upload coding@3"),
     (1, "input-image ladder@200"),  # the WebP ladder: its check samples read, its test samples not

@@ -17,7 +17,7 @@ import numpy as np
 from starlette.responses import Response
 
 from qpart.models.image_codecs import parse_rung_id
-from qpart.server.api.oip_codec import decode_request, encode_response
+from qpart.server.api.oip_codec import decode_request, encode_fp32_response, encode_response
 from qpart.server.engine import Engine
 from qpart.server.errors import BadRequestError, NotFoundError, UnsupportedMediaTypeError
 from qpart.server.oip_schemas import InferOutputTensor, InferRequest, InferRequestedOutput, InferResponse
@@ -61,9 +61,12 @@ async def infer_response(engine: Engine, model: str, version: str | None,
         if x.dtype != np.float32:
             raise BadRequestError(f"input must be FP32, got {x.dtype}")
         logits, loaded = await engine.infer_full(base, version, x)
-    values: np.ndarray = logits if count is None else classify(logits, count, loaded.labels)
-    output = InferOutputTensor(name=OUTPUT, shape=list(values.shape),
-                               datatype="FP32" if count is None else "BYTES")
+    if count is None:  # the tensor, written directly (encode_response's bytes)
+        content, headers = encode_fp32_response(model, loaded.version, decoded.request.id, OUTPUT, logits,
+                                                decoded.binary_output)
+        return Response(content, headers=headers)
+    values = classify(logits, count, loaded.labels)
+    output = InferOutputTensor(name=OUTPUT, shape=list(values.shape), datatype="BYTES")
     response = InferResponse(model_name=model, model_version=loaded.version, id=decoded.request.id,
                              outputs=[output])
     content, headers = encode_response(response, {OUTPUT: values}, decoded.binary_output)

@@ -149,3 +149,25 @@ def encode_response(response: InferResponse, arrays: dict[str, np.ndarray],
         return head, {"content-type": "application/json"}
     return head + b"".join(blobs), {"content-type": "application/octet-stream",
                                     "inference-header-content-length": str(len(head))}
+
+
+def encode_fp32_response(model_name: str, model_version: str | None, request_id: str | None, output: str,
+                         values: np.ndarray, binary: bool) -> tuple[bytes, dict[str, str]]:
+    """:func:`encode_response`'s bytes for a response of one FP32 output and no parameters, the
+    common case of /v2 infer, written directly: no response models built, copied and dumped per
+    request (issue 54). ``tests/server/api/test_oip_codec.py`` holds the two to the same bytes."""
+    parts = ['{"model_name": ', json.dumps(model_name)]
+    if model_version is not None:
+        parts += [', "model_version": ', json.dumps(model_version)]
+    if request_id is not None:
+        parts += [', "id": ', json.dumps(request_id)]
+    parts += [', "outputs": [{"name": ', json.dumps(output), ', "shape": ', json.dumps(list(values.shape)),
+              ', "datatype": "FP32"']
+    if not binary:
+        parts += [', "data": ', json.dumps(values.reshape(-1).tolist()), "}]}"]
+        return "".join(parts).encode(), {"content-type": "application/json"}
+    raw = np.ascontiguousarray(values, dtype=_DTYPES["FP32"]).tobytes()
+    parts += [', "parameters": {"binary_data_size": ', str(len(raw)), "}}]}"]
+    head = "".join(parts).encode()
+    return head + raw, {"content-type": "application/octet-stream",
+                        "inference-header-content-length": str(len(head))}

@@ -25,11 +25,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from qpart.kernels.onnx_format import HeadRuntime
 from qpart.offline.checkpoint import Checkpoints
 from qpart.offline.errors import CheckpointMismatchError
 from qpart.offline.patterns import fewest_sizes, sizes
-from qpart.offline.pruning import Offer, choose_cuts, distinct_masks, envelope, envelope_record, objectives
+from qpart.offline.pruning import Offer, choose_cuts, demand_masks, envelope, envelope_record, objectives
 from qpart.offline.selection import Probe, predicted_bits
 from qpart.offline.settings import CalibrationSettings
 from qpart.offline.sizing import lossless_levels
@@ -52,12 +51,8 @@ class _Table:
         self.cuts, self.offers = cuts, offers
         self.requests = list(envelope(s))
         self.objective = np.stack([objectives(offers, cuts, r) for r in self.requests])
-        levels_of = np.array([o.level for o in offers])
         self.cut_of = np.array([o.cut for o in offers])
-        runtimes = [np.array([r.value not in cuts[o.cut].runtimes_refused for o in offers])
-                    for r in HeadRuntime]
-        pairs = [(demand, (levels_of <= demand) & runtime)
-                 for demand in (0.0, *levels) for runtime in distinct_masks(runtimes)]
+        pairs = demand_masks(offers, cuts, levels)
         self.demands = [d for d, _ in pairs]
         self.masks = np.array([m for _, m in pairs])  # [masks, offers]
 

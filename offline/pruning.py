@@ -96,12 +96,8 @@ def closest(offers: Sequence[Offer], cuts: Sequence[CutProfile], levels: Sequenc
     the envelope's requests, demands (each level, and lossless) and device runtimes (a runtime is
     never offered a cut it refuses), with the request where it was least."""
     found: dict[int, tuple[float, str]] = {c.index: (math.inf, "") for c in cuts}
-    levels_of = np.array([o.level for o in offers])
     cut_of = np.array([o.cut for o in offers])
-    runtimes = [np.array([r.value not in cuts[o.cut].runtimes_refused for o in offers])
-                for r in HeadRuntime]
-    masks = [(demand, (levels_of <= demand) & runtime)
-             for demand in (0.0, *levels) for runtime in distinct_masks(runtimes)]
+    masks = demand_masks(offers, cuts, levels)
     for request in envelope(s):
         objective = objectives(offers, cuts, request)
         for demand, mask in masks:
@@ -111,6 +107,18 @@ def closest(offers: Sequence[Offer], cuts: Sequence[CutProfile], levels: Sequenc
                 if ratio < found[int(cut)][0]:
                     found[int(cut)] = (ratio, f"{request.label}, demand {demand:g}")
     return found
+
+
+def demand_masks(offers: Sequence[Offer], cuts: Sequence[CutProfile],
+                 levels: Sequence[float]) -> list[tuple[float, np.ndarray]]:
+    """The offers each demand (lossless, then each level) admits for each device runtime (without
+    the cuts it refuses; runtimes that refuse the same cuts once), in the order :func:`closest`
+    compares within."""
+    levels_of = np.array([o.level for o in offers])
+    runtimes = [np.array([r.value not in cuts[o.cut].runtimes_refused for o in offers])
+                for r in HeadRuntime]
+    return [(demand, (levels_of <= demand) & runtime)
+            for demand in (0.0, *levels) for runtime in distinct_masks(runtimes)]
 
 
 def distinct_masks(masks: list[np.ndarray]) -> list[np.ndarray]:

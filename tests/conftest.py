@@ -40,6 +40,12 @@ EVERY_CUT = REPO / "tests" / "fixtures" / "every-cut"
 calibration pruned cuts, ADR 0025): for tests that name a cut a plan would never choose."""
 
 
+def first_middle_cut(info: dict) -> int:
+    """The first calibrated cut between the input and the output in a ``GET /v1/models/{model}``
+    answer: a plan there downloads a head and uploads an activation."""
+    return min(p["cut"] for p in info["patterns"] if 0 < p["cut"] < info["cuts"] - 1)
+
+
 @pytest.fixture(scope="session")
 def every_cut(tmp_path_factory) -> Path:
     """An artifacts folder holding :data:`EVERY_CUT`'s fmnist-cnn: patterns at every cut and level."""

@@ -18,6 +18,7 @@ from qpart.profiles.artifacts import load_artifact
 from qpart.profiles.costs import HTTP_EXCHANGE_BYTES, PlanInputs
 from qpart.profiles.devices import MeasuredHeads, get_device
 from qpart.server.schemas import PRESETS, WeightPreset
+from tests.conftest import first_middle_cut
 
 
 def _view(artifacts_dir) -> ModelView:
@@ -143,8 +144,7 @@ def test_an_onnx_device_runs_the_onnx_segment_as_the_torch_device_runs_the_safet
             view = ModelView("fmnist-cnn", info["version"], info["cuts"], [], info["patterns"], None, [], [],
                              0, runtime=runtime)
             # cut 3 of the every-cut artifact; the committed one's first calibrated middle cut
-            cut = 3 if which == "every-cut" else min(p["cut"] for p in info["patterns"]
-                                                       if 0 < p["cut"] < info["cuts"] - 1)
+            cut = 3 if which == "every-cut" else first_middle_cut(info)
             p = next(p for p in info["patterns"] if p["level"] == 0 and p["cut"] == cut)
             head = load_device_head(view, view.plan_of(p), client.get(p["segment"]["url"]).content)
             with torch.inference_mode():

@@ -25,7 +25,7 @@ from qpart.client.settings import DeviceSettings
 from qpart.client.uploads import encode_for_plan
 from qpart.models.registry import get_model
 from qpart.server.api.device_page import VENDOR_FILES, WEB_DIR
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, first_middle_cut
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 IMAGES = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
@@ -157,8 +157,7 @@ def test_the_page_classifies_20_images_as_the_python_onnx_device(browser, server
     if cut == "middle":
         import httpx
 
-        patterns = httpx.get(f"{server.url}/v1/models/fmnist-cnn", timeout=30).json()["patterns"]
-        cut = min(p["cut"] for p in patterns if 0 < p["cut"] < cuts - 1)
+        cut = first_middle_cut(httpx.get(f"{server.url}/v1/models/fmnist-cnn", timeout=30).json())
     page, errors = open_page(browser, server.url)
     run = run_page(page, files, device=profile_for_cut(version, cut, cuts), rate_mbps=1e5)
     assert "error" not in run, run

@@ -15,6 +15,7 @@ from qpart.models.data import Split, load_split
 from qpart.models.registry import get_model
 from qpart.server.api.app import create_app
 from qpart.server.settings import ServerSettings
+from tests.conftest import first_middle_cut
 from tests.server.conftest import make_client, slow_decoding
 
 
@@ -195,7 +196,7 @@ def test_tail_inference_matches_the_split_model(client, every_cut_client, artifa
     client = client if artifacts == "committed" else every_cut_client
     if cut == "middle":  # the committed artifact's first calibrated cut between the input and the output
         info = client.get("/v1/models/fmnist-cnn").json()
-        cut = min(p["cut"] for p in info["patterns"] if 0 < p["cut"] < info["cuts"] - 1)
+        cut = first_middle_cut(info)
     plan = _pattern_as_plan(client, cut)
     segment = client.get(plan["segment"]["url"]).content if plan["segment"] else None
     head = load_head(HeadSpec.model_validate(plan), segment)

@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 from qpart.client.plans import HeadSpec, PacketFormat
 from qpart.client.runtime import encode_for_plan, load_head
 from qpart.models.data import Split, load_split
+from tests.conftest import first_middle_cut
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ def test_bad_shape_is_a_400_error(client):
 
 def test_tail_model_infer_with_uint8_packet_and_flat_parameters(client, server):
     info = httpx.get(f"{server.url}/v1/models/fmnist-cnn").json()
-    middle = min(p["cut"] for p in info["patterns"] if 0 < p["cut"] < info["cuts"] - 1)
+    middle = first_middle_cut(info)
     pattern = next(p for p in info["patterns"] if p["cut"] == middle and p["level"] == 0.01)
     segment = httpx.get(f"{server.url}{pattern['segment']['url']}").content
     head = load_head(HeadSpec.model_validate({**pattern, "model": "fmnist-cnn", "version": info["version"],
